@@ -1,0 +1,90 @@
+"""The runtime's error tree.
+
+Every error a client can see is a `SrunError` subclass with a stable `code` and an HTTP
+`status`. The app maps them to responses in one exception handler; everything below the app
+raises these and never thinks about HTTP beyond the class attribute.
+"""
+
+from __future__ import annotations
+
+
+class SrunError(Exception):
+    """Base of every error the runtime reports to a caller."""
+
+    code = "internal_error"
+    status = 500
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class InvalidRequest(SrunError):
+    code = "invalid_request"
+    status = 400
+
+
+class ModelNotFound(SrunError):
+    code = "model_not_found"
+    status = 404
+
+
+class RequestTooLarge(SrunError):
+    code = "request_too_large"
+    status = 413
+
+
+class UnsupportedSurface(SrunError):
+    code = "unsupported_surface"
+    status = 422
+
+
+class Overloaded(SrunError):
+    code = "overloaded"
+    status = 429
+
+
+class NotReady(SrunError):
+    code = "not_ready"
+    status = 503
+
+
+class Unavailable(SrunError):
+    code = "unavailable"
+    status = 503
+
+
+class Unauthorized(SrunError):
+    code = "unauthorized"
+    status = 401
+
+
+# Errors below are start-up errors: they stop a process from starting, with a message that
+# names what to fix. They never reach a client.
+
+
+class ConfigError(SrunError):
+    """A setting, a model package or a plugin combination that cannot start."""
+
+    code = "config_error"
+
+
+class PluginConflict(ConfigError):
+    code = "plugin_conflict"
+
+
+class PackageError(ConfigError):
+    """A model package that is malformed or unsafe to load."""
+
+    code = "package_error"
+
+
+# Per-item errors: reported in place of one item's result, never failing its siblings.
+
+ITEM_ERROR_CODES = frozenset(
+    {"max_length_exceeded", "deadline_exceeded", "invalid_input", "forward_failed", "invalid_question"}
+)

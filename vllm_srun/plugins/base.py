@@ -1,0 +1,283 @@
+"""The plugin contract: families, loaded models, engines and accelerators.
+
+A *family* knows a model format: it detects a package, verifies its files, describes what an
+engine must build, and turns surface requests into work items and results into responses.
+An *engine* builds and runs the network; an *accelerator* names the hardware. The queue only
+ever sees `WorkItem`s and the arrays `LoadedModel.run` returns.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import msgspec
+import numpy as np
+
+if TYPE_CHECKING:
+    from vllm_srun.plugins.package import ModelPackage
+
+
+class WorkItem(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One sequence for one forward.
+
+    `output` tells the engine what to return for this row (for example "logits", "hidden",
+    "mean"); `key_extra` holds the surface options that change the result and so enter the
+    cache key. `cache_key` is filled in by the queue; `cost` defaults to the token count.
+    """
+
+    token_ids: list[int]
+    type_ids: list[int] | None = None
+    output: str = "default"
+    key_extra: str = ""
+    cache_key: str = ""
+    cost: int = 0
+
+    def tokens(self) -> int:
+        return self.cost or len(self.token_ids)
+
+
+class ItemError(msgspec.Struct, frozen=True):
+    """An error that belongs to one item: it is reported in place of that item's result."""
+
+    code: str
+    message: str
+
+
+Result = np.ndarray | ItemError
+
+
+@dataclass(kw_only=True)
+class Plan:
+    """A request split into work items; `state` is the family's own, read back in finish."""
+
+    surface: str
+    items: list[WorkItem]
+    state: Any = None
+
+
+@dataclass(kw_only=True)
+class Batch:
+    """Work items packed back to back: row i is `token_ids[offsets[i]:offsets[i + 1]]`."""
+
+    token_ids: np.ndarray
+    offsets: np.ndarray
+    outputs: list[str]
+    type_ids: np.ndarray | None = None
+
+    @classmethod
+    def from_items(cls, items: Sequence[WorkItem]) -> Batch:
+        lengths = [len(item.token_ids) for item in items]
+        offsets = np.zeros(len(items) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.fromiter(
+            (t for item in items for t in item.token_ids), dtype=np.int64, count=int(offsets[-1])
+        )
+        type_ids = None
+        if any(item.type_ids is not None for item in items):
+            type_ids = np.fromiter(
+                (t for item in items for t in (item.type_ids or [0] * len(item.token_ids))),
+                dtype=np.int64,
+                count=int(offsets[-1]),
+            )
+        return cls(token_ids=flat, offsets=offsets, outputs=[i.output for i in items], type_ids=type_ids)
+
+    def __len__(self) -> int:
+        return len(self.outputs)
+
+    def row(self, i: int) -> np.ndarray:
+        return self.token_ids[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What an engine must build: an architecture, its config and the weight files to read.
+
+    The family resolves and verifies `weight_files` inside the package; an engine reads only
+    these paths and never the package itself.
+    """
+
+    family: str
+    architecture: str
+    config: Mapping[str, Any]
+    weight_files: tuple[Path, ...] = ()
+    dtype: str = "float32"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verification:
+    """The identity of a package: every loaded file's digest and the digest over all of them."""
+
+    model_sha256: str
+    files: Mapping[str, str]
+    max_tokens: int | None = None
+    licence: str | None = None
+
+
+class HeadInfo(msgspec.Struct, omit_defaults=True):
+    name: str
+    kind: str
+    labels: list[str] | None = None
+    threshold: float | None = None
+
+
+class EmbeddingView(msgspec.Struct):
+    dimension: int
+    normalized: bool
+    pooling: str = "mean"
+
+
+class ModelInfo(msgspec.Struct, omit_defaults=True):
+    """What `/v1/models` shows of a model, and what planning needs to know about it."""
+
+    name: str
+    family: str
+    surfaces: list[str]
+    model_sha256: str
+    numerics: str = "float32"
+    heads: list[HeadInfo] = msgspec.field(default_factory=list)
+    embedding: EmbeddingView | None = None
+    max_tokens: int | None = None
+    licence: str | None = None
+
+
+class Plugin:
+    """What every plugin class has: a registered name and a self-description."""
+
+    name: ClassVar[str] = ""
+
+    def descriptor(self) -> dict[str, Any]:
+        """A JSON-able description shown by `vllm-srun plugins` and `/v1/models`."""
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of an accelerator: `cpu`, `cuda:1`, `example_host`."""
+
+    accelerator: str
+    index: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.accelerator if self.index is None else f"{self.accelerator}:{self.index}"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Accelerator(Plugin, abc.ABC):
+    """A kind of hardware. Without `auto_priority` it is used only when named."""
+
+    auto_priority: ClassVar[int | None] = None
+
+    @abc.abstractmethod
+    def available(self) -> bool: ...
+
+    @abc.abstractmethod
+    def devices(self) -> list[Device]: ...
+
+    def torch_device(self, device: Device) -> Any:
+        raise NotImplementedError(f"accelerator {self.name!r} has no torch device")
+
+    def kernels(self) -> dict[str, Any]:
+        """Optional kernels this hardware offers an engine (name -> callable)."""
+        return {}
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"name": self.name, "available": self.available(), "auto_priority": self.auto_priority}
+
+
+class EngineModel(abc.ABC):
+    """A network built on a device; `encode` runs one forward over a ready batch."""
+
+    device: Device
+    dtype: str
+
+    @abc.abstractmethod
+    def encode(self, batch: Batch) -> list[np.ndarray]:
+        """One float32 array per row of the batch, shaped by that row's `output`."""
+
+
+class Engine(Plugin, abc.ABC):
+    """Builds and runs networks. Engines without `auto_priority` are tried after the rest."""
+
+    auto_priority: ClassVar[int | None] = None
+    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+
+    @abc.abstractmethod
+    def supports(self, spec: ModelSpec, device: Device) -> str | None:
+        """None when this engine can run `spec` on `device`, else the reason it cannot."""
+
+    def read(self, spec: ModelSpec, dtype: str) -> Any:
+        """Host-side work (reading, converting tensors) done before the device is taken."""
+        return None
+
+    @abc.abstractmethod
+    def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> EngineModel: ...
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"name": self.name, "auto_priority": self.auto_priority, "dtypes": list(self.dtypes)}
+
+
+class LoadedModel(abc.ABC):
+    """A model ready to plan and finish requests; with an engine model it can also run them.
+
+    An app replica holds a LoadedModel with `engine_model=None`: it plans and finishes only.
+    """
+
+    batch_invariant: ClassVar[bool] = False
+
+    def __init__(self, info: ModelInfo, engine_model: EngineModel | None) -> None:
+        self.info = info
+        self.engine_model = engine_model
+
+    @abc.abstractmethod
+    def plan_surface(self, surface: str, request: Any) -> Plan:
+        """Split a decoded surface request into work items. Raise InvalidRequest for bad input."""
+
+    @abc.abstractmethod
+    def finish_surface(self, plan: Plan, results: Sequence[Result]) -> Any:
+        """Turn results (aligned with `plan.items`) into the surface's response Struct."""
+
+    def run(self, items: Sequence[WorkItem]) -> list[np.ndarray]:
+        """One forward over `items`. Runs on the device worker's thread, never in the app."""
+        if self.engine_model is None:
+            raise RuntimeError(f"model {self.info.name!r} was loaded without an engine")
+        return self.engine_model.encode(Batch.from_items(items))
+
+
+class ModelFamily(Plugin, abc.ABC):
+    """A model format. `detect` is cheap; `verify` hashes files but reads no weights."""
+
+    surfaces: ClassVar[tuple[str, ...]] = ()
+    builtin_table: ClassVar[str | None] = None
+    fixture_writer: ClassVar[str | None] = None
+
+    @abc.abstractmethod
+    def detect(self, package: ModelPackage) -> bool: ...
+
+    @abc.abstractmethod
+    def verify(self, package: ModelPackage) -> Verification: ...
+
+    @abc.abstractmethod
+    def describe(self, package: ModelPackage) -> ModelSpec: ...
+
+    @abc.abstractmethod
+    def load(
+        self,
+        package: ModelPackage,
+        spec: ModelSpec,
+        engine_model: EngineModel | None,
+        *,
+        name: str,
+        verification: Verification,
+        numerics: str,
+    ) -> LoadedModel: ...
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"name": self.name, "surfaces": list(self.surfaces)}

@@ -1,0 +1,89 @@
+"""A model package on disk, with the file access rules every family goes through.
+
+Files are addressed by their path relative to the package root. A path that leaves the
+package, directly or through a symlink, is refused; so is a pickled PyTorch checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from vllm_srun.errors import PackageError
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def combined_sha256(files: dict[str, str]) -> str:
+    """The identity of a set of files: their relative names and digests, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode())
+        digest.update(b"\0")
+        digest.update(files[name].encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+class ModelPackage:
+    """A directory holding one model. All reads go through `path()` so the rules hold."""
+
+    def __init__(self, root: Path | str, *, name: str | None = None) -> None:
+        root = Path(root)
+        if not root.is_dir():
+            raise PackageError(f"model package {str(root)!r} is not a directory")
+        self.root = root.resolve()
+        self.name = name or self.root.name
+
+    def __repr__(self) -> str:
+        return f"ModelPackage({str(self.root)!r})"
+
+    def path(self, relative: str) -> Path:
+        """The resolved path of `relative`; refused if it resolves outside the package."""
+        candidate = (self.root / relative).resolve()
+        if candidate != self.root and self.root not in candidate.parents:
+            raise PackageError(f"{relative!r} leaves the model package {str(self.root)!r}")
+        if relative.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")):
+            raise PackageError(
+                f"{relative!r} is a pickled checkpoint; the runtime loads safetensors only "
+                "(convert it with `safetensors.torch.save_file`)"
+            )
+        return candidate
+
+    def exists(self, relative: str) -> bool:
+        try:
+            return self.path(relative).is_file()
+        except PackageError:
+            return False
+
+    def read_bytes(self, relative: str) -> bytes:
+        path = self.path(relative)
+        if not path.is_file():
+            raise PackageError(f"model package {str(self.root)!r} has no file {relative!r}")
+        return path.read_bytes()
+
+    def read_json(self, relative: str) -> Any:
+        try:
+            return json.loads(self.read_bytes(relative))
+        except json.JSONDecodeError as exc:
+            raise PackageError(f"{relative!r} in {str(self.root)!r} is not valid JSON: {exc}") from exc
+
+    def digests(self, relatives: list[str]) -> dict[str, str]:
+        """SHA-256 of each named file, refusing any that is missing or leaves the package."""
+        out: dict[str, str] = {}
+        for relative in relatives:
+            path = self.path(relative)
+            if not path.is_file():
+                raise PackageError(f"model package {str(self.root)!r} has no file {relative!r}")
+            out[relative] = sha256_file(path)
+        return out

@@ -1,0 +1,175 @@
+"""Entry-point discovery of families, engines, accelerators and metrics sinks.
+
+Built-ins register through the project's own entry points, so there is one discovery path.
+Loading happens once per process (again only when asked) and follows these rules:
+
+- `VLLM_SRUN_PLUGINS=a,b` loads only the plugins with those names;
+- a name that two distributions claim in one group refuses the start, naming both;
+- a class that does not subclass its group's base is refused and skipped;
+- a plugin that fails to import or construct is logged with the reason and skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+import structlog
+
+from vllm_srun.errors import ConfigError, PluginConflict
+from vllm_srun.plugins.base import Accelerator, Engine, ModelFamily, Plugin
+from vllm_srun.plugins.stats import StatLoggerBase
+
+log = structlog.get_logger("vllm_srun.plugins")
+
+ALLOW_ENV = "VLLM_SRUN_PLUGINS"
+
+GROUPS: dict[str, tuple[str, type[Plugin]]] = {
+    "families": ("vllm_srun.families", ModelFamily),
+    "engines": ("vllm_srun.engines", Engine),
+    "accelerators": ("vllm_srun.accelerators", Accelerator),
+    "stat_loggers": ("vllm_srun.stat_loggers", StatLoggerBase),
+}
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    """One loaded plugin: its instance and where it came from."""
+
+    group: str
+    name: str
+    target: str
+    distribution: str
+    version: str
+    plugin: Any
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "distribution": self.distribution,
+            "version": self.version,
+            "target": self.target,
+            "descriptor": self.plugin.descriptor(),
+        }
+
+
+@dataclass(frozen=True)
+class RefusedPlugin:
+    group: str
+    name: str
+    distribution: str
+    reason: str
+
+
+@dataclass
+class Plugins:
+    """The plugins of this process, by group and name."""
+
+    groups: dict[str, dict[str, PluginEntry]] = field(default_factory=dict)
+    refused: list[RefusedPlugin] = field(default_factory=list)
+
+    def of(self, group: str) -> dict[str, PluginEntry]:
+        return self.groups.get(group, {})
+
+    def get(self, group: str, name: str) -> Any:
+        entries = self.of(group)
+        if name not in entries:
+            known = ", ".join(sorted(entries)) or "none"
+            raise ConfigError(f"no {group[:-1].replace('_', ' ')} named {name!r} is installed (known: {known})")
+        return entries[name].plugin
+
+    def family(self, name: str) -> ModelFamily:
+        plugin: ModelFamily = self.get("families", name)
+        return plugin
+
+    def engine(self, name: str) -> Engine:
+        plugin: Engine = self.get("engines", name)
+        return plugin
+
+    def accelerator(self, name: str) -> Accelerator:
+        plugin: Accelerator = self.get("accelerators", name)
+        return plugin
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            group: [entry.describe() for _, entry in sorted(self.of(group).items())] for group in GROUPS
+        }
+        out["refused"] = [vars(r) for r in self.refused]
+        return out
+
+
+_loaded: Plugins | None = None
+
+
+def allowed_names() -> set[str] | None:
+    raw = os.environ.get(ALLOW_ENV, "").strip()
+    if not raw:
+        return None
+    return {name.strip() for name in raw.split(",") if name.strip()}
+
+
+def _distribution(ep: EntryPoint) -> tuple[str, str]:
+    dist = ep.dist
+    if dist is None:
+        return "unknown", "unknown"
+    return dist.metadata["Name"] or dist.name, dist.version
+
+
+def _unique(eps: Iterable[EntryPoint]) -> dict[str, list[EntryPoint]]:
+    """Entry points by name; the same distribution seen twice on sys.path counts once."""
+    by_name: dict[str, list[EntryPoint]] = {}
+    for ep in eps:
+        seen = by_name.setdefault(ep.name, [])
+        if all(_distribution(other)[0] != _distribution(ep)[0] for other in seen):
+            seen.append(ep)
+    return by_name
+
+
+def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] | None, out: Plugins) -> None:
+    entries: dict[str, PluginEntry] = {}
+    for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
+        if allow is not None and name not in allow:
+            continue
+        if len(eps) > 1:
+            claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
+            raise PluginConflict(f"the {group[:-1].replace('_', ' ')} name {name!r} is claimed by {claimants}")
+        ep = eps[0]
+        dist, version = _distribution(ep)
+        try:
+            cls = ep.load()
+        except Exception as exc:  # a broken plugin must not stop the others
+            reason = f"import failed: {type(exc).__name__}: {exc}"
+            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
+            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, base)):
+            reason = f"{ep.value} is not a subclass of {base.__module__}.{base.__name__}"
+            log.error("plugin_refused", group=group, plugin=name, distribution=dist, reason=reason)
+            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            continue
+        try:
+            plugin = cls()
+        except Exception as exc:
+            reason = f"construction failed: {type(exc).__name__}: {exc}"
+            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
+            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            continue
+        plugin.name = name
+        entries[name] = PluginEntry(group, name, ep.value, dist, version, plugin)
+    out.groups[group] = entries
+
+
+def load_plugins(*, reload: bool = False) -> Plugins:
+    """The plugins of this process; discovered on first call and cached after."""
+    global _loaded
+    if _loaded is not None and not reload:
+        return _loaded
+    allow = allowed_names()
+    plugins = Plugins()
+    for group, (ep_group, base) in GROUPS.items():
+        _load_group(group, ep_group, base, allow, plugins)
+    _loaded = plugins
+    return plugins
