@@ -1,0 +1,22 @@
+"""The host CPU: always available, chosen last by `device: auto`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_srun.plugins.base import Accelerator, Device
+
+
+class CpuAccelerator(Accelerator):
+    auto_priority = 100
+
+    def available(self) -> bool:
+        return True
+
+    def devices(self) -> list[Device]:
+        return [Device("cpu")]
+
+    def torch_device(self, device: Device) -> Any:
+        import torch
+
+        return torch.device("cpu")

@@ -1,0 +1,222 @@
+"""Coalescing work items of concurrent jobs into batches: the one place batching rules live.
+
+A batch is bounded by `max_num_seqs` rows and `max_num_batched_tokens` tokens (a single item
+larger than the budget still runs, alone). When the device is idle and the first item
+arrives, the coalescer waits up to `batch_wait_ms` for more, unless the model is
+`batch_invariant` (then batching cannot change an answer and waiting buys nothing).
+Items that arrive during a forward form the next batch at once. Interactive items
+(priority 0) are taken before bulk ones. Identical cache keys in the pending set run once.
+Items whose deadline has passed are answered `deadline_exceeded` and never run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+import structlog
+
+from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
+from vllm_srun.plugins.stats import Stats
+
+log = structlog.get_logger("vllm_srun.queue")
+
+INTERACTIVE = 0
+BULK = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchLimits:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 16384
+    batch_wait_ms: float = 2.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One item's result and the timing of the batch it ran in (zero if it never ran)."""
+
+    result: Result
+    queue_s: float = 0.0
+    forward_s: float = 0.0
+
+
+@dataclass
+class _Slot:
+    """One distinct item waiting to run, and everyone waiting for its result."""
+
+    item: WorkItem
+    priority: int
+    enqueued_s: float
+    deadline_s: float | None
+    waiters: list[asyncio.Future[Outcome]] = field(default_factory=list)
+
+
+class Coalescer:
+    """Batches one deployment's items; forwards run on the device's single-thread executor."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        limits: BatchLimits,
+        executor: Executor,
+        stats: Stats,
+    ) -> None:
+        self.model = model
+        self.limits = limits
+        self.executor = executor
+        self.stats = stats
+        self._pending: dict[str, _Slot] = {}
+        self._event = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        
+    @property
+    def name(self) -> str:
+        return self.model.info.name
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"coalescer:{self.name}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for slot in self._pending.values():
+            for waiter in slot.waiters:
+                if not waiter.done():
+                    waiter.cancel()
+        self._pending.clear()
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def submit(
+        self,
+        items: Sequence[WorkItem],
+        *,
+        priority: int = INTERACTIVE,
+        enqueued_s: float | None = None,
+        deadline_s: float | None = None,
+    ) -> list[asyncio.Future[Outcome]]:
+        """Queue items; each future resolves to that item's Outcome (array or ItemError)."""
+        loop = asyncio.get_running_loop()
+        now = time.time() if enqueued_s is None else enqueued_s
+        futures: list[asyncio.Future[Outcome]] = []
+        for item in items:
+            key = item.cache_key or f"anon:{id(item)}"
+            slot = self._pending.get(key)
+            if slot is None:
+                slot = _Slot(item, priority, now, deadline_s)
+                self._pending[key] = slot
+            else:
+                # A second waiter for work already queued: keep the most urgent terms.
+                slot.priority = min(slot.priority, priority)
+                if deadline_s is None or slot.deadline_s is None:
+                    slot.deadline_s = None
+                else:
+                    slot.deadline_s = max(slot.deadline_s, deadline_s)
+            future: asyncio.Future[Outcome] = loop.create_future()
+            slot.waiters.append(future)
+            futures.append(future)
+        self._event.set()
+        return futures
+
+    def _full(self) -> bool:
+        if len(self._pending) >= self.limits.max_num_seqs:
+            return True
+        tokens = sum(slot.item.tokens() for slot in self._pending.values())
+        return tokens >= self.limits.max_num_batched_tokens
+
+    def _take(self) -> list[_Slot]:
+        """The next batch: interactive first, then arrival order, within the limits."""
+        now = time.time()
+        batch: list[_Slot] = []
+        tokens = 0
+        ordered = sorted(self._pending.items(), key=lambda kv: (kv[1].priority, kv[1].enqueued_s))
+        for key, slot in ordered:
+            if slot.deadline_s is not None and slot.deadline_s < now:
+                del self._pending[key]
+                _resolve(slot, ItemError("deadline_exceeded", "the item's deadline passed before it ran"))
+                continue
+            if all(w.cancelled() for w in slot.waiters):
+                del self._pending[key]
+                continue
+            cost = slot.item.tokens()
+            if batch and (
+                len(batch) >= self.limits.max_num_seqs or tokens + cost > self.limits.max_num_batched_tokens
+            ):
+                break
+            del self._pending[key]
+            batch.append(slot)
+            tokens += cost
+        return batch
+
+    async def _wait_for_batch(self) -> None:
+        """Idle until an item arrives; then the batching window, unless waiting cannot help."""
+        while not self._pending:
+            self._event.clear()
+            await self._event.wait()
+        if self.model.batch_invariant or self.limits.batch_wait_ms <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + self.limits.batch_wait_ms / 1000.0
+        while not self._full():
+            remaining = until - loop.time()
+            if remaining <= 0:
+                return
+            self._event.clear()
+            try:
+                await asyncio.wait_for(self._event.wait(), remaining)
+            except TimeoutError:
+                return
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wait_for_batch()
+            while self._pending:
+                batch = self._take()
+                if batch:
+                    await self._forward(loop, batch)
+
+    async def _forward(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot]) -> None:
+        items = [slot.item for slot in batch]
+        started = time.time()
+        try:
+            arrays = await loop.run_in_executor(self.executor, self.model.run, items)
+            if len(arrays) != len(items):
+                raise RuntimeError(f"model returned {len(arrays)} results for {len(items)} items")
+        except Exception as exc:
+            log.exception("forward_failed", model=self.name, batch_size=len(items))
+            error = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
+            for slot in batch:
+                _resolve(slot, error)
+            return
+        forward_s = time.time() - started
+        queue_s = max(0.0, started - min(slot.enqueued_s for slot in batch))
+        self.stats.record_batch(
+            model=self.name,
+            size=len(items),
+            tokens=sum(item.tokens() for item in items),
+            forward_s=forward_s,
+            queue_s=queue_s,
+        )
+        for slot, array in zip(batch, arrays, strict=True):
+            _resolve(slot, np.asarray(array, dtype=np.float32), queue_s, forward_s)
+
+
+def _resolve(slot: _Slot, result: Result, queue_s: float = 0.0, forward_s: float = 0.0) -> None:
+    outcome = Outcome(result, queue_s, forward_s)
+    for waiter in slot.waiters:
+        if not waiter.done():
+            waiter.set_result(outcome)

@@ -1,0 +1,81 @@
+"""Every Redis key, channel and cache key the runtime uses, and nothing else.
+
+Keys are pure functions of their inputs so two replicas, or a restarted one, name the same
+thing the same way. Everything lives under one prefix per deployment so an operator can
+see, bound (`maxmemory-policy allkeys-lru`) or drop one deployment's state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Sequence
+
+PREFIX = "vllm_srun"
+
+# arq's job function name for a batch of work items.
+RUN_ITEMS = "run_items"
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def deployment_slug(deployment: str) -> str:
+    """A deployment name made safe to embed in a key (no spaces, colons or braces)."""
+    return _SAFE.sub("_", deployment)
+
+
+def queue_name(deployment: str) -> str:
+    """arq queue (sorted set) of interactive jobs for one deployment."""
+    return f"{PREFIX}:queue:{deployment_slug(deployment)}"
+
+
+def bulk_queue_name(deployment: str) -> str:
+    """arq queue of bulk-job chunks; workers take interactive work first."""
+    return f"{PREFIX}:bulk:{deployment_slug(deployment)}"
+
+
+def wake_channel(deployment: str) -> str:
+    """Pub/sub channel that wakes a deployment's workers when a job is enqueued."""
+    return f"{PREFIX}:wake:{deployment_slug(deployment)}"
+
+
+def reply_channel(app_id: str) -> str:
+    """Pub/sub channel on which one app process hears its jobs complete."""
+    return f"{PREFIX}:reply:{app_id}"
+
+
+def result_key(deployment: str, cache_key: str) -> str:
+    """Where one work item's result is cached."""
+    return f"{PREFIX}:result:{deployment_slug(deployment)}:{cache_key}"
+
+
+def worker_key(deployment: str) -> str:
+    """Sorted set of live workers of a deployment, scored by heartbeat expiry (ms)."""
+    return f"{PREFIX}:workers:{deployment_slug(deployment)}"
+
+
+def cache_key(
+    *,
+    model_sha256: str,
+    numerics: str,
+    key_extra: str,
+    token_ids: Sequence[int],
+    type_ids: Sequence[int] | None = None,
+) -> str:
+    """sha256(model_sha256 ‖ numerics ‖ surface options ‖ token ids [‖ type ids]).
+
+    Fields are length-prefixed so no two different inputs concatenate to the same bytes.
+    Never a request id or a timestamp.
+    """
+    digest = hashlib.sha256()
+    for text in (model_sha256, numerics, key_extra):
+        raw = text.encode()
+        digest.update(struct.pack("<I", len(raw)))
+        digest.update(raw)
+    digest.update(struct.pack("<I", len(token_ids)))
+    digest.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    if type_ids is not None:
+        digest.update(b"T")
+        digest.update(struct.pack(f"<{len(type_ids)}q", *type_ids))
+    return digest.hexdigest()

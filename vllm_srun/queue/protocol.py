@@ -1,0 +1,63 @@
+"""What travels through Redis between an app and a device worker.
+
+Jobs and replies are msgpack (never pickle: nothing a Redis client writes is executed).
+arq's own job envelope is msgpack too, through `serialize`/`deserialize`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from vllm_srun.plugins.base import WorkItem
+
+
+class JobPayload(msgspec.Struct, array_like=True):
+    """The misses of one request (or one bulk chunk), for one deployment."""
+
+    deployment: str
+    model_sha256: str
+    items: list[WorkItem]
+    reply_to: str
+    request_id: str
+    enqueued_s: float
+    deadline_s: float | None = None
+    ttl_s: int = 3600
+    priority: int = 0
+
+
+class JobReply(msgspec.Struct, array_like=True):
+    """Encoded results aligned with the job's items, and where the time went."""
+
+    request_id: str
+    results: list[bytes]
+    queue_s: float
+    forward_s: float
+
+
+_encoder = msgspec.msgpack.Encoder()
+_job_decoder = msgspec.msgpack.Decoder(JobPayload)
+_reply_decoder = msgspec.msgpack.Decoder(JobReply)
+
+
+def encode(value: Any) -> bytes:
+    return _encoder.encode(value)
+
+
+def decode_job(raw: bytes) -> JobPayload:
+    return _job_decoder.decode(raw)
+
+
+def decode_reply(raw: bytes) -> JobReply:
+    return _reply_decoder.decode(raw)
+
+
+def serialize(value: dict[str, Any]) -> bytes:
+    """arq's job envelope serializer."""
+    return _encoder.encode(value)
+
+
+def deserialize(raw: bytes) -> dict[str, Any]:
+    value: dict[str, Any] = msgspec.msgpack.decode(raw)
+    return value

@@ -1,0 +1,220 @@
+"""The device worker: arq pulls jobs, the coalescer batches their items, results go to Redis.
+
+Each deployment has an arq worker on its queue. arq's own loop polls every `poll_delay`;
+ours waits on the deployment's wake channel instead and polls only as a fallback, so a job
+starts as soon as it is enqueued. A job writes its results to the result cache and publishes
+the reply *before* returning, so arq acknowledges only work whose result is stored; a worker
+that dies mid-job leaves the job's in-progress key to expire and another worker retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from arq import Worker
+from arq.connections import ArqRedis
+from arq.worker import func
+
+from vllm_srun.plugins.base import ItemError, LoadedModel, Result
+from vllm_srun.plugins.stats import Stats
+from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue.redis import REDIS_ERRORS, make_pool, pubsub_client
+from vllm_srun.queue.results import encode_result
+
+log = structlog.get_logger("vllm_srun.worker")
+
+HEARTBEAT_S = 2.0
+HEARTBEAT_TTL_S = 6.0
+
+
+@dataclass
+class Deployment:
+    """A loaded model served by this worker, and the executor of the device it runs on."""
+
+    model: LoadedModel
+    limits: BatchLimits
+    executor: ThreadPoolExecutor
+
+    @property
+    def name(self) -> str:
+        return self.model.info.name
+
+
+class _WakeableWorker(Worker):
+    """arq's worker with its fixed-interval poll replaced by a wake-up on pub/sub."""
+
+    def __init__(self, *, wake_channel: str, pubsub_url: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.wake_channel = wake_channel
+        self.pubsub_url = pubsub_url
+
+    async def main(self) -> None:
+        self.ctx["redis"] = self.pool
+        subscriber = pubsub_client(self.pubsub_url)
+        pubsub = subscriber.pubsub()
+        subscribed = False
+        try:
+            while True:
+                try:
+                    if not subscribed:
+                        await pubsub.subscribe(self.wake_channel)
+                        subscribed = True
+                    await self._poll_iteration()
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_delay_s)
+                    while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
+                        pass  # one poll answers every wake-up queued so far
+                except REDIS_ERRORS as exc:
+                    log.warning("redis_unreachable", queue=self.queue_name, error=str(exc))
+                    subscribed = False
+                    with contextlib.suppress(*REDIS_ERRORS):
+                        await pubsub.reset()
+                    await asyncio.sleep(self.poll_delay_s)
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await pubsub.aclose()
+                await subscriber.aclose()
+
+
+class DeviceWorker:
+    """Serves the given deployments from one Redis until `close`."""
+
+    def __init__(
+        self,
+        *,
+        redis_url: str,
+        deployments: Sequence[Deployment],
+        stats: Stats,
+        max_jobs: int = 1024,
+        job_timeout_s: float = 300.0,
+        poll_delay_s: float = 0.5,
+        max_tries: int = 5,
+    ) -> None:
+        self.redis_url = redis_url
+        self.deployments = {d.name: d for d in deployments}
+        self.stats = stats
+        self.max_jobs = max_jobs
+        self.job_timeout_s = job_timeout_s
+        self.poll_delay_s = poll_delay_s
+        self.max_tries = max_tries
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
+        self.coalescers: dict[str, Coalescer] = {}
+        self._redis: ArqRedis | None = None
+        self._workers: list[Worker] = []
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def redis(self) -> ArqRedis:
+        assert self._redis is not None, "worker not started"
+        return self._redis
+
+    async def start(self) -> None:
+        self._redis = make_pool(self.redis_url)
+        loop = asyncio.get_running_loop()
+        for name, deployment in self.deployments.items():
+            coalescer = Coalescer(
+                deployment.model, limits=deployment.limits, executor=deployment.executor, stats=self.stats
+            )
+            coalescer.start()
+            self.coalescers[name] = coalescer
+            worker = _WakeableWorker(
+                wake_channel=keys.wake_channel(name),
+                pubsub_url=self.redis_url,
+                functions=[func(self._run_items, name=keys.RUN_ITEMS, max_tries=self.max_tries)],
+                queue_name=keys.queue_name(name),
+                redis_pool=self._redis,
+                max_jobs=self.max_jobs,
+                job_timeout=self.job_timeout_s,
+                keep_result=0,
+                poll_delay=self.poll_delay_s,
+                handle_signals=False,
+                job_serializer=protocol.serialize,
+                job_deserializer=protocol.deserialize,
+                log_results=False,
+            )
+            self._workers.append(worker)
+            self._tasks.append(loop.create_task(worker.main(), name=f"arq:{name}"))
+        self._tasks.append(loop.create_task(self._heartbeat(), name="worker-heartbeat"))
+        log.info("worker_started", worker=self.worker_id, deployments=sorted(self.deployments))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, *REDIS_ERRORS):
+                await task
+        for worker in self._workers:
+            for job_task in list(worker.tasks.values()):
+                job_task.cancel()
+        for coalescer in self.coalescers.values():
+            await coalescer.close()
+        if self._redis is not None:
+            with contextlib.suppress(*REDIS_ERRORS):
+                for name in self.deployments:
+                    await self._redis.zrem(keys.worker_key(name), self.worker_id)
+            await self._redis.aclose()
+        self._tasks.clear()
+        self._workers.clear()
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                expires_ms = int((time.time() + HEARTBEAT_TTL_S) * 1000)
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for name in self.deployments:
+                        pipe.zadd(keys.worker_key(name), {self.worker_id: expires_ms})
+                        pipe.zremrangebyscore(keys.worker_key(name), 0, int(time.time() * 1000))
+                    await pipe.execute()
+            except REDIS_ERRORS as exc:
+                log.warning("heartbeat_failed", error=str(exc))
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
+        """arq job function: run one job's items, store and publish their results."""
+        job = protocol.decode_job(payload)
+        outcomes = await self._outcomes(job)
+        encoded = [encode_result(o.result) for o in outcomes]
+        reply = protocol.JobReply(
+            request_id=job.request_id,
+            results=encoded,
+            queue_s=max((o.queue_s for o in outcomes), default=0.0),
+            forward_s=max((o.forward_s for o in outcomes), default=0.0),
+        )
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for item, outcome, raw in zip(job.items, outcomes, encoded, strict=True):
+                if not isinstance(outcome.result, ItemError) and item.cache_key:
+                    pipe.set(keys.result_key(job.deployment, item.cache_key), raw, ex=job.ttl_s)
+            pipe.publish(job.reply_to, protocol.encode(reply))
+            await pipe.execute()
+        return len(job.items)
+
+    async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
+        coalescer = self.coalescers.get(job.deployment)
+        problem = self._refusal(job)
+        if coalescer is None or problem is not None:
+            error: Result = ItemError("forward_failed", problem or f"no worker serves {job.deployment!r}")
+            return [Outcome(error) for _ in job.items]
+        futures = coalescer.submit(
+            job.items, priority=job.priority, enqueued_s=job.enqueued_s, deadline_s=job.deadline_s
+        )
+        return list(await asyncio.gather(*futures))
+
+    def _refusal(self, job: protocol.JobPayload) -> str | None:
+        deployment = self.deployments.get(job.deployment)
+        if deployment is None:
+            return f"this worker does not serve {job.deployment!r}"
+        if deployment.model.info.model_sha256 != job.model_sha256:
+            return (
+                f"the worker's {job.deployment!r} is model {deployment.model.info.model_sha256[:12]}, "
+                f"the app planned for {job.model_sha256[:12]}: serve the same package on both"
+            )
+        return None

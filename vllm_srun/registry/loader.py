@@ -1,0 +1,160 @@
+"""From a model reference and options to a LoadedModel: package, family, device, engine, dtype.
+
+`auto` choices follow the plugins' `auto_priority` (lower first). Engines without one are
+tried after the rest, by name; accelerators without one are used only when named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from vllm_srun.errors import ConfigError
+from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
+from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.registry import Plugins
+
+log = structlog.get_logger("vllm_srun.registry")
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelOptions:
+    """How one model is to be served. `name` defaults to the package directory's name."""
+
+    ref: str
+    name: str | None = None
+    family: str | None = None
+    engine: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a loaded model runs: shown in `/v1/models` and in `meta`."""
+
+    engine: str
+    device: str
+    dtype: str
+
+
+def resolve_package(ref: str) -> ModelPackage:
+    path = Path(ref).expanduser()
+    if path.is_dir():
+        return ModelPackage(path)
+    raise ConfigError(f"model {ref!r} is not a package directory")
+
+
+def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = None) -> ModelFamily:
+    if name is not None:
+        family = plugins.family(name)
+        if not family.detect(package):
+            raise ConfigError(f"family {name!r} does not recognise the package {str(package.root)!r}")
+        return family
+    matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
+    if not matches:
+        known = ", ".join(sorted(plugins.of("families"))) or "none"
+        raise ConfigError(f"no installed family recognises {str(package.root)!r} (families: {known})")
+    if len(matches) > 1:
+        names = ", ".join(m.name for m in matches)
+        raise ConfigError(f"several families recognise {str(package.root)!r} ({names}): pick one with --family")
+    family: ModelFamily = matches[0]
+    return family
+
+
+def installed_devices(plugins: Plugins) -> list[str]:
+    names: list[str] = []
+    for _, entry in sorted(plugins.of("accelerators").items()):
+        accelerator: Accelerator = entry.plugin
+        if accelerator.available():
+            names += [d.name for d in accelerator.devices()]
+    return names
+
+
+def resolve_device(plugins: Plugins, wanted: str) -> Device:
+    accelerators: dict[str, Accelerator] = {n: e.plugin for n, e in plugins.of("accelerators").items()}
+    if wanted == "auto":
+        ranked = sorted(
+            (a for a in accelerators.values() if a.auto_priority is not None),
+            key=lambda a: (a.auto_priority, a.name),
+        )
+        for accelerator in ranked:
+            if accelerator.available() and accelerator.devices():
+                return accelerator.devices()[0]
+        raise ConfigError("no accelerator is available for --device auto")
+    name, _, index = wanted.partition(":")
+    accelerator = accelerators.get(name)
+    if accelerator is not None and accelerator.available():
+        for device in accelerator.devices():
+            if device.name == wanted or (not index and device.accelerator == name):
+                return device
+    installed = ", ".join(installed_devices(plugins)) or "none"
+    raise ConfigError(f"device {wanted!r} is not provided by any installed accelerator (installed: {installed})")
+
+
+def resolve_engine(plugins: Plugins, spec: ModelSpec, device: Device, wanted: str) -> Engine:
+    engines: dict[str, Engine] = {n: e.plugin for n, e in plugins.of("engines").items()}
+    if wanted != "auto":
+        engine = plugins.engine(wanted)
+        reason = engine.supports(spec, device)
+        if reason is not None:
+            raise ConfigError(f"engine {wanted!r} cannot run {spec.architecture!r} on {device}: {reason}")
+        return engine
+    ranked = sorted(
+        engines.values(),
+        key=lambda e: (e.auto_priority is None, e.auto_priority or 0, e.name),
+    )
+    reasons = []
+    for engine in ranked:
+        reason = engine.supports(spec, device)
+        if reason is None:
+            return engine
+        reasons.append(f"{engine.name}: {reason}")
+    raise ConfigError(
+        f"no installed engine runs {spec.architecture!r} on {device} ({'; '.join(reasons) or 'no engines'})"
+    )
+
+
+def resolve_dtype(engine: Engine, wanted: str, device: Device) -> str:
+    if wanted not in DTYPES:
+        raise ConfigError(f"--dtype {wanted!r} is not one of {', '.join(DTYPES)}")
+    if wanted == "auto":
+        # float32 on the CPU: exact and, there, no slower than the half types.
+        if device.accelerator == "cpu" or "bfloat16" not in engine.dtypes:
+            return "float32"
+        return "bfloat16"
+    if wanted not in engine.dtypes:
+        raise ConfigError(f"engine {engine.name!r} runs {', '.join(engine.dtypes)}, not --dtype {wanted}")
+    return wanted
+
+
+def numerics_of(dtype: str) -> str:
+    """The cache-key numerics: float32 is the reference; anything else is approximate."""
+    return "float32" if dtype in ("auto", "float32") else f"approximate:{dtype}"
+
+
+def load_model(plugins: Plugins, options: ModelOptions, *, with_engine: bool) -> tuple[LoadedModel, Placement]:
+    """Load one model. Without an engine (an app replica) it can plan and finish, not run."""
+    package = resolve_package(options.ref)
+    family = detect_family(plugins, package, options.family)
+    verification = family.verify(package)
+    spec = family.describe(package)
+    name = options.name or package.name
+    if not with_engine:
+        numerics = numerics_of(options.dtype)
+        model = family.load(package, spec, None, name=name, verification=verification, numerics=numerics)
+        return model, Placement(engine=options.engine, device=options.device, dtype=options.dtype)
+    device = resolve_device(plugins, options.device)
+    engine = resolve_engine(plugins, spec, device, options.engine)
+    dtype = resolve_dtype(engine, options.dtype, device)
+    host = engine.read(spec, dtype)
+    engine_model = engine.load(spec, device, dtype, host)
+    model = family.load(
+        package, spec, engine_model, name=name, verification=verification, numerics=numerics_of(dtype)
+    )
+    log.info("model_loaded", model=name, family=family.name, engine=engine.name, device=str(device), dtype=dtype)
+    return model, Placement(engine=engine.name, device=str(device), dtype=dtype)
