@@ -1,0 +1,261 @@
+"""`example_keywords`: a model format whose "model" is a JSON file of labels and keywords.
+
+A text becomes term ids (1..V for the keywords, 0 for any other word); the counts engine
+turns each row into a histogram; this family reads the histogram as label scores
+(classify), a normalised keyword vector (embeddings) or a cosine (rerank). Every surface
+reads the same per-text histogram, so one cached result serves all three.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm_sr_example import FORMAT, MODEL_FILE
+from vllm_sr_example.engine import ARCHITECTURE
+from vllm_srun.errors import InvalidRequest, PackageError, UnsupportedSurface
+from vllm_srun.plugins.base import (
+    EmbeddingView,
+    EngineModel,
+    HeadInfo,
+    ItemError,
+    LoadedModel,
+    ModelFamily,
+    ModelInfo,
+    ModelSpec,
+    Plan,
+    Result,
+    Verification,
+    WorkItem,
+)
+from vllm_srun.plugins.package import ModelPackage, combined_sha256
+from vllm_srun.plugins.surfaces import (
+    ClassifyRequest,
+    ClassifyResponse,
+    ClassifyResult,
+    EmbeddingData,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    ErrorBody,
+    InputInfo,
+    Options,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    Usage,
+    texts_of,
+)
+from vllm_srun.plugins.vectors import embedding_value, l2_normalize, softmax
+
+_WORD = re.compile(r"\w+")
+DEFAULT_MAX_TOKENS = 512
+# Labels without keywords (e.g. "other") win when no keyword appears at all.
+_FALLBACK_LOGIT = 0.5
+
+
+def _read_config(package: ModelPackage) -> dict[str, Any]:
+    config = package.read_json(MODEL_FILE)
+    if not isinstance(config, dict) or config.get("format") != FORMAT:
+        raise PackageError(f"{MODEL_FILE}: 'format' must be {FORMAT!r}")
+    labels = config.get("labels")
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        raise PackageError(f"{MODEL_FILE}: 'labels' must be a non-empty list of strings")
+    keywords = config.get("keywords")
+    if not isinstance(keywords, dict):
+        raise PackageError(f"{MODEL_FILE}: 'keywords' must map labels to lists of words")
+    for label, words in keywords.items():
+        if label not in labels:
+            raise PackageError(f"{MODEL_FILE}: keywords.{label}: not one of the labels")
+        if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+            raise PackageError(f"{MODEL_FILE}: keywords.{label} must be a list of words")
+    return config
+
+
+class KeywordFamily(ModelFamily):
+    surfaces = ("classify", "embeddings", "rerank")
+    fixture_writer = "vllm_sr_example.fixtures:write_fixture"
+
+    def detect(self, package: ModelPackage) -> bool:
+        if not package.exists(MODEL_FILE):
+            return False
+        try:
+            return bool(package.read_json(MODEL_FILE).get("format") == FORMAT)
+        except (PackageError, AttributeError):
+            return False
+
+    def verify(self, package: ModelPackage) -> Verification:
+        config = _read_config(package)
+        files = package.digests([MODEL_FILE])
+        return Verification(
+            model_sha256=combined_sha256(files),
+            files=files,
+            max_tokens=int(config.get("max_tokens", DEFAULT_MAX_TOKENS)),
+            licence=config.get("licence"),
+        )
+
+    def describe(self, package: ModelPackage) -> ModelSpec:
+        config = _read_config(package)
+        vocab = sorted({w.lower() for words in config["keywords"].values() for w in words})
+        return ModelSpec(
+            family=self.name,
+            architecture=ARCHITECTURE,
+            config={**config, "vocab": vocab, "vocab_size": len(vocab) + 1},
+            weight_files=(package.path(MODEL_FILE),),
+        )
+
+    def load(
+        self,
+        package: ModelPackage,
+        spec: ModelSpec,
+        engine_model: EngineModel | None,
+        *,
+        name: str,
+        verification: Verification,
+        numerics: str,
+    ) -> KeywordModel:
+        vocab: list[str] = list(spec.config["vocab"])
+        labels: list[str] = list(spec.config["labels"])
+        info = ModelInfo(
+            name=name,
+            family=self.name,
+            surfaces=list(self.surfaces),
+            model_sha256=verification.model_sha256,
+            numerics=numerics,
+            heads=[HeadInfo(name="keywords", kind="sequence", labels=labels)],
+            embedding=EmbeddingView(dimension=len(vocab), normalized=True, pooling="counts"),
+            max_tokens=verification.max_tokens,
+            licence=verification.licence,
+        )
+        return KeywordModel(info, engine_model, vocab=vocab, labels=labels, keywords=spec.config["keywords"])
+
+
+class KeywordModel(LoadedModel):
+    # A row's histogram never depends on its batch neighbours.
+    batch_invariant = True
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        engine_model: EngineModel | None,
+        *,
+        vocab: list[str],
+        labels: list[str],
+        keywords: dict[str, list[str]],
+    ) -> None:
+        super().__init__(info, engine_model)
+        self.ids = {word: i + 1 for i, word in enumerate(vocab)}
+        self.labels = labels
+        self.label_ids = [[self.ids[w.lower()] for w in keywords.get(label, [])] for label in labels]
+        self.max_tokens = info.max_tokens or DEFAULT_MAX_TOKENS
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _item(self, text: str, options: Options) -> tuple[WorkItem | ItemError, InputInfo]:
+        ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
+        info = InputInfo(tokens=len(ids), processed_tokens=len(ids))
+        if len(ids) > self.max_tokens:
+            if options.overflow == "reject":
+                message = f"{len(ids)} tokens; the model takes {self.max_tokens} (options.overflow)"
+                return ItemError("max_length_exceeded", message), info
+            ids = ids[: self.max_tokens]
+            info = InputInfo(tokens=info.tokens, processed_tokens=len(ids), truncated=True)
+        return WorkItem(token_ids=ids), info
+
+    def plan_surface(self, surface: str, request: Any) -> Plan:
+        options: Options = request.options
+        if options.overflow == "window":
+            raise InvalidRequest("options.overflow: 'window' is not supported by example_keywords")
+        if surface == "classify":
+            texts = [p.text + (" " + p.text_pair if p.text_pair else "") for p in texts_of(request.input)]
+        elif surface == "embeddings":
+            texts = [request.input] if isinstance(request.input, str) else list(request.input)
+            if request.dimensions is not None and request.dimensions > len(self.ids):
+                raise InvalidRequest(f"dimensions: at most {len(self.ids)} for this model")
+        elif surface == "rerank":
+            texts = [request.query] + [d if isinstance(d, str) else d.text for d in request.documents]
+        else:
+            raise UnsupportedSurface(f"model {self.info.name!r} does not serve {surface!r}")
+        entries = [self._item(text, options) for text in texts]
+        items = [entry for entry, _ in entries if isinstance(entry, WorkItem)]
+        return Plan(surface=surface, items=items, state=(request, entries))
+
+    # -- finishing --------------------------------------------------------------------------
+
+    def finish_surface(self, plan: Plan, results: Sequence[Result]) -> Any:
+        request, entries = plan.state
+        produced = iter(results)
+        aligned = [(next(produced) if isinstance(e, WorkItem) else e, info) for e, info in entries]
+        if plan.surface == "classify":
+            return self._classify(aligned)
+        usage = sum(info.processed_tokens for _, info in aligned)
+        if plan.surface == "embeddings":
+            return self._embeddings(request, aligned, usage)
+        return self._rerank(request, aligned, usage)
+
+    def _classify(self, aligned: list[tuple[Result, InputInfo]]) -> ClassifyResponse:
+        out = []
+        for index, (result, info) in enumerate(aligned):
+            if isinstance(result, ItemError):
+                out.append(ClassifyResult(index=index, input=info, error=ErrorBody(result.code, result.message)))
+                continue
+            logits = np.array(
+                [result[ids].sum() if ids else _FALLBACK_LOGIT for ids in self.label_ids], dtype=np.float64
+            )
+            probs = softmax(logits)
+            best = int(np.argmax(probs))
+            out.append(
+                ClassifyResult(
+                    index=index,
+                    label=self.labels[best],
+                    score=float(probs[best]),
+                    probabilities=[float(p) for p in probs],
+                    input=info,
+                )
+            )
+        return ClassifyResponse(model=self.info.name, head="keywords", labels=self.labels, results=out)
+
+    def _embeddings(
+        self, request: EmbeddingsRequest, aligned: list[tuple[Result, InputInfo]], usage: int
+    ) -> EmbeddingsResponse:
+        data = []
+        for index, (result, info) in enumerate(aligned):
+            if isinstance(result, ItemError):
+                data.append(EmbeddingData(index=index, input=info, error=ErrorBody(result.code, result.message)))
+                continue
+            vector = embedding_value(
+                l2_normalize(result[1:]), encoding_format=request.encoding_format, dimensions=request.dimensions
+            )
+            data.append(EmbeddingData(index=index, embedding=vector, input=info))
+        return EmbeddingsResponse(data=data, model=self.info.name, usage=Usage(usage, usage))
+
+    def _rerank(
+        self, request: RerankRequest, aligned: list[tuple[Result, InputInfo]], usage: int
+    ) -> RerankResponse:
+        query, query_info = aligned[0]
+        out = []
+        for index, (result, info) in enumerate(aligned[1:]):
+            document = request.documents[index]
+            doc = RerankDocument(document) if isinstance(document, str) else document
+            failed = query if isinstance(query, ItemError) else result if isinstance(result, ItemError) else None
+            if failed is not None:
+                error = ErrorBody(failed.code, f"{'query' if failed is query else 'document'}: {failed.message}")
+                out.append(RerankResult(index=index, input=info, error=error))
+                continue
+            score = float(np.dot(l2_normalize(query[1:]), l2_normalize(result[1:])))
+            out.append(
+                RerankResult(
+                    index=index,
+                    relevance_score=score,
+                    document=doc if request.return_documents else None,
+                    input=info,
+                )
+            )
+        # Scored results by descending score, then failed ones; top_n bounds the list.
+        out.sort(key=lambda r: (r.relevance_score is None, -(r.relevance_score or 0.0), r.index))
+        if request.top_n is not None:
+            out = out[: request.top_n]
+        return RerankResponse(model=self.info.name, results=out, usage=Usage(usage, usage))

@@ -1,0 +1,71 @@
+"""The one place runtime errors become HTTP responses: `{"error": {"code", "message"}}`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+
+from vllm_srun.errors import SrunError
+
+log = structlog.get_logger("vllm_srun.app")
+
+_HTTP_CODES = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    415: "invalid_request",
+    429: "overloaded",
+    503: "unavailable",
+}
+
+
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response[Any]:
+    return Response(
+        {"error": {"code": code, "message": message}},
+        status_code=status,
+        media_type=MediaType.JSON,
+        headers=headers or {},
+    )
+
+
+def _validation_message(exc: ValidationException) -> str:
+    """Litestar's decode errors name the field as `$.path`; keep that, drop the boilerplate."""
+    extra = exc.extra if isinstance(exc.extra, list) else []
+    parts = []
+    for entry in extra:
+        if isinstance(entry, dict) and entry.get("message"):
+            key = entry.get("key")
+            message = str(entry["message"])
+            parts.append(f"{key}: {message}" if key and key not in message else message)
+    return "; ".join(parts) or exc.detail
+
+
+def handle_srun_error(_: Request[Any, Any, Any], exc: SrunError) -> Response[Any]:
+    return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+
+def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    if isinstance(exc, ValidationException):
+        return error_response(400, "invalid_request", _validation_message(exc))
+    status = exc.status_code
+    message = exc.detail
+    if status == 413:
+        message = f"the request body is larger than allowed (--max-request-bytes): {exc.detail}"
+    return error_response(status, _HTTP_CODES.get(status, "http_error"), message, dict(exc.headers or {}))
+
+
+def handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.exception("unhandled_error", error_type=type(exc).__name__)
+    return error_response(500, "internal_error", f"{type(exc).__name__}: the server failed this request")
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    SrunError: handle_srun_error,
+    HTTPException: handle_http_error,
+    Exception: handle_unexpected,
+}

@@ -1,0 +1,120 @@
+"""One surface request, from decoded body to response: plan, cache keys, queue, finish.
+
+Controllers call `serve_surface` and nothing else. Planning (tokenising) of a large request
+runs in a thread so the event loop keeps answering small ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_srun.app.runtime import Runtime, ServedModel
+from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
+from vllm_srun.plugins.base import Plan
+from vllm_srun.plugins.surfaces import ClassifyRequest, EmbeddingsRequest, RerankRequest
+from vllm_srun.queue import keys
+
+# Above this many inputs, tokenising moves off the event loop.
+_THREAD_PLAN_INPUTS = 16
+
+
+@dataclass
+class Timing:
+    tokenize_s: float = 0.0
+    queue_s: float = 0.0
+    forward_s: float = 0.0
+    total_s: float = 0.0
+
+    def header(self) -> str:
+        parts = ("tokenize", "queue", "forward", "total")
+        values = (self.tokenize_s, self.queue_s, self.forward_s, self.total_s)
+        return ", ".join(f"{name};dur={value * 1000:.3f}" for name, value in zip(parts, values, strict=True))
+
+
+def count_inputs(surface: str, request: Any) -> int:
+    if isinstance(request, ClassifyRequest):
+        return len(request.input) if isinstance(request.input, list) else 1
+    if isinstance(request, EmbeddingsRequest):
+        return len(request.input) if isinstance(request.input, list) else 1
+    if isinstance(request, RerankRequest):
+        return len(request.documents) + 1
+    return 1
+
+
+def _check_size(runtime: Runtime, surface: str, request: Any) -> int:
+    count = count_inputs(surface, request)
+    limit = runtime.settings.max_inputs
+    if count > limit:
+        raise RequestTooLarge(f"input: {count} inputs; at most {limit} per request (--max-inputs)")
+    return count
+
+
+def _admit(runtime: Runtime, name: str, count: int) -> None:
+    """All of a request's items, or none: the bound on queued items per deployment."""
+    queued = runtime.queued_items.get(name, 0)
+    if queued + count > runtime.settings.max_queued_items:
+        raise Overloaded(
+            f"model {name!r} has {queued} items queued; the bound is {runtime.settings.max_queued_items}",
+            headers={"Retry-After": "1"},
+        )
+    runtime.queued_items[name] = queued + count
+
+
+async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Timing) -> Any:
+    """The response Struct for `request` on `surface`; raises SrunError subclasses."""
+    started = time.perf_counter()
+    served = runtime.model_for(request.model)
+    model = served.model
+    if surface not in model.info.surfaces:
+        raise UnsupportedSurface(
+            f"model {model.info.name!r} does not serve {surface} (it serves {', '.join(model.info.surfaces)})"
+        )
+    count = _check_size(runtime, surface, request)
+    if count > _THREAD_PLAN_INPUTS:
+        plan = await asyncio.to_thread(_plan, served, surface, request)
+    else:
+        plan = _plan(served, surface, request)
+    timing.tokenize_s = time.perf_counter() - started
+    options = request.options
+    deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None
+    timeout_s = runtime.settings.request_timeout_s
+    if options.deadline_ms:
+        timeout_s = min(timeout_s, options.deadline_ms / 1000)
+    name = model.info.name
+    _admit(runtime, name, len(plan.items))
+    try:
+        submission = await runtime.queue.submit(
+            name, model.info.model_sha256, plan.items, timeout_s=timeout_s, deadline_s=deadline_s
+        )
+    finally:
+        runtime.queued_items[name] -= len(plan.items)
+    timing.queue_s, timing.forward_s = submission.queue_s, submission.forward_s
+    runtime.stats.record_cache(model=name, hits=submission.hits, misses=submission.misses)
+    body = model.finish_surface(plan, submission.results)
+    if options.return_meta:
+        body.meta = {
+            **(body.meta or {}),
+            "engine": served.placement.engine,
+            "device": served.placement.device,
+            "numerics": model.info.numerics,
+            "cache": {"hits": submission.hits, "misses": submission.misses},
+        }
+    timing.total_s = time.perf_counter() - started
+    return body
+
+
+def _plan(served: ServedModel, surface: str, request: Any) -> Plan:
+    model = served.model
+    plan = model.plan_surface(surface, request)
+    for item in plan.items:
+        item.cache_key = keys.cache_key(
+            model_sha256=model.info.model_sha256,
+            numerics=model.info.numerics,
+            key_extra=item.key_extra,
+            token_ids=item.token_ids,
+            type_ids=item.type_ids,
+        )
+    return plan
