@@ -24,10 +24,15 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16")
     parser.add_argument("--family", default=None, help="model family, when several recognise the package")
     parser.add_argument(
-        "--served-model-name", action="append", default=None, help="name to serve a model under (once per model)"
+        "--served-model-name",
+        action="append",
+        default=None,
+        help="name to serve a model under (once per model)",
     )
     parser.add_argument("--max-num-seqs", type=int, default=64, help="most rows in one forward")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=16384, help="most tokens in one forward")
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=16384, help="most tokens in one forward"
+    )
     parser.add_argument(
         "--batch-wait-ms", type=float, default=2.0, help="longest wait for more items when the device is idle"
     )
@@ -46,15 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000, help="port to bind")
     serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
     serve.add_argument("--max-inputs", type=int, default=2048, help="most inputs in one request")
-    serve.add_argument("--max-queued-items", type=int, default=100_000, help="bound on queued items per model")
+    serve.add_argument(
+        "--max-queued-items", type=int, default=100_000, help="bound on queued items per model"
+    )
     serve.add_argument("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
     serve.add_argument("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
-    serve.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
+    serve.add_argument(
+        "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})"
+    )
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
     worker.add_argument("--redis", required=True, help="Redis URL shared with the app replicas")
-    worker.add_argument("--metrics-port", type=int, default=None, help="serve this worker's metrics on a port")
+    worker.add_argument(
+        "--metrics-port", type=int, default=None, help="serve this worker's metrics on a port"
+    )
 
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -161,7 +172,10 @@ async def _run_worker(args: argparse.Namespace) -> None:
 
     plugins = load_plugins()
     settings = ServerSettings(
-        models=_model_options(args), redis_url=args.redis, embedded=False, limits=_limits(args),
+        models=_model_options(args),
+        redis_url=args.redis,
+        embedded=False,
+        limits=_limits(args),
         job_timeout_s=args.job_timeout_s,
     )
     models = {}

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import structlog
 
 
+_OUR_ERROR = re.compile(r"vllm_srun\.errors\.\w+: (.*)")
+
+
 def configure(level: str = "info") -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
-    renderer = (
-        structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
-    )
+    renderer = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -28,3 +30,20 @@ def configure(level: str = "info") -> None:
     )
     # arq logs every job at INFO; that is per-request noise for a server.
     logging.getLogger("arq").setLevel(max(numeric, logging.WARNING))
+    logging.getLogger("uvicorn.error").addFilter(_RuntimeErrorsWithoutTraceback())
+
+
+class _RuntimeErrorsWithoutTraceback(logging.Filter):
+    """A start-up failure of our own (bad device, bad package) is a message, not a traceback.
+
+    uvicorn logs the app's failed start-up as the formatted traceback Litestar hands it; when
+    its last line is one of the runtime's own errors, only that line is worth showing.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        ours = _OUR_ERROR.findall(text) if "Traceback" in text else []
+        if ours:
+            record.msg = "error: " + ours[-1]
+            record.args = ()
+        return True

@@ -24,7 +24,9 @@ _HTTP_CODES = {
 }
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response[Any]:
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> Response[Any]:
     return Response(
         {"error": {"code": code, "message": message}},
         status_code=status,

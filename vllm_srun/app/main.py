@@ -34,6 +34,7 @@ from vllm_srun.errors import SrunError, Unauthorized
 log = structlog.get_logger("vllm_srun.http")
 
 ROUTES = [classify, embeddings, rerank, list_models, health, live, metrics]
+SURFACE_PATHS = {"/v1/classify": "classify", "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
 
 
 def _edge(app: ASGIApp) -> ASGIApp:
@@ -59,13 +60,19 @@ def _edge(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, timed_send)
         finally:
             latency_s = time.perf_counter() - started
-            state = scope.get("state", {})
-            surface = state.get("srun_surface")
+            surface = SURFACE_PATHS.get(scope["path"])
             runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
             if surface and runtime is not None:
-                model = state.get("srun_model", "")
+                # The model is known once the body decoded; a malformed request counts under "".
+                model = scope.get("state", {}).get("srun_model", "")
                 runtime.stats.record_request(model=model, surface=surface, status=status, latency_s=latency_s)
-            log.info("request", method=scope["method"], path=scope["path"], status=status, ms=round(latency_s * 1000, 3))
+            log.info(
+                "request",
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                ms=round(latency_s * 1000, 3),
+            )
 
     return middleware
 

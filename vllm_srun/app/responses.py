@@ -14,7 +14,6 @@ from vllm_srun.app.serving import Timing, serve_surface
 async def respond(request: Request[Any, Any, Any], state: State, surface: str, data: Any) -> Response[Any]:
     runtime: Runtime = state.runtime
     timing = Timing()
-    request.scope["state"]["srun_surface"] = surface
     request.scope["state"]["srun_model"] = data.model or next(iter(runtime.models), "")
     body = await serve_surface(runtime, surface, data, timing)
     return Response(body, headers={"Server-Timing": timing.header()})

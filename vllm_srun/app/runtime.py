@@ -33,7 +33,7 @@ class ServerSettings:
     models: tuple[ModelOptions, ...]
     redis_url: str
     embedded: bool
-    limits: BatchLimits = BatchLimits()
+    limits: BatchLimits = field(default_factory=BatchLimits)
     max_request_bytes: int = 4 * 1024 * 1024
     max_inputs: int = 2048
     max_queued_items: int = 100_000
@@ -118,7 +118,10 @@ def start_worker(settings: ServerSettings, models: dict[str, ServedModel], stats
         deployments.append(Deployment(model=served.model, limits=settings.limits, executor=executors[device]))
         log.info("deployment", model=name, device=device, engine=served.placement.engine)
     return DeviceWorker(
-        redis_url=settings.redis_url, deployments=deployments, stats=stats, job_timeout_s=settings.job_timeout_s
+        redis_url=settings.redis_url,
+        deployments=deployments,
+        stats=stats,
+        job_timeout_s=settings.job_timeout_s,
     )
 
 

@@ -11,7 +11,16 @@ from typing import Any
 
 from vllm_srun.errors import ConfigError
 
-_MODELS: dict[str, str] = {}
+# Built-in architectures of the native engine; plugins add theirs with `register_model`.
+_NATIVE = "vllm_srun.engines.native"
+_MODELS: dict[str, str] = {
+    "BertModel": f"{_NATIVE}.bert:BertModel",
+    "BertForSequenceClassification": f"{_NATIVE}.bert:BertForSequenceClassification",
+    "BertForTokenClassification": f"{_NATIVE}.bert:BertForTokenClassification",
+    "ModernBertModel": f"{_NATIVE}.modernbert:ModernBertModel",
+    "ModernBertForSequenceClassification": f"{_NATIVE}.modernbert:ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification": f"{_NATIVE}.modernbert:ModernBertForTokenClassification",
+}
 
 
 def register_model(architecture: str, target: str) -> None:

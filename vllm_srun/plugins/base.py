@@ -230,7 +230,7 @@ class LoadedModel(abc.ABC):
     An app replica holds a LoadedModel with `engine_model=None`: it plans and finishes only.
     """
 
-    batch_invariant: ClassVar[bool] = False
+    batch_invariant: bool = False
 
     def __init__(self, info: ModelInfo, engine_model: EngineModel | None) -> None:
         self.info = info

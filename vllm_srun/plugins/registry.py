@@ -78,7 +78,9 @@ class Plugins:
         entries = self.of(group)
         if name not in entries:
             known = ", ".join(sorted(entries)) or "none"
-            raise ConfigError(f"no {group[:-1].replace('_', ' ')} named {name!r} is installed (known: {known})")
+            raise ConfigError(
+                f"no {group[:-1].replace('_', ' ')} named {name!r} is installed (known: {known})"
+            )
         return entries[name].plugin
 
     def family(self, name: str) -> ModelFamily:
@@ -135,7 +137,9 @@ def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] |
             continue
         if len(eps) > 1:
             claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
-            raise PluginConflict(f"the {group[:-1].replace('_', ' ')} name {name!r} is claimed by {claimants}")
+            raise PluginConflict(
+                f"the {group[:-1].replace('_', ' ')} name {name!r} is claimed by {claimants}"
+            )
         ep = eps[0]
         dist, version = _distribution(ep)
         try:
@@ -157,7 +161,7 @@ def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] |
             log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
             out.refused.append(RefusedPlugin(group, name, dist, reason))
             continue
-        plugin.name = name
+        plugin.name = name  # type: ignore[misc]  # the registered name wins over the class default
         entries[name] = PluginEntry(group, name, ep.value, dist, version, plugin)
     out.groups[group] = entries
 

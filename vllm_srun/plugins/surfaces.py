@@ -68,7 +68,12 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     options: Options = msgspec.field(default_factory=Options)
 
 
-# Responses. Fields left at their default are omitted from the JSON.
+# Responses. Fields left at their default are omitted from the JSON, except `object`.
+
+
+def _always(value: str) -> Any:
+    """A default that omit_defaults still writes out (msgspec skips only plain defaults)."""
+    return msgspec.field(default_factory=lambda: value)
 
 
 class ErrorBody(msgspec.Struct):
@@ -108,14 +113,14 @@ class ClassifyResponse(msgspec.Struct, omit_defaults=True):
     head: str
     labels: list[str]
     results: list[ClassifyResult]
-    object: str = "classification"
+    object: str = _always("classification")
     meta: dict[str, Any] | None = None
 
 
 class EmbeddingData(msgspec.Struct, omit_defaults=True):
     index: int
     embedding: list[float] | str | None = None
-    object: str = "embedding"
+    object: str = _always("embedding")
     input: InputInfo | None = None
     error: ErrorBody | None = None
 
@@ -129,7 +134,7 @@ class EmbeddingsResponse(msgspec.Struct, omit_defaults=True):
     data: list[EmbeddingData]
     model: str
     usage: Usage
-    object: str = "list"
+    object: str = _always("list")
     meta: dict[str, Any] | None = None
 
 
@@ -146,7 +151,7 @@ class RerankResponse(msgspec.Struct, omit_defaults=True):
     model: str
     results: list[RerankResult]
     usage: Usage
-    object: str = "rerank"
+    object: str = _always("rerank")
     meta: dict[str, Any] | None = None
 
 

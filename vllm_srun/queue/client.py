@@ -91,7 +91,7 @@ class QueueClient:
                 await asyncio.sleep(0.5)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _on_reply(self, raw: bytes) -> None:
         try:
@@ -151,7 +151,9 @@ class QueueClient:
         if misses:
             try:
                 await self._require_worker(deployment)
-                await self._run(deployment, model_sha256, list(misses.values()), submission, timeout_s, deadline_s)
+                await self._run(
+                    deployment, model_sha256, list(misses.values()), submission, timeout_s, deadline_s
+                )
             finally:
                 for cache_key in misses:
                     future = self._inflight.pop((deployment, cache_key), None)

@@ -74,7 +74,7 @@ class Coalescer:
         self._pending: dict[str, _Slot] = {}
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        
+
     @property
     def name(self) -> str:
         return self.model.info.name

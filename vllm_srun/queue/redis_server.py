@@ -59,13 +59,20 @@ class EmbeddedRedis:
         self.socket_path = Path(self._dir.name) / "redis.sock"
         args = [
             find_redis_server(),
-            "--port", "0",
-            "--unixsocket", str(self.socket_path),
-            "--unixsocketperm", "700",
-            "--save", "",
-            "--appendonly", "no",
-            "--dir", self._dir.name,
-            "--loglevel", "warning",
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket_path),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir.name,
+            "--loglevel",
+            "warning",
         ]
         if self.maxmemory:
             args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]

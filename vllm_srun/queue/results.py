@@ -20,7 +20,7 @@ _ERROR = b"E"
 def encode_result(result: Result) -> bytes:
     if isinstance(result, ItemError):
         return _ERROR + msgspec.json.encode(result)
-    array = np.ascontiguousarray(result, dtype="<f4")
+    array = np.asarray(result, dtype="<f4")  # tobytes() writes C order whatever the strides
     header = _ARRAY + struct.pack(f"<B{array.ndim}I", array.ndim, *array.shape)
     return header + array.tobytes()
 

@@ -81,7 +81,7 @@ class _WakeableWorker(Worker):
                     await asyncio.sleep(self.poll_delay_s)
         finally:
             with contextlib.suppress(*REDIS_ERRORS):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
                 await subscriber.aclose()
 
 

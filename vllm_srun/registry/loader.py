@@ -61,7 +61,9 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
         raise ConfigError(f"no installed family recognises {str(package.root)!r} (families: {known})")
     if len(matches) > 1:
         names = ", ".join(m.name for m in matches)
-        raise ConfigError(f"several families recognise {str(package.root)!r} ({names}): pick one with --family")
+        raise ConfigError(
+            f"several families recognise {str(package.root)!r} ({names}): pick one with --family"
+        )
     family: ModelFamily = matches[0]
     return family
 
@@ -93,7 +95,9 @@ def resolve_device(plugins: Plugins, wanted: str) -> Device:
             if device.name == wanted or (not index and device.accelerator == name):
                 return device
     installed = ", ".join(installed_devices(plugins)) or "none"
-    raise ConfigError(f"device {wanted!r} is not provided by any installed accelerator (installed: {installed})")
+    raise ConfigError(
+        f"device {wanted!r} is not provided by any installed accelerator (installed: {installed})"
+    )
 
 
 def resolve_engine(plugins: Plugins, spec: ModelSpec, device: Device, wanted: str) -> Engine:
@@ -137,7 +141,9 @@ def numerics_of(dtype: str) -> str:
     return "float32" if dtype in ("auto", "float32") else f"approximate:{dtype}"
 
 
-def load_model(plugins: Plugins, options: ModelOptions, *, with_engine: bool) -> tuple[LoadedModel, Placement]:
+def load_model(
+    plugins: Plugins, options: ModelOptions, *, with_engine: bool
+) -> tuple[LoadedModel, Placement]:
     """Load one model. Without an engine (an app replica) it can plan and finish, not run."""
     package = resolve_package(options.ref)
     family = detect_family(plugins, package, options.family)
@@ -156,5 +162,7 @@ def load_model(plugins: Plugins, options: ModelOptions, *, with_engine: bool) ->
     model = family.load(
         package, spec, engine_model, name=name, verification=verification, numerics=numerics_of(dtype)
     )
-    log.info("model_loaded", model=name, family=family.name, engine=engine.name, device=str(device), dtype=dtype)
+    log.info(
+        "model_loaded", model=name, family=family.name, engine=engine.name, device=str(device), dtype=dtype
+    )
     return model, Placement(engine=engine.name, device=str(device), dtype=dtype)

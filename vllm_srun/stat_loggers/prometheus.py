@@ -19,25 +19,38 @@ class PrometheusStatLogger(StatLoggerBase):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "vllm_srun_requests", "Requests by model, surface and status", ["model", "surface", "status"], registry=r
+            "vllm_srun_requests",
+            "Requests by model, surface and status",
+            ["model", "surface", "status"],
+            registry=r,
         )
         self.latency = Histogram(
-            "vllm_srun_request_latency_seconds", "Request latency", ["model", "surface"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "vllm_srun_request_latency_seconds",
+            "Request latency",
+            ["model", "surface"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.batch_size = Histogram(
             "vllm_srun_batch_size", "Rows per forward", ["model"], buckets=_BATCH_BUCKETS, registry=r
         )
-        self.batch_tokens = Counter("vllm_srun_batch_tokens", "Tokens run through forwards", ["model"], registry=r)
+        self.batch_tokens = Counter(
+            "vllm_srun_batch_tokens", "Tokens run through forwards", ["model"], registry=r
+        )
         self.forward_seconds = Histogram(
             "vllm_srun_forward_seconds", "Forward duration", ["model"], buckets=_LATENCY_BUCKETS, registry=r
         )
         self.queue_seconds = Histogram(
-            "vllm_srun_queue_seconds", "Time items waited before their forward", ["model"],
-            buckets=_LATENCY_BUCKETS, registry=r,
+            "vllm_srun_queue_seconds",
+            "Time items waited before their forward",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
         )
         self.queue_depth = Gauge("vllm_srun_queue_depth", "Jobs waiting in the queue", ["model"], registry=r)
-        self.cache_hits = Counter("vllm_srun_cache_hits", "Items answered from the result cache", ["model"], registry=r)
+        self.cache_hits = Counter(
+            "vllm_srun_cache_hits", "Items answered from the result cache", ["model"], registry=r
+        )
         self.cache_misses = Counter("vllm_srun_cache_misses", "Items sent to a worker", ["model"], registry=r)
 
     def record_request(self, *, model: str, surface: str, status: int, latency_s: float) -> None:

@@ -33,7 +33,6 @@ from vllm_srun.plugins.base import (
 )
 from vllm_srun.plugins.package import ModelPackage, combined_sha256
 from vllm_srun.plugins.surfaces import (
-    ClassifyRequest,
     ClassifyResponse,
     ClassifyResult,
     EmbeddingData,
@@ -67,6 +66,9 @@ def _read_config(package: ModelPackage) -> dict[str, Any]:
     keywords = config.get("keywords")
     if not isinstance(keywords, dict):
         raise PackageError(f"{MODEL_FILE}: 'keywords' must map labels to lists of words")
+    surfaces = config.get("surfaces", list(KeywordFamily.surfaces))
+    if not isinstance(surfaces, list) or not set(surfaces) <= set(KeywordFamily.surfaces):
+        raise PackageError(f"{MODEL_FILE}: 'surfaces' must list some of {', '.join(KeywordFamily.surfaces)}")
     for label, words in keywords.items():
         if label not in labels:
             raise PackageError(f"{MODEL_FILE}: keywords.{label}: not one of the labels")
@@ -122,7 +124,7 @@ class KeywordFamily(ModelFamily):
         info = ModelInfo(
             name=name,
             family=self.name,
-            surfaces=list(self.surfaces),
+            surfaces=list(spec.config.get("surfaces", self.surfaces)),
             model_sha256=verification.model_sha256,
             numerics=numerics,
             heads=[HeadInfo(name="keywords", kind="sequence", labels=labels)],
@@ -130,12 +132,15 @@ class KeywordFamily(ModelFamily):
             max_tokens=verification.max_tokens,
             licence=verification.licence,
         )
-        return KeywordModel(info, engine_model, vocab=vocab, labels=labels, keywords=spec.config["keywords"])
+        model = KeywordModel(info, engine_model, vocab=vocab, labels=labels, keywords=spec.config["keywords"])
+        # A package may declare itself batch-variant, so the batching window can be seen at work.
+        model.batch_invariant = bool(spec.config.get("batch_invariant", True))
+        return model
 
 
 class KeywordModel(LoadedModel):
     # A row's histogram never depends on its batch neighbours.
-    batch_invariant = True
+    batch_invariant: bool = True
 
     def __init__(
         self,
@@ -200,7 +205,9 @@ class KeywordModel(LoadedModel):
         out = []
         for index, (result, info) in enumerate(aligned):
             if isinstance(result, ItemError):
-                out.append(ClassifyResult(index=index, input=info, error=ErrorBody(result.code, result.message)))
+                out.append(
+                    ClassifyResult(index=index, input=info, error=ErrorBody(result.code, result.message))
+                )
                 continue
             logits = np.array(
                 [result[ids].sum() if ids else _FALLBACK_LOGIT for ids in self.label_ids], dtype=np.float64
@@ -224,10 +231,14 @@ class KeywordModel(LoadedModel):
         data = []
         for index, (result, info) in enumerate(aligned):
             if isinstance(result, ItemError):
-                data.append(EmbeddingData(index=index, input=info, error=ErrorBody(result.code, result.message)))
+                data.append(
+                    EmbeddingData(index=index, input=info, error=ErrorBody(result.code, result.message))
+                )
                 continue
             vector = embedding_value(
-                l2_normalize(result[1:]), encoding_format=request.encoding_format, dimensions=request.dimensions
+                l2_normalize(result[1:]),
+                encoding_format=request.encoding_format,
+                dimensions=request.dimensions,
             )
             data.append(EmbeddingData(index=index, embedding=vector, input=info))
         return EmbeddingsResponse(data=data, model=self.info.name, usage=Usage(usage, usage))
@@ -235,14 +246,18 @@ class KeywordModel(LoadedModel):
     def _rerank(
         self, request: RerankRequest, aligned: list[tuple[Result, InputInfo]], usage: int
     ) -> RerankResponse:
-        query, query_info = aligned[0]
+        query, _ = aligned[0]
         out = []
         for index, (result, info) in enumerate(aligned[1:]):
             document = request.documents[index]
             doc = RerankDocument(document) if isinstance(document, str) else document
-            failed = query if isinstance(query, ItemError) else result if isinstance(result, ItemError) else None
+            failed = (
+                query if isinstance(query, ItemError) else result if isinstance(result, ItemError) else None
+            )
             if failed is not None:
-                error = ErrorBody(failed.code, f"{'query' if failed is query else 'document'}: {failed.message}")
+                error = ErrorBody(
+                    failed.code, f"{'query' if failed is query else 'document'}: {failed.message}"
+                )
                 out.append(RerankResult(index=index, input=info, error=error))
                 continue
             score = float(np.dot(l2_normalize(query[1:]), l2_normalize(result[1:])))

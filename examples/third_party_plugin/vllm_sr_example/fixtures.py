@@ -7,11 +7,19 @@ from pathlib import Path
 
 from vllm_sr_example import FORMAT, MODEL_FILE
 
+_BASE = {
+    "labels": ["billing", "shipping", "other"],
+    "keywords": {"billing": ["refund", "invoice", "charge"], "shipping": ["parcel", "delivery"]},
+}
+
 VARIANTS = {
-    "default": {
-        "labels": ["billing", "shipping", "other"],
-        "keywords": {"billing": ["refund", "invoice", "charge"], "shipping": ["parcel", "delivery"]},
-    },
+    "default": _BASE,
+    # Serves classify only: the other surfaces answer 422 unsupported_surface.
+    "classify-only": {**_BASE, "surfaces": ["classify"]},
+    # Takes at most 5 words, so long inputs exercise options.overflow.
+    "short": {**_BASE, "max_tokens": 5},
+    # Declares itself batch-variant, so the coalescer's batching window applies.
+    "batching": {**_BASE, "batch_invariant": False},
 }
 
 

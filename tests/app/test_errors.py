@@ -1,0 +1,143 @@
+"""Each error code from a real malformed (or unlucky) request, over real HTTP."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import RedisProcess, Server, write_keywords
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    root = tmp_path_factory.mktemp("pkgs")
+    packages = [
+        write_keywords(root / "kw"),
+        write_keywords(root / "conly", "classify-only"),
+        write_keywords(root / "short", "short"),
+    ]
+    return module_server(
+        *map(str, packages),
+        "--max-request-bytes",
+        "4000",
+        "--max-inputs",
+        "8",
+        "--max-queued-items",
+        "6",
+    )
+
+
+def error_of(response: httpx.Response, status: int) -> dict[str, str]:
+    assert response.status_code == status, response.text
+    error: dict[str, str] = response.json()["error"]
+    assert set(error) == {"code", "message"} and error["message"]
+    return error
+
+
+def test_400_not_json(server: Server) -> None:
+    r = httpx.post(
+        server.url + "/v1/classify", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert error_of(r, 400)["code"] == "invalid_request"
+
+
+def test_400_names_the_field(server: Server) -> None:
+    wrong_type = error_of(server.post("/v1/classify", {"model": "kw", "input": [1]}), 400)
+    assert wrong_type["code"] == "invalid_request" and wrong_type["message"].startswith("input[0]:")
+    unknown = error_of(
+        server.post("/v1/classify", {"model": "kw", "input": "x", "options": {"colour": 1}}), 400
+    )
+    assert "colour" in unknown["message"]
+    missing = error_of(server.post("/v1/rerank", {"model": "kw", "documents": ["a"]}), 400)
+    assert "query" in missing["message"]
+    bad_range = error_of(server.post("/v1/embeddings", {"model": "kw", "input": "x", "dimensions": 0}), 400)
+    assert "dimensions" in bad_range["message"]
+
+
+def test_400_model_required_when_several_served(server: Server) -> None:
+    error = error_of(server.post("/v1/classify", {"input": "refund"}), 400)
+    assert error["message"].startswith("model:")
+
+
+def test_404_model_not_found(server: Server) -> None:
+    error = error_of(server.post("/v1/classify", {"model": "nope", "input": "refund"}), 404)
+    assert error["code"] == "model_not_found" and "kw" in error["message"]
+
+
+def test_404_unknown_route_has_the_error_shape(server: Server) -> None:
+    assert error_of(server.get("/v1/nothing"), 404)["code"] == "not_found"
+
+
+def test_413_body_too_large(server: Server) -> None:
+    error = error_of(server.post("/v1/classify", {"model": "kw", "input": "x" * 5000}), 413)
+    assert error["code"] == "request_too_large"
+
+
+def test_413_too_many_inputs(server: Server) -> None:
+    error = error_of(server.post("/v1/classify", {"model": "kw", "input": ["a"] * 9}), 413)
+    assert error["code"] == "request_too_large" and "--max-inputs" in error["message"]
+
+
+def test_422_unsupported_surface(server: Server) -> None:
+    error = error_of(server.post("/v1/embeddings", {"model": "conly", "input": "refund"}), 422)
+    assert error["code"] == "unsupported_surface"
+    assert server.post("/v1/classify", {"model": "conly", "input": "refund"}).status_code == 200
+
+
+def test_429_overloaded_refuses_the_whole_request(server: Server) -> None:
+    r = server.post("/v1/classify", {"model": "kw", "input": [f"text {i}" for i in range(7)]})
+    assert error_of(r, 429)["code"] == "overloaded"
+    assert r.headers["retry-after"] == "1"
+    assert server.post("/v1/classify", {"model": "kw", "input": ["refund"] * 6}).status_code == 200
+
+
+def test_item_error_in_place_never_fails_siblings(server: Server) -> None:
+    body = {"model": "short", "input": ["one two three four five six seven refund", "refund"]}
+    results = server.post("/v1/classify", body).json()["results"]
+    assert results[0]["error"]["code"] == "max_length_exceeded"
+    assert results[0]["input"] == {"tokens": 8, "processed_tokens": 8, "truncated": False, "windows": 1}
+    assert results[1]["label"] == "billing"
+    body["options"] = {"overflow": "truncate"}
+    truncated = server.post("/v1/classify", body).json()["results"][0]
+    assert truncated["input"]["truncated"] is True and truncated["input"]["processed_tokens"] == 5
+
+
+def test_401_api_key(start_server: Callable[..., Server], keywords: Path) -> None:
+    server = start_server(str(keywords), "--api-key", "s3cret")
+    assert server.get("/health").status_code == 200
+    assert error_of(server.get("/v1/models"), 401)["code"] == "unauthorized"
+    assert error_of(server.post("/v1/classify", {"input": "x"}), 401)["code"] == "unauthorized"
+    assert server.get("/v1/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
+    assert server.post("/v1/classify", {"input": "x"}, headers={"x-api-key": "s3cret"}).status_code == 200
+
+
+def test_503_not_ready_without_a_worker(
+    start_server: Callable[..., Server], keywords: Path, redis_proc: RedisProcess
+) -> None:
+    server = start_server(str(keywords), "--redis", redis_proc.url)
+    health = server.get("/health")
+    assert health.status_code == 503 and health.json()["models"] == {"keywords": "no_worker"}
+    assert error_of(server.post("/v1/classify", {"input": "refund"}), 503)["code"] == "not_ready"
+
+
+def test_503_unavailable_when_redis_goes(
+    start_server: Callable[..., Server], keywords: Path, redis_proc: RedisProcess
+) -> None:
+    server = start_server(str(keywords), "--redis", redis_proc.url)
+    redis_proc.stop()
+    started = time.monotonic()
+    error = error_of(server.post("/v1/classify", {"input": "refund"}), 503)
+    assert error["code"] == "unavailable" and time.monotonic() - started < 5
+
+
+def test_start_refuses_unreachable_redis(tmp_path: Path, keywords: Path) -> None:
+    from helpers import Proc, free_port
+
+    proc = Proc(
+        ["vllm-srun", "serve", str(keywords), "--redis", f"redis://127.0.0.1:{free_port()}"], tmp_path / "log"
+    )
+    assert proc.proc.wait(timeout=30) == 2
+    assert "cannot reach Redis at redis://127.0.0.1" in proc.log()

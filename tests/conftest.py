@@ -1,0 +1,52 @@
+"""Shared fixtures: a real Redis server, model packages, servers run as processes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import Proc, RedisProcess, Server, write_keywords
+
+
+@pytest.fixture
+def keywords(tmp_path: Path) -> Path:
+    return write_keywords(tmp_path / "keywords")
+
+
+@pytest.fixture
+def redis_proc(tmp_path: Path) -> Iterator[RedisProcess]:
+    proc = RedisProcess(tmp_path / "redis.log")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Call with serve arguments; every server started is stopped after the test."""
+    started: list[Proc] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, ready: bool = True) -> Server:
+        server = Server(list(args), tmp_path / f"server-{len(started)}.log", env)
+        started.append(server)
+        return server.wait_ready() if ready else server
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """Like start_server, but the servers live for the whole test module."""
+    started: list[Proc] = []
+    root = tmp_path_factory.mktemp("module-server")
+
+    def start(*args: str, env: dict[str, str] | None = None) -> Server:
+        server = Server(list(args), root / f"server-{len(started)}.log", env)
+        started.append(server)
+        return server.wait_ready()
+
+    yield start
+    for proc in started:
+        proc.stop()

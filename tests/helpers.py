@@ -1,0 +1,134 @@
+"""Test helpers: real servers and Redis as processes, model packages, metric parsing."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from vllm_srun.queue.redis_server import find_redis_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    """A `vllm-srun` (or other) process whose output goes to a log file read on failure."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO
+        )
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, sig: int = 15) -> None:
+        if self.alive():
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+class Server(Proc):
+    """`vllm-srun serve` on a free port; `url` once it answers /health/live."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__(
+            [sys.executable, "-m", "vllm_srun.cli", "serve", *args, "--port", str(self.port)], log_path, env
+        )
+
+    def wait_ready(self, timeout_s: float = 60.0, path: str = "/health/live") -> Server:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + path, timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
+
+    def post(self, path: str, body: object, **kwargs: object) -> httpx.Response:
+        return httpx.post(self.url + path, json=body, timeout=30.0, **kwargs)  # type: ignore[arg-type]
+
+    def get(self, path: str, **kwargs: object) -> httpx.Response:
+        return httpx.get(self.url + path, timeout=30.0, **kwargs)  # type: ignore[arg-type]
+
+
+class RedisProcess(Proc):
+    """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH)."""
+
+    def __init__(self, log_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        super().__init__(
+            [
+                find_redis_server(),
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            log_path,
+        )
+        self.wait()
+
+    def wait(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis did not start:\n{self.log()}")
+
+
+def write_keywords(out: Path, variant: str = "default") -> Path:
+    from vllm_sr_example.fixtures import write_fixture
+
+    return write_fixture(out, variant=variant)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one Prometheus sample (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric_name, _, label_part = head.partition("{")
+        if metric_name != name:
+            continue
+        if all(f'{k}="{v}"' in label_part for k, v in labels.items()):
+            return float(value)
+    return 0.0

@@ -1,0 +1,124 @@
+"""The coalescer's batching rules, on the example model's real counting engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import write_keywords
+
+from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
+from vllm_srun.plugins.registry import load_plugins
+from vllm_srun.plugins.stats import StatLoggerBase, Stats
+from vllm_srun.queue.coalescer import BULK, INTERACTIVE, BatchLimits, Coalescer
+from vllm_srun.registry.loader import ModelOptions, load_model
+
+
+class Batches(StatLoggerBase):
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def record_batch(self, *, model: str, size: int, tokens: int, forward_s: float, queue_s: float) -> None:
+        self.sizes.append(size)
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> LoadedModel:
+    package = write_keywords(tmp_path / "kw", "batching")
+    loaded, _ = load_model(
+        load_plugins(), ModelOptions(ref=str(package), engine="example_counts"), with_engine=True
+    )
+    return loaded
+
+
+def items(n: int, length: int = 3, start: int = 0) -> list[WorkItem]:
+    # Term ids stay inside the 6-term vocabulary; the cache key keeps items distinct.
+    return [
+        WorkItem(token_ids=[1] * length + [(start + i) % 5 + 1], cache_key=f"k{start + i}") for i in range(n)
+    ]
+
+
+async def run(
+    model: LoadedModel, limits: BatchLimits, *groups: tuple[list[WorkItem], int]
+) -> tuple[list, Batches]:
+    batches = Batches()
+    coalescer = Coalescer(model, limits=limits, executor=ThreadPoolExecutor(1), stats=Stats([batches]))
+    futures = [f for group, priority in groups for f in coalescer.submit(group, priority=priority)]
+    coalescer.start()
+    outcomes = await asyncio.wait_for(asyncio.gather(*futures), 10)
+    await coalescer.close()
+    return outcomes, batches
+
+
+async def test_batches_respect_max_num_seqs(model: LoadedModel) -> None:
+    outcomes, batches = await run(
+        model, BatchLimits(max_num_seqs=4, batch_wait_ms=0), (items(10), INTERACTIVE)
+    )
+    assert batches.sizes == [4, 4, 2]
+    assert all(isinstance(o.result, np.ndarray) for o in outcomes)
+    assert outcomes[3].result[4] == 1  # the histogram counts the row's last id
+
+
+async def test_batches_respect_the_token_budget(model: LoadedModel) -> None:
+    limits = BatchLimits(max_num_seqs=100, max_num_batched_tokens=10, batch_wait_ms=0)
+    _, batches = await run(model, limits, (items(5, length=4), INTERACTIVE))
+    assert batches.sizes == [2, 2, 1]
+
+
+async def test_an_item_over_the_budget_runs_alone(model: LoadedModel) -> None:
+    limits = BatchLimits(max_num_seqs=100, max_num_batched_tokens=4, batch_wait_ms=0)
+    outcomes, batches = await run(model, limits, (items(2, length=9), INTERACTIVE))
+    assert batches.sizes == [1, 1] and all(isinstance(o.result, np.ndarray) for o in outcomes)
+
+
+async def test_identical_keys_run_once(model: LoadedModel) -> None:
+    same = [WorkItem(token_ids=[1, 2], cache_key="same") for _ in range(3)]
+    outcomes, batches = await run(model, BatchLimits(batch_wait_ms=0), (same, INTERACTIVE))
+    assert batches.sizes == [1] and len(outcomes) == 3
+
+
+async def test_interactive_goes_before_bulk(model: LoadedModel) -> None:
+    limits = BatchLimits(max_num_seqs=2, batch_wait_ms=0)
+    bulk, interactive = items(4, start=0), items(2, start=100)
+    batches = Batches()
+    coalescer = Coalescer(model, limits=limits, executor=ThreadPoolExecutor(1), stats=Stats([batches]))
+    bulk_futures = coalescer.submit(bulk, priority=BULK)
+    interactive_futures = coalescer.submit(interactive, priority=INTERACTIVE)
+    order: list[str] = []
+    for label, futures in (("bulk", bulk_futures), ("interactive", interactive_futures)):
+        for f in futures:
+            f.add_done_callback(lambda _f, label=label: order.append(label))
+    coalescer.start()
+    await asyncio.wait_for(asyncio.gather(*bulk_futures, *interactive_futures), 10)
+    await coalescer.close()
+    assert order[:2] == ["interactive", "interactive"]
+
+
+async def test_the_window_gathers_concurrent_items(model: LoadedModel) -> None:
+    batches = Batches()
+    coalescer = Coalescer(
+        model, limits=BatchLimits(batch_wait_ms=100), executor=ThreadPoolExecutor(1), stats=Stats([batches])
+    )
+    coalescer.start()
+    first = coalescer.submit(items(1, start=0))
+    await asyncio.sleep(0.02)
+    second = coalescer.submit(items(1, start=1))
+    await asyncio.wait_for(asyncio.gather(*first, *second), 10)
+    await coalescer.close()
+    assert batches.sizes == [2]
+
+
+async def test_expired_items_answer_deadline_exceeded(model: LoadedModel) -> None:
+    batches = Batches()
+    coalescer = Coalescer(model, limits=BatchLimits(), executor=ThreadPoolExecutor(1), stats=Stats([batches]))
+    late = coalescer.submit(items(1), deadline_s=time.time() - 1)
+    fine = coalescer.submit(items(1, start=5))
+    coalescer.start()
+    outcomes = await asyncio.wait_for(asyncio.gather(*late, *fine), 10)
+    await coalescer.close()
+    assert isinstance(outcomes[0].result, ItemError) and outcomes[0].result.code == "deadline_exceeded"
+    assert isinstance(outcomes[1].result, np.ndarray) and batches.sizes == [1]

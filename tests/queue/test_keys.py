@@ -1,0 +1,42 @@
+"""Cache keys and Redis key names are pure functions of what changes a result."""
+
+from __future__ import annotations
+
+from vllm_srun.queue import keys
+
+BASE = {"model_sha256": "a" * 64, "numerics": "float32", "key_extra": "logits", "token_ids": [1, 2, 3]}
+
+
+def test_same_work_same_key() -> None:
+    assert keys.cache_key(**BASE) == keys.cache_key(**dict(BASE))
+    assert len(keys.cache_key(**BASE)) == 64
+
+
+def test_every_field_changes_the_key() -> None:
+    base = keys.cache_key(**BASE)
+    for field, value in [
+        ("model_sha256", "b" * 64),
+        ("numerics", "approximate:bfloat16"),
+        ("key_extra", "mean"),
+        ("token_ids", [1, 2, 4]),
+    ]:
+        assert keys.cache_key(**{**BASE, field: value}) != base, field
+    assert keys.cache_key(**BASE, type_ids=[0, 0, 1]) != base
+
+
+def test_fields_cannot_run_into_each_other() -> None:
+    one = keys.cache_key(model_sha256="ab", numerics="c", key_extra="", token_ids=[])
+    two = keys.cache_key(model_sha256="a", numerics="bc", key_extra="", token_ids=[])
+    assert one != two
+
+
+def test_key_names_share_a_prefix_per_deployment() -> None:
+    name = "my model:v1"
+    for key in (
+        keys.queue_name(name),
+        keys.wake_channel(name),
+        keys.result_key(name, "k"),
+        keys.worker_key(name),
+    ):
+        assert key.startswith("vllm_srun:") and " " not in key and "my_model_v1" in key
+    assert keys.queue_name("a") != keys.bulk_queue_name("a")

@@ -1,0 +1,18 @@
+"""The OpenAPI document as JSON text; `python -m vllm_srun.app.openapi` prints it.
+
+docs/openapi.json is this output, checked in; a test keeps the two the same.
+"""
+
+from __future__ import annotations
+
+import json
+
+from vllm_srun.app.main import create_app
+
+
+def document_text() -> str:
+    return json.dumps(create_app().openapi_schema.to_schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(document_text(), end="")
