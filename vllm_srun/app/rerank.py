@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.plugins.surfaces import RerankRequest, RerankResponse
 
 
 @post("/v1/rerank", status_code=200, summary="Rank documents by relevance to a query")
-async def rerank(request: Request, data: RerankRequest, state: State) -> Response[RerankResponse]:
+async def rerank(request: Request, data: JSONBody[RerankRequest], state: State) -> Response[RerankResponse]:
     return await respond(request, state, "rerank", data)
