@@ -36,7 +36,13 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-wait-ms", type=float, default=2.0, help="longest wait for more items when the device is idle"
     )
-    parser.add_argument("--job-timeout-s", type=float, default=300.0, help="a job running longer is retried")
+    parser.add_argument(
+        "--job-timeout-s", type=float, default=300.0, help="a queue job running longer is retried elsewhere"
+    )
+    parser.add_argument(
+        "--job-ttl-s", type=int, default=86400, help="how long bulk jobs and their results live"
+    )
+    parser.add_argument("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
 
 
@@ -55,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queued-items", type=int, default=100_000, help="bound on queued items per model"
     )
     serve.add_argument("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
-    serve.add_argument("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
+    serve.add_argument(
+        "--max-job-requests", type=int, default=1_000_000, help="most requests in one bulk job"
+    )
+    serve.add_argument(
+        "--max-job-bytes", type=int, default=512 * 1024 * 1024, help="largest bulk job body in bytes"
+    )
     serve.add_argument(
         "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})"
     )
@@ -147,6 +158,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cache_ttl_s=args.cache_ttl_s,
             api_key=args.api_key,
             job_timeout_s=args.job_timeout_s,
+            job_ttl_s=args.job_ttl_s,
+            max_job_requests=args.max_job_requests,
+            max_job_bytes=args.max_job_bytes,
         )
         app = create_app(settings)
         config = uvicorn.Config(
@@ -177,6 +191,8 @@ async def _run_worker(args: argparse.Namespace) -> None:
         embedded=False,
         limits=_limits(args),
         job_timeout_s=args.job_timeout_s,
+        job_ttl_s=args.job_ttl_s,
+        cache_ttl_s=args.cache_ttl_s,
     )
     models = {}
     for options in settings.models:

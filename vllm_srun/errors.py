@@ -33,6 +33,11 @@ class ModelNotFound(SrunError):
     status = 404
 
 
+class JobNotFound(SrunError):
+    code = "job_not_found"
+    status = 404
+
+
 class RequestTooLarge(SrunError):
     code = "request_too_large"
     status = 413
@@ -86,5 +91,12 @@ class PackageError(ConfigError):
 # Per-item errors: reported in place of one item's result, never failing its siblings.
 
 ITEM_ERROR_CODES = frozenset(
-    {"max_length_exceeded", "deadline_exceeded", "invalid_input", "forward_failed", "invalid_question"}
+    {
+        "max_length_exceeded",
+        "deadline_exceeded",
+        "invalid_input",
+        "forward_failed",
+        "invalid_question",
+        "cancelled",
+    }
 )

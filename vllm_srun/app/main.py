@@ -25,6 +25,7 @@ from vllm_srun.app.classify import classify
 from vllm_srun.app.embeddings import embeddings
 from vllm_srun.app.errors import EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
+from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models
 from vllm_srun.app.rerank import rerank
@@ -112,8 +113,9 @@ def create_app(settings: ServerSettings | None = None) -> Litestar:
         finally:
             await runtime.close()
 
+    max_job_bytes = settings.max_job_bytes if settings else ServerSettings.max_job_bytes
     return Litestar(
-        route_handlers=[*ROUTES, openapi_document],
+        route_handlers=[*ROUTES, *job_routes(max_job_bytes), openapi_document],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge],

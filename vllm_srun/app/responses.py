@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from litestar import Request, Response
@@ -15,5 +17,26 @@ async def respond(request: Request[Any, Any, Any], state: State, surface: str, d
     runtime: Runtime = state.runtime
     timing = Timing()
     request.scope["state"]["srun_model"] = data.model or next(iter(runtime.models), "")
-    body = await serve_surface(runtime, surface, data, timing)
-    return Response(body, headers={"Server-Timing": timing.header()})
+    work = asyncio.ensure_future(serve_surface(runtime, surface, data, timing))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        # The client left: cancelling the work takes its items out of the queue.
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return Response(
+            {"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499
+        )
+    return Response(work.result(), headers={"Server-Timing": timing.header()})
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Returns when the client closes the connection (the body has already been read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

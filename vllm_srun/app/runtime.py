@@ -18,6 +18,7 @@ from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotRead
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.registry import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
+from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.worker import Deployment, DeviceWorker
@@ -41,6 +42,10 @@ class ServerSettings:
     cache_ttl_s: int = 3600
     api_key: str | None = None
     job_timeout_s: float = 300.0
+    job_ttl_s: int = 86400
+    max_job_requests: int = 1_000_000
+    max_job_bytes: int = 512 * 1024 * 1024
+    bulk_chunk_size: int = 256
 
 
 @dataclass
@@ -60,6 +65,12 @@ class Runtime:
     worker: DeviceWorker | None = None
     started_s: float = field(default_factory=time.time)
     queued_items: dict[str, int] = field(default_factory=dict)
+    bulk: BulkStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bulk = BulkStore(
+            self.queue.redis, ttl_s=self.settings.job_ttl_s, chunk_size=self.settings.bulk_chunk_size
+        )
 
     @classmethod
     async def start(cls, settings: ServerSettings) -> Runtime:

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from vllm_srun.errors import InvalidRequest
+
 SURFACES = ("classify", "embeddings", "rerank", "decisions")
 
 Overflow = Literal["reject", "truncate", "window"]
@@ -159,3 +161,15 @@ def texts_of(value: str | TextPair | list[str | TextPair]) -> list[TextPair]:
     """Classify input in its one general form: a list of (text, optional pair)."""
     values = value if isinstance(value, list) else [value]
     return [TextPair(text=v) if isinstance(v, str) else v for v in values]
+
+
+def request_type(surface: str) -> type[Any]:
+    """The request Struct of a surface, for decoding a bulk job's lines."""
+    types: dict[str, type[Any]] = {
+        "classify": ClassifyRequest,
+        "embeddings": EmbeddingsRequest,
+        "rerank": RerankRequest,
+    }
+    if surface not in types:
+        raise InvalidRequest(f"surface: {surface!r} is not one of {', '.join(types)}")
+    return types[surface]

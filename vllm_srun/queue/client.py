@@ -16,12 +16,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
-from arq.constants import job_key_prefix
-from arq.jobs import serialize_job
 
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, Result, WorkItem
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.enqueue import add_job, remove_job
 from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
 from vllm_srun.queue.results import decode_result
 
@@ -189,6 +188,9 @@ class QueueClient:
         try:
             await self._enqueue(deployment, request_id, protocol.encode(payload), timeout_s)
             reply = await self._await_reply(deployment, items, reply_future, timeout_s)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._withdraw(deployment, request_id))
+            raise
         finally:
             self._waiting.pop(request_id, None)
         if reply is None:
@@ -201,16 +203,30 @@ class QueueClient:
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one transaction."""
-        now_ms = int(time.time() * 1000)
-        job = serialize_job(keys.RUN_ITEMS, (payload,), {}, None, now_ms, serializer=protocol.serialize)
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.psetex(job_key_prefix + job_id, int((timeout_s + 60) * 1000), job)
-                pipe.zadd(keys.queue_name(deployment), {job_id: now_ms})
+                add_job(
+                    pipe,
+                    queue=keys.queue_name(deployment),
+                    function=keys.RUN_ITEMS,
+                    payload=payload,
+                    expires_s=timeout_s + 60,
+                    job_id=job_id,
+                )
                 pipe.publish(keys.wake_channel(deployment), b"1")
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
+
+    async def _withdraw(self, deployment: str, request_id: str) -> None:
+        """Take a request's job out of the queue, and tell a worker that took it to drop it."""
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                remove_job(pipe, queue=keys.queue_name(deployment), job_id=request_id)
+                pipe.publish(keys.cancel_channel(deployment), request_id.encode())
+                await pipe.execute()
+        except REDIS_ERRORS as exc:
+            log.warning("withdraw_failed", error=str(exc))
 
     async def _await_reply(
         self,

@@ -79,3 +79,49 @@ def cache_key(
         digest.update(b"T")
         digest.update(struct.pack(f"<{len(type_ids)}q", *type_ids))
     return digest.hexdigest()
+
+
+# Bulk jobs. One job's keys share the `job:{id}` stem so they expire and read together.
+
+RUN_CHUNK = "run_chunk"
+
+
+def job_key(job_id: str) -> str:
+    """Hash: the job's status, counts, times and settings."""
+    return f"{PREFIX}:job:{job_id}"
+
+
+def job_requests_key(job_id: str) -> str:
+    """List: the job's surface requests, as JSON, in input order."""
+    return f"{PREFIX}:job:{job_id}:requests"
+
+
+def job_custom_ids_key(job_id: str) -> str:
+    """List: each request's custom_id ("" when none), in input order."""
+    return f"{PREFIX}:job:{job_id}:custom_ids"
+
+
+def job_results_key(job_id: str) -> str:
+    """Hash: input index -> that request's result line (JSON)."""
+    return f"{PREFIX}:job:{job_id}:results"
+
+
+def job_chunks_key(job_id: str) -> str:
+    """Set: indices of the chunks that have finished (a retried chunk is counted once)."""
+    return f"{PREFIX}:job:{job_id}:chunks"
+
+
+def job_events_key(job_id: str) -> str:
+    """Stream: progress, result and status events, read by Server-Sent Events."""
+    return f"{PREFIX}:job:{job_id}:events"
+
+
+def idempotency_key(model: str, key: str) -> str:
+    """The job created for one Idempotency-Key (per model)."""
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"{PREFIX}:idem:{deployment_slug(model)}:{digest}"
+
+
+def cancel_channel(deployment: str) -> str:
+    """Pub/sub channel on which apps ask workers to drop a request's queued items."""
+    return f"{PREFIX}:cancel:{deployment_slug(deployment)}"

@@ -53,6 +53,12 @@ def decode_reply(raw: bytes) -> JobReply:
     return _reply_decoder.decode(raw)
 
 
+def decode_chunk(raw: bytes) -> Any:
+    from vllm_srun.queue.bulk import ChunkPayload
+
+    return msgspec.msgpack.decode(raw, type=ChunkPayload)
+
+
 def serialize(value: dict[str, Any]) -> bytes:
     """arq's job envelope serializer."""
     return _encoder.encode(value)

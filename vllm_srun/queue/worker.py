@@ -14,7 +14,7 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +27,8 @@ from arq.worker import func
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.bulk import BulkStore
+from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
 from vllm_srun.queue.redis import REDIS_ERRORS, make_pool, pubsub_client
 from vllm_srun.queue.results import encode_result
@@ -53,10 +55,24 @@ class Deployment:
 class _WakeableWorker(Worker):
     """arq's worker with its fixed-interval poll replaced by a wake-up on pub/sub."""
 
-    def __init__(self, *, wake_channel: str, pubsub_url: str, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        wake_channel: str,
+        pubsub_url: str,
+        cancel_channel: str | None = None,
+        on_cancel: Callable[[str], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.wake_channel = wake_channel
         self.pubsub_url = pubsub_url
+        self.cancel_channel = cancel_channel
+        self.on_cancel = on_cancel
+
+    def _handle(self, message: dict[str, Any] | None) -> None:
+        if message and self.on_cancel and message.get("channel") == self.cancel_channel.encode():  # type: ignore[union-attr]
+            self.on_cancel(message["data"].decode())
 
     async def main(self) -> None:
         self.ctx["redis"] = self.pool
@@ -67,12 +83,18 @@ class _WakeableWorker(Worker):
             while True:
                 try:
                     if not subscribed:
-                        await pubsub.subscribe(self.wake_channel)
+                        channels = [self.wake_channel] + (
+                            [self.cancel_channel] if self.cancel_channel else []
+                        )
+                        await pubsub.subscribe(*channels)
                         subscribed = True
                     await self._poll_iteration()
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_delay_s)
-                    while await pubsub.get_message(ignore_subscribe_messages=True, timeout=0):
-                        pass  # one poll answers every wake-up queued so far
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=self.poll_delay_s
+                    )
+                    while message is not None:  # one poll answers every wake-up queued so far
+                        self._handle(message)
+                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
                 except REDIS_ERRORS as exc:
                     log.warning("redis_unreachable", queue=self.queue_name, error=str(exc))
                     subscribed = False
@@ -98,6 +120,9 @@ class DeviceWorker:
         job_timeout_s: float = 300.0,
         poll_delay_s: float = 0.5,
         max_tries: int = 5,
+        job_ttl_s: int = 86400,
+        result_ttl_s: int = 3600,
+        bulk_chunks: int = 2,
     ) -> None:
         self.redis_url = redis_url
         self.deployments = {d.name: d for d in deployments}
@@ -106,6 +131,11 @@ class DeviceWorker:
         self.job_timeout_s = job_timeout_s
         self.poll_delay_s = poll_delay_s
         self.max_tries = max_tries
+        self.job_ttl_s = job_ttl_s
+        self.result_ttl_s = result_ttl_s
+        self.bulk_chunks = bulk_chunks
+        self._chunks: ChunkRunner | None = None
+        self._active: dict[str, list[asyncio.Future[Outcome]]] = {}
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.coalescers: dict[str, Coalescer] = {}
         self._redis: ArqRedis | None = None
@@ -119,6 +149,8 @@ class DeviceWorker:
 
     async def start(self) -> None:
         self._redis = make_pool(self.redis_url)
+        store = BulkStore(self._redis, ttl_s=self.job_ttl_s)
+        self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s)
         loop = asyncio.get_running_loop()
         for name, deployment in self.deployments.items():
             coalescer = Coalescer(
@@ -126,23 +158,36 @@ class DeviceWorker:
             )
             coalescer.start()
             self.coalescers[name] = coalescer
-            worker = _WakeableWorker(
-                wake_channel=keys.wake_channel(name),
-                pubsub_url=self.redis_url,
-                functions=[func(self._run_items, name=keys.RUN_ITEMS, max_tries=self.max_tries)],
-                queue_name=keys.queue_name(name),
-                redis_pool=self._redis,
-                max_jobs=self.max_jobs,
-                job_timeout=self.job_timeout_s,
-                keep_result=0,
-                poll_delay=self.poll_delay_s,
-                handle_signals=False,
-                job_serializer=protocol.serialize,
-                job_deserializer=protocol.deserialize,
-                log_results=False,
-            )
-            self._workers.append(worker)
-            self._tasks.append(loop.create_task(worker.main(), name=f"arq:{name}"))
+            queues = [
+                (
+                    keys.queue_name(name),
+                    keys.RUN_ITEMS,
+                    self._run_items,
+                    self.max_jobs,
+                    keys.cancel_channel(name),
+                ),
+                (keys.bulk_queue_name(name), keys.RUN_CHUNK, self._run_chunk, self.bulk_chunks, None),
+            ]
+            for queue, function, handler, max_jobs, cancel in queues:
+                worker = _WakeableWorker(
+                    wake_channel=keys.wake_channel(name),
+                    pubsub_url=self.redis_url,
+                    cancel_channel=cancel,
+                    on_cancel=self._cancel,
+                    functions=[func(handler, name=function, max_tries=self.max_tries)],
+                    queue_name=queue,
+                    redis_pool=self._redis,
+                    max_jobs=max_jobs,
+                    job_timeout=self.job_timeout_s,
+                    keep_result=0,
+                    poll_delay=self.poll_delay_s,
+                    handle_signals=False,
+                    job_serializer=protocol.serialize,
+                    job_deserializer=protocol.deserialize,
+                    log_results=False,
+                )
+                self._workers.append(worker)
+                self._tasks.append(loop.create_task(worker.main(), name=f"arq:{queue}"))
         self._tasks.append(loop.create_task(self._heartbeat(), name="worker-heartbeat"))
         log.info("worker_started", worker=self.worker_id, deployments=sorted(self.deployments))
 
@@ -197,6 +242,11 @@ class DeviceWorker:
             await pipe.execute()
         return len(job.items)
 
+    async def _run_chunk(self, ctx: dict[str, Any], payload: bytes) -> int:
+        """arq job function: one chunk of a bulk job."""
+        assert self._chunks is not None
+        return await self._chunks.run(protocol.decode_chunk(payload))
+
     async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
         coalescer = self.coalescers.get(job.deployment)
         problem = self._refusal(job)
@@ -206,7 +256,18 @@ class DeviceWorker:
         futures = coalescer.submit(
             job.items, priority=job.priority, enqueued_s=job.enqueued_s, deadline_s=job.deadline_s
         )
-        return list(await asyncio.gather(*futures))
+        self._active[job.request_id] = futures
+        try:
+            done = await asyncio.gather(*futures, return_exceptions=True)
+        finally:
+            self._active.pop(job.request_id, None)
+        cancelled = Outcome(ItemError("cancelled", "the request was withdrawn"))
+        return [o if isinstance(o, Outcome) else cancelled for o in done]
+
+    def _cancel(self, request_id: str) -> None:
+        """A withdrawn request: its queued items are dropped before they run."""
+        for future in self._active.pop(request_id, []):
+            future.cancel()
 
     def _refusal(self, job: protocol.JobPayload) -> str | None:
         deployment = self.deployments.get(job.deployment)

@@ -1,0 +1,190 @@
+"""Bulk jobs over HTTP: create, status, results, events (SSE), cancel.
+
+A job is created from JSON (`{"surface", "model", "requests": [...], "on_error"}`) or JSONL
+(`application/x-ndjson`, one surface request per line, `surface`/`model`/`on_error` in the
+query). Every line is validated before anything is queued: with `on_error=reject` (the
+default) a bad line refuses the job naming its line number; with `on_error=record` it becomes
+that item's error and the rest run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.datastructures import State
+from litestar.params import FromPath, HeaderParameter, QueryParameter
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.serving import count_inputs
+from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
+from vllm_srun.plugins.surfaces import request_type
+from vllm_srun.queue.bulk import JobStatus, error_body
+
+OnError = Literal["reject", "record"]
+NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
+MAX_CUSTOM_ID = 256
+
+
+class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
+    surface: str
+    requests: list[dict[str, Any]]
+    model: str | None = None
+    on_error: OnError = "reject"
+
+
+def _lines(body: bytes) -> list[tuple[int, Any]]:
+    out = []
+    for number, line in enumerate(body.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((number, msgspec.json.decode(line)))
+        except msgspec.DecodeError as exc:
+            out.append((number, exc))
+    return out
+
+
+def _validate(
+    runtime: Runtime, surface: str, model: str, entries: list[tuple[int, Any]], on_error: OnError, unit: str
+) -> tuple[list[bytes], list[str], dict[int, bytes]]:
+    """(request JSON, custom ids, recorded errors by index); raises on the first bad line to reject."""
+    kind = request_type(surface)
+    requests: list[bytes] = []
+    custom_ids: list[str] = []
+    errors: dict[int, bytes] = {}
+    for index, (number, value) in enumerate(entries):
+        custom_id = ""
+        try:
+            if isinstance(value, Exception):
+                raise InvalidRequest(f"not JSON: {value}")
+            if not isinstance(value, dict):
+                raise InvalidRequest("must be a JSON object (a surface request)")
+            custom_id = value.pop("custom_id", None) or ""
+            if not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID:
+                custom_id = ""
+                raise InvalidRequest(f"custom_id: a string of at most {MAX_CUSTOM_ID} characters")
+            if value.get("model") not in (None, model):
+                raise InvalidRequest(f"model: {value['model']!r} differs from the job's model {model!r}")
+            request = msgspec.convert(value, type=kind)
+            if count_inputs(surface, request) > runtime.settings.max_inputs:
+                raise InvalidRequest(f"input: more than {runtime.settings.max_inputs} inputs (--max-inputs)")
+        except (InvalidRequest, msgspec.ValidationError) as exc:
+            message = f"{unit} {number}: {getattr(exc, 'message', None) or exc}"
+            if on_error == "reject":
+                raise InvalidRequest(message) from exc
+            errors[index] = error_body("invalid_request", message)
+            value = {}
+        requests.append(msgspec.json.encode(value))
+        custom_ids.append(custom_id)
+    return requests, custom_ids, errors
+
+
+async def create_job(
+    request: Request[Any, Any, Any],
+    state: State,
+    surface: Annotated[str | None, QueryParameter(name="surface")] = None,
+    model: Annotated[str | None, QueryParameter(name="model")] = None,
+    on_error: Annotated[OnError, QueryParameter(name="on_error")] = "reject",
+    idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
+) -> Response[JobStatus]:
+    runtime: Runtime = state.runtime
+    body = await request.body()
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type in NDJSON_TYPES:
+        entries, unit = _lines(body), "line"
+    else:
+        try:
+            job = msgspec.json.decode(body, type=JobRequest)
+        except msgspec.ValidationError as exc:
+            raise InvalidRequest(str(exc)) from exc
+        except msgspec.DecodeError as exc:
+            raise InvalidRequest(f"body: not JSON: {exc}") from exc
+        surface, model, on_error = job.surface, job.model, job.on_error
+        entries, unit = list(enumerate(job.requests)), "requests item"
+    if surface is None:
+        raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
+    served = runtime.model_for(model)
+    name = served.model.info.name
+    if surface not in served.model.info.surfaces:
+        raise UnsupportedSurface(f"model {name!r} does not serve {surface}")
+    if len(entries) > runtime.settings.max_job_requests:
+        raise RequestTooLarge(
+            f"requests: {len(entries)}; at most {runtime.settings.max_job_requests} per job"
+        )
+    requests, custom_ids, errors = _validate(runtime, surface, name, entries, on_error, unit)
+    status, created = await runtime.bulk.create(
+        deployment=name,
+        surface=surface,
+        requests=requests,
+        custom_ids=custom_ids,
+        errors=errors,
+        idempotency_key=idempotency_key,
+    )
+    return Response(status, status_code=202 if created else 200)
+
+
+@get("/v1/jobs/{job_id:str}", summary="A job's status and counts")
+async def job_status(job_id: FromPath[str], state: State) -> JobStatus:
+    runtime: Runtime = state.runtime
+    return await runtime.bulk.get(job_id)
+
+
+@post("/v1/jobs/{job_id:str}/cancel", summary="Cancel a job", status_code=200)
+async def cancel_job(job_id: FromPath[str], state: State) -> JobStatus:
+    runtime: Runtime = state.runtime
+    return await runtime.bulk.cancel(job_id)
+
+
+@get("/v1/jobs/{job_id:str}/results", summary="Results in input order (JSON, or JSONL by Accept)")
+async def job_results(
+    job_id: FromPath[str],
+    request: Request[Any, Any, Any],
+    state: State,
+    offset: Annotated[int, QueryParameter(name="offset", ge=0)] = 0,
+    limit: Annotated[int, QueryParameter(name="limit", ge=1, le=100_000)] = 1000,
+) -> Response[bytes]:
+    runtime: Runtime = state.runtime
+    job = await runtime.bulk.get(job_id)
+    lines = await runtime.bulk.results(job_id, offset, limit)
+    accept = request.headers.get("accept", "")
+    if any(kind in accept for kind in NDJSON_TYPES):
+        return Response(b"".join(line + b"\n" for line in lines), media_type="application/x-ndjson")
+    has_more = offset + len(lines) < job.counts.total
+    body = b'{"object":"list","data":[%s],"offset":%d,"total":%d,"has_more":%s}' % (
+        b",".join(lines),
+        offset,
+        job.counts.total,
+        b"true" if has_more else b"false",
+    )
+    return Response(body, media_type="application/json")
+
+
+@get("/v1/jobs/{job_id:str}/events", summary="Server-Sent Events: progress, results, final status")
+async def job_events(
+    job_id: FromPath[str],
+    state: State,
+    last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
+) -> ServerSentEvent:
+    runtime: Runtime = state.runtime
+    await runtime.bulk.get(job_id)  # 404 before the stream starts
+
+    async def stream() -> AsyncIterator[ServerSentEventMessage]:
+        async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0"):
+            yield ServerSentEventMessage(data=data.decode(), event=event, id=event_id)
+
+    return ServerSentEvent(stream())
+
+
+def job_routes(max_job_bytes: int) -> list[Any]:
+    """The job routes; creation takes bodies up to `max_job_bytes` (other routes keep theirs)."""
+    create = post(
+        "/v1/jobs",
+        summary="Create a bulk job (JSON or JSONL)",
+        status_code=202,
+        request_max_body_size=max_job_bytes,
+    )(create_job)
+    return [create, job_status, cancel_job, job_results, job_events]

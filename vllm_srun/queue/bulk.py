@@ -1,0 +1,287 @@
+"""Bulk jobs in Redis: creation, status, results in input order, events, cancellation.
+
+A job is a list of surface requests split into chunks; each chunk is an arq job on the
+deployment's bulk queue, run by whichever worker takes it. Everything about a job lives in
+Redis under `job:{id}` with a TTL, so any app replica can read or stream it, whichever replica
+created it and whether or not that replica still runs.
+
+A chunk stores its results with one Lua script: a result is written only if its index has
+none yet (HSETNX), and only then counted and streamed. A chunk retried after a worker died
+therefore never counts or streams an item twice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from arq.connections import ArqRedis
+
+from vllm_srun.errors import JobNotFound
+from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.enqueue import add_job
+
+TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+DONE, FAILED, CACHED = "d", "f", "c"
+# Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
+_TOMBSTONE_S = 3600
+_APPEND_BATCH = 1000
+
+
+class JobCounts(msgspec.Struct):
+    total: int
+    done: int
+    failed: int
+    cached: int
+
+
+class JobStatus(msgspec.Struct, omit_defaults=True):
+    id: str
+    status: str
+    surface: str
+    model: str
+    counts: JobCounts
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    expires_at: float | None = None
+    object: str = msgspec.field(default_factory=lambda: "job")
+
+
+class ChunkPayload(msgspec.Struct, array_like=True):
+    """One chunk of a job: the requests [start, end) and how many chunks the job has."""
+
+    job_id: str
+    deployment: str
+    surface: str
+    index: int
+    start: int
+    end: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class ResultLine:
+    """One request's outcome as stored: its index, kind (DONE/FAILED/CACHED) and JSON line."""
+
+    index: int
+    kind: str
+    line: bytes
+
+
+def result_line(index: int, custom_id: str, body: bytes, *, error: bool = False) -> bytes:
+    """`{"index", "custom_id", "response"|"error"}` with `body` (already JSON) inside verbatim."""
+    field = b"error" if error else b"response"
+    cid = msgspec.json.encode(custom_id or None)
+    return b'{"index":%d,"custom_id":%s,"%s":%s}' % (index, cid, field, body)
+
+
+def error_body(code: str, message: str) -> bytes:
+    return msgspec.json.encode({"code": code, "message": message})
+
+
+_STORE_CHUNK = """
+local results, job, events, chunks = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local chunk, n_chunks, now, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+for i = 5, #ARGV, 3 do
+  if redis.call('HSETNX', results, ARGV[i], ARGV[i + 2]) == 1 then
+    local kind = ARGV[i + 1]
+    if kind == 'f' then redis.call('HINCRBY', job, 'failed', 1) else redis.call('HINCRBY', job, 'done', 1) end
+    if kind == 'c' then redis.call('HINCRBY', job, 'cached', 1) end
+    redis.call('XADD', events, '*', 'event', 'result', 'data', ARGV[i + 2])
+  end
+end
+redis.call('SADD', chunks, chunk)
+local c = redis.call('HMGET', job, 'total', 'done', 'failed', 'cached', 'status')
+local progress = cjson.encode({total = tonumber(c[1]), done = tonumber(c[2]), failed = tonumber(c[3]),
+                               cached = tonumber(c[4])})
+redis.call('XADD', events, '*', 'event', 'progress', 'data', progress)
+local status = c[5]
+if redis.call('SCARD', chunks) >= n_chunks and status ~= 'completed' and status ~= 'failed'
+   and status ~= 'cancelled' then
+  local final = 'completed'
+  if status == 'cancelling' then final = 'cancelled'
+  elseif tonumber(c[3]) == tonumber(c[1]) and tonumber(c[1]) > 0 then final = 'failed' end
+  redis.call('HSET', job, 'status', final, 'finished_at', now)
+  redis.call('XADD', events, '*', 'event', 'status', 'data', cjson.encode({status = final}))
+end
+for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
+return 1
+"""
+
+
+class BulkStore:
+    """Job state in Redis, shared by every app replica and worker."""
+
+    def __init__(self, redis: ArqRedis, *, ttl_s: int = 86400, chunk_size: int = 256) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.chunk_size = chunk_size
+        self._store_chunk = redis.register_script(_STORE_CHUNK)
+
+    async def create(
+        self,
+        *,
+        deployment: str,
+        surface: str,
+        requests: Sequence[bytes],
+        custom_ids: Sequence[str],
+        errors: dict[int, bytes],
+        idempotency_key: str | None = None,
+    ) -> tuple[JobStatus, bool]:
+        """A new job (or, for a known Idempotency-Key, the job it made); True when new."""
+        job_id = "job_" + uuid.uuid4().hex
+        if idempotency_key:
+            idem = keys.idempotency_key(deployment, idempotency_key)
+            if not await self.redis.set(idem, job_id, nx=True, ex=self.ttl_s):
+                existing = await self.redis.get(idem)
+                return await self.get(existing.decode()), False
+        now = time.time()
+        chunks = [
+            (i, s, min(s + self.chunk_size, len(requests)))
+            for i, s in enumerate(range(0, len(requests), self.chunk_size))
+        ]
+        keep_s = self.ttl_s + _TOMBSTONE_S
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                keys.job_key(job_id),
+                mapping={
+                    "surface": surface,
+                    "model": deployment,
+                    "status": "queued",
+                    "total": len(requests),
+                    "done": 0,
+                    "failed": 0,
+                    "cached": 0,
+                    "created_at": now,
+                    "expires_at": now + self.ttl_s,
+                    "chunks": len(chunks),
+                },
+            )
+            for start in range(0, len(requests), _APPEND_BATCH):
+                pipe.rpush(keys.job_requests_key(job_id), *requests[start : start + _APPEND_BATCH])
+                pipe.rpush(keys.job_custom_ids_key(job_id), *custom_ids[start : start + _APPEND_BATCH])
+            for key in (keys.job_key(job_id), keys.job_requests_key(job_id), keys.job_custom_ids_key(job_id)):
+                pipe.expire(key, keep_s)
+            await pipe.execute()
+        if errors:
+            lines = [
+                ResultLine(i, FAILED, result_line(i, custom_ids[i], body, error=True))
+                for i, body in errors.items()
+            ]
+            await self._write(job_id, lines)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for index, start, end in chunks:
+                payload = protocol.encode(
+                    ChunkPayload(job_id, deployment, surface, index, start, end, len(chunks))
+                )
+                add_job(
+                    pipe,
+                    queue=keys.bulk_queue_name(deployment),
+                    function=keys.RUN_CHUNK,
+                    payload=payload,
+                    expires_s=self.ttl_s,
+                )
+            pipe.publish(keys.wake_channel(deployment), b"bulk")
+            await pipe.execute()
+        if not chunks:
+            await self.store_chunk(job_id, 0, 1, [])
+        return await self.get(job_id), True
+
+    async def _write(self, job_id: str, lines: Sequence[ResultLine]) -> None:
+        """Store pre-recorded results without finishing any chunk."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for line in lines:
+                pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)
+                pipe.hincrby(keys.job_key(job_id), "failed", 1)
+                pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
+            await pipe.execute()
+
+    async def store_chunk(self, job_id: str, chunk: int, chunks: int, lines: Sequence[ResultLine]) -> None:
+        argv: list[Any] = [chunk, chunks, time.time(), self.ttl_s + _TOMBSTONE_S]
+        for line in lines:
+            argv += [line.index, line.kind, line.line]
+        job_keys = [
+            keys.job_results_key(job_id),
+            keys.job_key(job_id),
+            keys.job_events_key(job_id),
+            keys.job_chunks_key(job_id),
+        ]
+        await self._store_chunk(keys=job_keys, args=argv)
+
+    async def raw(self, job_id: str) -> dict[str, str]:
+        fields = await self.redis.hgetall(keys.job_key(job_id))
+        return {k.decode(): v.decode() for k, v in fields.items()}
+
+    async def get(self, job_id: str) -> JobStatus:
+        fields = await self.raw(job_id)
+        if not fields:
+            raise JobNotFound(f"job {job_id!r} does not exist (or its data has expired)")
+        status = fields["status"]
+        expires_at = float(fields["expires_at"])
+        if status not in TERMINAL and time.time() > expires_at:
+            status = "expired"
+        opt = lambda name: float(fields[name]) if name in fields else None  # noqa: E731
+        return JobStatus(
+            id=job_id,
+            status=status,
+            surface=fields["surface"],
+            model=fields["model"],
+            counts=JobCounts(*(int(fields[k]) for k in ("total", "done", "failed", "cached"))),
+            created_at=float(fields["created_at"]),
+            started_at=opt("started_at"),
+            finished_at=opt("finished_at"),
+            expires_at=expires_at,
+        )
+
+    async def mark_running(self, job_id: str) -> None:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hsetnx(keys.job_key(job_id), "started_at", time.time())
+            pipe.hget(keys.job_key(job_id), "status")
+            _, status = await pipe.execute()
+        if status == b"queued":
+            await self.redis.hset(keys.job_key(job_id), "status", "running")
+
+    async def cancel(self, job_id: str) -> JobStatus:
+        job = await self.get(job_id)
+        if job.status not in TERMINAL:
+            await self.redis.hset(keys.job_key(job_id), "status", "cancelling")
+        return await self.get(job_id)
+
+    async def results(self, job_id: str, offset: int, limit: int) -> list[bytes]:
+        """Result lines in input order from `offset`; stops at the first one not yet stored."""
+        job = await self.get(job_id)
+        indices = [str(i) for i in range(offset, min(offset + limit, job.counts.total))]
+        if not indices:
+            return []
+        stored = await self.redis.hmget(keys.job_results_key(job_id), indices)
+        out = []
+        for raw in stored:
+            if raw is None:
+                break
+            out.append(bytes(raw))
+        return out
+
+    async def events(
+        self, job_id: str, last_id: str = "0-0", block_ms: int = 5000
+    ) -> AsyncIterator[tuple[str, str, bytes]]:
+        """(event id, event name, data) from after `last_id`, until the job's final status."""
+        await self.get(job_id)
+        key = keys.job_events_key(job_id)
+        while True:
+            batch = await self.redis.xread({key: last_id}, count=500, block=block_ms)
+            for _, entries in batch or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id.decode()
+                    event = fields[b"event"].decode()
+                    yield last_id, event, bytes(fields[b"data"])
+                    if event == "status":
+                        return
+            if not batch:
+                job = await self.get(job_id)
+                if job.status in TERMINAL:
+                    return

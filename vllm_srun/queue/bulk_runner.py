@@ -1,0 +1,168 @@
+"""A worker running one chunk of a bulk job: plan, look up, batch as bulk work, finish, store.
+
+The chunk's requests are planned and finished here, on the worker, with the same
+LoadedModel an app would use, so a bulk result is byte for byte what the interactive
+surface answers. Its items join the coalescer at bulk priority: they fill what interactive
+work leaves of each batch. Results go to the result cache as well, so interactive requests
+for the same inputs are hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import msgspec
+import structlog
+from arq.connections import ArqRedis
+
+from vllm_srun.errors import SrunError
+from vllm_srun.plugins.base import ItemError, LoadedModel, Plan, Result
+from vllm_srun.plugins.surfaces import request_type
+from vllm_srun.queue import keys
+from vllm_srun.queue.bulk import (
+    CACHED,
+    DONE,
+    FAILED,
+    BulkStore,
+    ChunkPayload,
+    ResultLine,
+    error_body,
+    result_line,
+)
+from vllm_srun.queue.coalescer import BULK, Coalescer
+from vllm_srun.queue.results import decode_result, encode_result
+
+log = structlog.get_logger("vllm_srun.bulk")
+
+
+@dataclass
+class _Planned:
+    index: int
+    custom_id: str
+    plan: Plan | None = None
+    error: bytes | None = None
+    results: list[Result] = field(default_factory=list)
+    hits: int = 0
+
+
+class ChunkRunner:
+    """Runs chunks for the deployments of one worker."""
+
+    def __init__(
+        self, redis: ArqRedis, store: BulkStore, coalescers: dict[str, Coalescer], ttl_s: int
+    ) -> None:
+        self.redis = redis
+        self.store = store
+        self.coalescers = coalescers
+        self.result_ttl_s = ttl_s
+
+    async def run(self, chunk: ChunkPayload) -> int:
+        job = await self.store.raw(chunk.job_id)
+        if not job:
+            return 0  # expired and gone: nothing to store
+        indices = list(range(chunk.start, chunk.end))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(keys.job_requests_key(chunk.job_id), chunk.start, chunk.end - 1)
+            pipe.lrange(keys.job_custom_ids_key(chunk.job_id), chunk.start, chunk.end - 1)
+            pipe.hmget(keys.job_results_key(chunk.job_id), [str(i) for i in indices])
+            requests, custom_ids, stored = await pipe.execute()
+        todo = [
+            (i, bytes(r), c.decode())
+            for i, r, c, s in zip(indices, requests, custom_ids, stored, strict=True)
+            if s is None
+        ]
+        if job["status"] in ("cancelling", "cancelled") or time.time() > float(job["expires_at"]):
+            reason = error_body("cancelled", "the job was cancelled or expired before this request ran")
+            lines = [ResultLine(i, FAILED, result_line(i, cid, reason, error=True)) for i, _, cid in todo]
+        else:
+            await self.store.mark_running(chunk.job_id)
+            try:
+                lines = await self._compute(chunk, todo)
+            except Exception as exc:  # a bug must fail these requests, not stall the job
+                log.exception("chunk_failed", job=chunk.job_id, chunk=chunk.index)
+                body = error_body("forward_failed", f"{type(exc).__name__}: {exc}")
+                lines = [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
+        await self.store.store_chunk(chunk.job_id, chunk.index, chunk.chunks, lines)
+        return len(lines)
+
+    async def _compute(self, chunk: ChunkPayload, todo: Sequence[tuple[int, bytes, str]]) -> list[ResultLine]:
+        coalescer = self.coalescers.get(chunk.deployment)
+        if coalescer is None:
+            body = error_body("forward_failed", f"this worker does not serve {chunk.deployment!r}")
+            return [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
+        model = coalescer.model
+        planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo)
+        items = [item for p in planned if p.plan for item in p.plan.items]
+        cached = (
+            await self.redis.mget([keys.result_key(chunk.deployment, i.cache_key) for i in items])
+            if items
+            else []
+        )
+        results: list[Result | None] = [decode_result(raw) if raw else None for raw in cached]
+        misses = [item for item, r in zip(items, results, strict=True) if r is None]
+        outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK)) if misses else []
+        computed = {item.cache_key: o.result for item, o in zip(misses, outcomes, strict=True)}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key, result in computed.items():
+                if not isinstance(result, ItemError):
+                    pipe.set(
+                        keys.result_key(chunk.deployment, key), encode_result(result), ex=self.result_ttl_s
+                    )
+            await pipe.execute()
+        position = 0
+        for p in planned:
+            if p.plan is None:
+                continue
+            for item in p.plan.items:
+                hit = results[position]
+                p.hits += hit is not None
+                p.results.append(hit if hit is not None else computed[item.cache_key])
+                position += 1
+        return await asyncio.to_thread(_finish_all, model, planned)
+
+
+def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]]) -> list[_Planned]:
+    from vllm_srun.queue.keys import cache_key
+
+    kind = request_type(surface)
+    out = []
+    for index, raw, custom_id in todo:
+        entry = _Planned(index, custom_id)
+        try:
+            request = msgspec.json.decode(raw, type=kind)
+            entry.plan = model.plan_surface(surface, request)
+            for item in entry.plan.items:
+                item.cache_key = cache_key(
+                    model_sha256=model.info.model_sha256,
+                    numerics=model.info.numerics,
+                    key_extra=item.key_extra,
+                    token_ids=item.token_ids,
+                    type_ids=item.type_ids,
+                )
+        except SrunError as exc:
+            entry.error = error_body(exc.code, exc.message)
+        except msgspec.ValidationError as exc:
+            entry.error = error_body("invalid_request", str(exc))
+        out.append(entry)
+    return out
+
+
+def _finish_all(model: LoadedModel, planned: Sequence[_Planned]) -> list[ResultLine]:
+    lines = []
+    for p in planned:
+        if p.plan is None:
+            assert p.error is not None
+            lines.append(ResultLine(p.index, FAILED, result_line(p.index, p.custom_id, p.error, error=True)))
+            continue
+        try:
+            body = msgspec.json.encode(model.finish_surface(p.plan, p.results))
+        except SrunError as exc:
+            error = error_body(exc.code, exc.message)
+            lines.append(ResultLine(p.index, FAILED, result_line(p.index, p.custom_id, error, error=True)))
+            continue
+        kind = CACHED if p.plan.items and p.hits == len(p.plan.items) else DONE
+        lines.append(ResultLine(p.index, kind, result_line(p.index, p.custom_id, body)))
+    return lines
