@@ -1,0 +1,123 @@
+"""`TaskHeadsFamily`: BERT and ModernBERT encoders with a task head.
+
+Serves `*ForSequenceClassification` (classify; rerank for one- and two-label models),
+`*ForTokenClassification` (classify with spans) and sentence-transformers `*Model` packages
+(embeddings; rerank by cosine). The family imports neither torch nor onnxruntime: an app
+replica plans and finishes with the tokenizer alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_srun.errors import PackageError
+from vllm_srun.families.task_heads.heads import POOLED, heads_for, surfaces_of
+from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
+from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.families.task_heads.tokenize import TextEncoder
+from vllm_srun.plugins.base import (
+    EmbeddingView,
+    EngineModel,
+    ModelFamily,
+    ModelInfo,
+    ModelSpec,
+    Verification,
+)
+from vllm_srun.plugins.package import ModelPackage, combined_sha256
+
+
+def labels_of(config: dict[str, Any]) -> list[str]:
+    """Labels in class-index order; `LABEL_i` where config.json names none."""
+    id2label = config.get("id2label") or {}
+    count = max(int(config.get("num_labels") or 0), len(id2label), 0)
+    if count == 0:
+        return []
+    named = {int(k): str(v) for k, v in id2label.items()}
+    return [named.get(i, f"LABEL_{i}") for i in range(count)]
+
+
+class TaskHeadsFamily(ModelFamily):
+    """BERT / ModernBERT sequence classifiers, token taggers, cross-encoders and embedders."""
+
+    name = "task_heads"
+    surfaces = ("classify", "embeddings", "rerank")
+    fixture_writer = "vllm_srun.testing.task_heads_fixtures:write_fixture"
+
+    def detect(self, package: ModelPackage) -> bool:
+        if not package.exists("config.json"):
+            return False
+        try:
+            config = package.read_json("config.json")
+        except PackageError:
+            return False
+        return isinstance(config, dict) and kind_of(config, package) is not None
+
+    def verify(self, package: ModelPackage) -> Verification:
+        layout = read_layout(package)
+        files = package.digests(layout.files())
+        return Verification(model_sha256=combined_sha256(files), files=files, max_tokens=layout.max_tokens)
+
+    def describe(self, package: ModelPackage) -> ModelSpec:
+        layout = read_layout(package)
+        extra: dict[str, Any] = {}
+        if layout.onnx is not None:
+            extra["onnx"] = str(package.path(layout.onnx))
+        return ModelSpec(
+            family=self.name,
+            architecture=layout.architecture,
+            config=layout.config,
+            weight_files=tuple(package.path(name) for name in layout.weight_files),
+            extra=extra,
+        )
+
+    def load(
+        self,
+        package: ModelPackage,
+        spec: ModelSpec,
+        engine_model: EngineModel | None,
+        *,
+        name: str,
+        verification: Verification,
+        numerics: str,
+    ) -> TaskHeadsModel:
+        layout = read_layout(package)
+        labels = labels_of(layout.config)
+        if layout.kind != "embedding" and not labels:
+            raise PackageError(f"config.json of {package.name!r} names no labels (id2label/num_labels)")
+        heads = heads_for(layout.kind, labels, layout.config.get("problem_type"))
+        info = ModelInfo(
+            name=name,
+            family=self.name,
+            surfaces=surfaces_of(heads),
+            model_sha256=verification.model_sha256,
+            numerics=numerics,
+            heads=heads,
+            embedding=_embedding_view(layout) if any(h.kind == POOLED for h in heads) else None,
+            max_tokens=verification.max_tokens or layout.max_tokens,
+            licence=verification.licence,
+        )
+        return TaskHeadsModel(
+            info,
+            engine_model,
+            encoder=TextEncoder(package.read_bytes("tokenizer.json")),
+            labels=labels,
+            pooling=layout.pooling,
+            normalize=layout.normalize,
+            uses_type_ids=layout.config.get("model_type") == "bert",
+        )
+
+    def descriptor(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "surfaces": list(self.surfaces),
+            "model_types": ["bert", "modernbert"],
+            "heads": ["sequence", "scores", "token", "pooled", "relevance"],
+        }
+
+
+def _embedding_view(layout: Layout) -> EmbeddingView:
+    return EmbeddingView(
+        dimension=int(layout.config["hidden_size"]),
+        normalized=layout.normalize,
+        pooling=layout.pooling or "mean",
+    )

@@ -1,0 +1,144 @@
+"""Responses from raw rows: one function per surface. An input whose rows are an `ItemError`
+is answered with that error in its own `error` field; its siblings are answered as usual."""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from vllm_srun.families.task_heads import heads as H
+from vllm_srun.families.task_heads.spans import token_readout
+from vllm_srun.plugins.base import ItemError
+from vllm_srun.plugins.surfaces import (
+    ClassifyResponse,
+    ClassifyResult,
+    EmbeddingData,
+    EmbeddingsResponse,
+    ErrorBody,
+    RerankDocument,
+    RerankResponse,
+    RerankResult,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from vllm_srun.families.task_heads.model import PlannedInput, PlanState, TaskHeadsModel
+
+Rows = list[np.ndarray] | ItemError
+
+
+def _error(error: ItemError) -> ErrorBody:
+    return ErrorBody(code=error.code, message=error.message)
+
+
+def _usage(inputs: list[PlannedInput]) -> Usage:
+    tokens = sum(p.split.info.processed_tokens for p in inputs)
+    return Usage(prompt_tokens=tokens, total_tokens=tokens)
+
+
+def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> ClassifyResponse:
+    head, options, labels = state.head, state.options, model.labels
+    results: list[ClassifyResult] = []
+    for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
+        result = ClassifyResult(index=index, input=planned.split.info)
+        if isinstance(rows, ItemError):
+            result.error = _error(rows)
+        elif head.kind == H.TOKEN:
+            result.spans, result.tokens = token_readout(
+                planned.text,
+                planned.enc,
+                planned.split.pieces,
+                rows,
+                labels,
+                threshold=options.threshold,
+                return_tokens=options.return_tokens,
+            )
+        elif head.kind == H.RELEVANCE:
+            relevance = H.relevance(rows)
+            result.label, result.score = labels[-1], relevance.score
+        else:
+            logits = H.max_logits(rows)
+            probs = H.sigmoid(logits) if head.kind == H.SCORES else H.softmax(logits)
+            best = int(probs.argmax())
+            result.label, result.score = labels[best], float(probs[best])
+            result.probabilities = probs.tolist()
+            if head.kind == H.SCORES:
+                threshold = options.threshold if options.threshold is not None else H.DEFAULT_THRESHOLD
+                result.selected = [label for label, p in zip(labels, probs, strict=True) if p >= threshold]
+        results.append(result)
+    return ClassifyResponse(model=model.info.name, head=head.name, labels=list(labels), results=results)
+
+
+def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
+    dimensions: int | None = state.extra.get("dimensions")
+    as_base64 = state.extra.get("encoding_format") == "base64"
+    data: list[EmbeddingData] = []
+    dimension = model.info.embedding.dimension if model.info.embedding else 0
+    for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
+        item = EmbeddingData(index=index, input=planned.split.info)
+        if isinstance(rows, ItemError):
+            item.error = _error(rows)
+        else:
+            vector = H.pooled(rows, normalize=model.normalize, dimensions=dimensions)
+            dimension = int(vector.shape[0])
+            # OpenAI's base64 format: the float32 little-endian bytes of the vector.
+            item.embedding = (
+                base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+                if as_base64
+                else vector.tolist()
+            )
+        data.append(item)
+    response = EmbeddingsResponse(data=data, model=model.info.name, usage=_usage(state.inputs))
+    if state.options.return_meta:
+        response.meta = {
+            "representation": {
+                "model_sha256": model.info.model_sha256,
+                "dimension": dimensions or dimension,
+                "normalized": model.normalize,
+            }
+        }
+    return response
+
+
+def rerank(
+    model: TaskHeadsModel, state: PlanState, all_rows: list[Rows], query: Rows | None
+) -> RerankResponse:
+    scored: list[tuple[float, RerankResult]] = []
+    failed: list[RerankResult] = []
+    query_vector = None
+    if isinstance(query, list):
+        # Cosine of the embeddings, whatever the model's own normalisation.
+        query_vector = _unit(H.pooled(query, normalize=True, dimensions=None))
+    for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
+        result = RerankResult(index=index, input=planned.split.info)
+        if state.extra.get("return_documents"):
+            result.document = RerankDocument(text=planned.text)
+        error = query if isinstance(query, ItemError) else rows if isinstance(rows, ItemError) else None
+        if error is not None:
+            result.error = _error(error)
+            failed.append(result)
+            continue
+        assert isinstance(rows, list)
+        if query_vector is not None:
+            vector = _unit(H.pooled(rows, normalize=True, dimensions=None))
+            result.relevance_score = float(np.dot(query_vector, vector))
+        else:
+            relevance = H.relevance(rows)
+            result.relevance_score, result.logit = relevance.score, relevance.logit
+        scored.append((result.relevance_score, result))
+    # Stable sort: equal scores keep document order. Failed documents come last.
+    ordered = [r for _, r in sorted(scored, key=lambda pair: -pair[0])] + failed
+    top_n = state.extra.get("top_n")
+    if top_n is not None:
+        ordered = ordered[:top_n]
+    inputs = state.inputs + ([state.query] if state.query is not None else [])
+    return RerankResponse(model=model.info.name, results=ordered, usage=_usage(inputs))
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    v64 = v.astype(np.float64)
+    norm = float(np.linalg.norm(v64))
+    out: np.ndarray = v64 / norm if norm > 0 else v64
+    return out

@@ -1,0 +1,121 @@
+"""Heads: what a model offers on each surface, and how raw engine outputs become answers.
+
+Engines return raw rows (logits, token logits, pooled vectors that are not normalised); the
+results are cached that way and every request-specific option (threshold, dimensions,
+top_n...) is applied here, in finish.
+
+Windows are combined per head:
+- sequence / scores: the per-label maximum of the logits across windows, then softmax or
+  sigmoid, so a label any window finds strongly wins and softmax probabilities still sum to 1;
+- relevance: the window with the highest relevance;
+- pooled: the mean of the window embeddings (each normalised first when the model normalises),
+  normalised again. It approximates, and does not equal, an embedding of the whole text;
+- token: the union of the windows' spans (see `spans.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_srun.plugins.base import HeadInfo
+
+SEQUENCE, SCORES, TOKEN, POOLED, RELEVANCE = "sequence", "scores", "token", "pooled", "relevance"
+
+# Which surfaces each head kind answers.
+SURFACES_OF: dict[str, tuple[str, ...]] = {
+    SEQUENCE: ("classify",),
+    SCORES: ("classify",),
+    TOKEN: ("classify",),
+    RELEVANCE: ("rerank", "classify"),
+    POOLED: ("embeddings", "rerank"),
+}
+DEFAULT_THRESHOLD = 0.5
+
+
+def heads_for(kind: str, labels: list[str], problem_type: str | None) -> list[HeadInfo]:
+    """The heads of a model, the default head of each surface first.
+
+    A sequence classifier with one label is a cross-encoder (relevance only); with two labels
+    it also reranks by the probability of its last label; a multi-label one has `scores`.
+    """
+    if kind == "token":
+        return [HeadInfo(name=TOKEN, kind=TOKEN, labels=labels)]
+    if kind == "embedding":
+        return [HeadInfo(name=POOLED, kind=POOLED)]
+    if problem_type == "multi_label_classification":
+        return [HeadInfo(name=SCORES, kind=SCORES, labels=labels, threshold=DEFAULT_THRESHOLD)]
+    if len(labels) == 1:
+        return [HeadInfo(name=RELEVANCE, kind=RELEVANCE, labels=labels)]
+    heads = [HeadInfo(name=SEQUENCE, kind=SEQUENCE, labels=labels)]
+    if len(labels) == 2:
+        heads.append(HeadInfo(name=RELEVANCE, kind=RELEVANCE, labels=labels))
+    return heads
+
+
+def surfaces_of(heads: Sequence[HeadInfo]) -> list[str]:
+    order = ("classify", "embeddings", "rerank")
+    served = {s for head in heads for s in SURFACES_OF[head.kind]}
+    return [s for s in order if s in served]
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    z = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(z)
+    out: np.ndarray = e / e.sum(axis=axis, keepdims=True)
+    return out
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    out: np.ndarray = 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free form
+    return out
+
+
+def max_logits(windows: Sequence[np.ndarray]) -> np.ndarray:
+    out: np.ndarray = np.max(np.stack([w.astype(np.float64) for w in windows]), axis=0)
+    return out
+
+
+@dataclass(frozen=True)
+class Relevance:
+    score: float
+    logit: float
+
+
+def relevance(windows: Sequence[np.ndarray]) -> Relevance:
+    """sigmoid(logit) for a one-label model; for two labels, the last label's softmax
+    probability, whose logit is the difference of the two. The best window wins."""
+    best: Relevance | None = None
+    for window in windows:
+        logits = window.astype(np.float64).reshape(-1)
+        logit = float(logits[0]) if logits.shape[0] == 1 else float(logits[-1] - logits[-2])
+        current = Relevance(score=float(sigmoid(np.array(logit))), logit=logit)
+        if best is None or current.score > best.score:
+            best = current
+    assert best is not None
+    return best
+
+
+def _normalised(v: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(v))
+    out: np.ndarray = v / norm if norm > 0 else v
+    return out
+
+
+def pooled(windows: Sequence[np.ndarray], *, normalize: bool, dimensions: int | None) -> np.ndarray:
+    """The embedding of one input: windows combined, normalised if the model normalises, then
+    truncated to `dimensions` (Matryoshka) and normalised again when the model normalises."""
+    vectors = [w.astype(np.float64).reshape(-1) for w in windows]
+    if normalize:
+        vectors = [_normalised(v) for v in vectors]
+    vector = np.mean(np.stack(vectors), axis=0)
+    if normalize:
+        vector = _normalised(vector)
+    if dimensions is not None and dimensions < vector.shape[0]:
+        vector = vector[:dimensions]
+        if normalize:
+            vector = _normalised(vector)
+    out: np.ndarray = vector.astype(np.float32)
+    return out

@@ -1,0 +1,264 @@
+"""`TaskHeadsModel`: plans classify, embeddings and rerank requests into work items and
+finishes the engine's raw rows into responses. It holds a tokenizer, never weights, so an app
+replica can plan and finish without torch or onnxruntime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_srun.errors import InvalidRequest, UnsupportedSurface
+from vllm_srun.families.task_heads import finish
+from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN
+from vllm_srun.families.task_heads.tokenize import Encoded, TextEncoder
+from vllm_srun.families.task_heads.windows import Overflow, Split, split
+from vllm_srun.plugins.base import (
+    EngineModel,
+    HeadInfo,
+    ItemError,
+    LoadedModel,
+    ModelInfo,
+    Plan,
+    Result,
+    WorkItem,
+)
+from vllm_srun.plugins.surfaces import (
+    ClassifyRequest,
+    EmbeddingsRequest,
+    Options,
+    RerankDocument,
+    RerankRequest,
+    texts_of,
+)
+
+
+@dataclass(eq=False)
+class PlannedInput:
+    """One input of a request: its text, tokens, how it was split and its work items."""
+
+    text: str
+    enc: Encoded
+    split: Split
+    items: list[int]
+
+
+@dataclass(eq=False)
+class PlanState:
+    """What finish needs from plan: kept on the replica that planned, never serialised."""
+
+    head: HeadInfo
+    output: str
+    options: Options
+    inputs: list[PlannedInput]
+    query: PlannedInput | None = None  # rerank by embedding cosine: the query's own input
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _type_runs(types: np.ndarray) -> str:
+    """Run lengths of the token type ids, e.g. "0x5,1x3": they change the result, so they
+    belong in the cache key next to the token ids."""
+    runs: list[str] = []
+    start = 0
+    for i in range(1, len(types) + 1):
+        if i == len(types) or types[i] != types[start]:
+            runs.append(f"{int(types[start])}x{i - start}")
+            start = i
+    return ",".join(runs)
+
+
+class TaskHeadsModel(LoadedModel):
+    """A BERT or ModernBERT model with a task head, on the classify/embeddings/rerank surfaces."""
+
+    batch_invariant = False
+
+    def __init__(
+        self,
+        info: ModelInfo,
+        engine_model: EngineModel | None,
+        *,
+        encoder: TextEncoder,
+        labels: list[str],
+        pooling: str | None,
+        normalize: bool,
+        uses_type_ids: bool,
+    ) -> None:
+        super().__init__(info, engine_model)
+        self.encoder = encoder
+        self.labels = labels
+        self.pooling = pooling
+        self.normalize = normalize
+        self.uses_type_ids = uses_type_ids
+        self.max_tokens = info.max_tokens or 512
+        self.heads = {head.name: head for head in info.heads}
+
+    # Planning -------------------------------------------------------------------------------
+
+    def plan_surface(self, surface: str, request: Any) -> Plan:
+        if surface not in self.info.surfaces:
+            raise UnsupportedSurface(
+                f"model {self.info.name!r} does not serve {surface!r}; it serves "
+                f"{', '.join(self.info.surfaces) or 'nothing'}"
+            )
+        if surface == "classify" and isinstance(request, ClassifyRequest):
+            return self._plan_classify(request)
+        if surface == "embeddings" and isinstance(request, EmbeddingsRequest):
+            return self._plan_embeddings(request)
+        if surface == "rerank" and isinstance(request, RerankRequest):
+            return self._plan_rerank(request)
+        raise InvalidRequest(f"a {surface} request was expected, got {type(request).__name__}")
+
+    def _plan_classify(self, request: ClassifyRequest) -> Plan:
+        head = self._head("classify", request.options)
+        pairs = [(t.text, t.text_pair) for t in texts_of(request.input)]
+        if not pairs:
+            raise InvalidRequest("input: must not be empty")
+        if head.kind == TOKEN:
+            for i, (_, pair) in enumerate(pairs):
+                if pair is not None:
+                    raise InvalidRequest(f"input[{i}].text_pair: the token head tags single texts")
+        return self._plan("classify", head, request.options, pairs)
+
+    def _plan_embeddings(self, request: EmbeddingsRequest) -> Plan:
+        head = self._head("embeddings", request.options)
+        texts = [request.input] if isinstance(request.input, str) else list(request.input)
+        if not texts:
+            raise InvalidRequest("input: must not be empty")
+        dimension = self.info.embedding.dimension if self.info.embedding else 0
+        if request.dimensions is not None and request.dimensions > dimension:
+            raise InvalidRequest(
+                f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}"
+            )
+        plan = self._plan("embeddings", head, request.options, [(t, None) for t in texts])
+        plan.state.extra.update(dimensions=request.dimensions, encoding_format=request.encoding_format)
+        return plan
+
+    def _plan_rerank(self, request: RerankRequest) -> Plan:
+        head = self._head("rerank", request.options)
+        documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
+        if not documents:
+            raise InvalidRequest("documents: must not be empty")
+        if head.kind == POOLED:
+            # Bi-encoder: the query is embedded once, as an extra input planned first.
+            plan = self._plan(
+                "rerank", head, request.options, [(request.query, None)] + [(d, None) for d in documents]
+            )
+            plan.state.query = plan.state.inputs.pop(0)
+        else:
+            plan = self._plan("rerank", head, request.options, [(request.query, d) for d in documents])
+            for planned, document in zip(plan.state.inputs, documents, strict=True):
+                planned.text = document
+        plan.state.extra.update(top_n=request.top_n, return_documents=request.return_documents)
+        return plan
+
+    def _head(self, surface: str, options: Options) -> HeadInfo:
+        if options.head is None:
+            return next(h for h in self.info.heads if surface in SURFACES_OF[h.kind])
+        head = self.heads.get(options.head)
+        if head is None:
+            raise InvalidRequest(f"options.head: no head {options.head!r}; heads: {', '.join(self.heads)}")
+        if surface not in SURFACES_OF[head.kind]:
+            serving = [h.name for h in self.info.heads if surface in SURFACES_OF[h.kind]]
+            raise InvalidRequest(
+                f"options.head: head {head.name!r} does not answer {surface}; "
+                f"heads that do: {', '.join(serving)}"
+            )
+        return head
+
+    def _policy(self, options: Options) -> Overflow:
+        if options.window is not None and options.overflow != "window":
+            raise InvalidRequest("options.window: applies only with options.overflow 'window'")
+        if options.overflow != "window":
+            return Overflow(options.overflow, self.max_tokens)
+        # Without window options: windows as long as the model takes, sharing an eighth.
+        tokens = options.window.tokens if options.window else self.max_tokens
+        overlap = options.window.overlap if options.window else self.max_tokens // 8
+        if tokens > self.max_tokens:
+            raise InvalidRequest(
+                f"options.window.tokens: {tokens} exceeds the model's limit of {self.max_tokens} tokens"
+            )
+        room = tokens - self.encoder.special_tokens(pair=False)
+        if room - overlap < 1:
+            raise InvalidRequest(
+                f"options.window.overlap: {overlap} must be smaller than the {room} text tokens a window of "
+                f"{tokens} holds"
+            )
+        return Overflow("window", self.max_tokens, tokens, overlap)
+
+    def _output(self, head: HeadInfo) -> str:
+        if head.kind == TOKEN:
+            return "token_logits"
+        if head.kind == POOLED:
+            return self.pooling or "mean"
+        return "logits"
+
+    def _plan(
+        self, surface: str, head: HeadInfo, options: Options, pairs: Sequence[tuple[str, str | None]]
+    ) -> Plan:
+        policy = self._policy(options)
+        output = self._output(head)
+        items: list[WorkItem] = []
+        inputs: list[PlannedInput] = []
+        for (text, _), enc in zip(pairs, self.encoder.encode(pairs), strict=True):
+            parts = split(enc, policy)
+            indexes = []
+            for piece in parts.pieces:
+                indexes.append(len(items))
+                items.append(self._item(enc, piece, output))
+            inputs.append(PlannedInput(text=text, enc=enc, split=parts, items=indexes))
+        state = PlanState(head=head, output=output, options=options, inputs=inputs)
+        return Plan(surface=surface, items=items, state=state)
+
+    def _item(self, enc: Encoded, piece: np.ndarray, output: str) -> WorkItem:
+        key = f"task_heads/{output}"
+        type_ids = None
+        if self.uses_type_ids and enc.is_pair:
+            types = enc.type_ids[piece]
+            type_ids = types.tolist()
+            key += "/types=" + _type_runs(types)
+        return WorkItem(token_ids=enc.ids[piece].tolist(), type_ids=type_ids, output=output, key_extra=key)
+
+    # Finishing ------------------------------------------------------------------------------
+
+    def finish_surface(self, plan: Plan, results: Sequence[Result]) -> Any:
+        if len(results) != len(plan.items):
+            raise ValueError(f"{len(results)} results for {len(plan.items)} work items")
+        state: PlanState = plan.state
+        rows = [self._rows(planned, results, state.output) for planned in state.inputs]
+        if plan.surface == "classify":
+            return finish.classify(self, state, rows)
+        if plan.surface == "embeddings":
+            return finish.embeddings(self, state, rows)
+        query = self._rows(state.query, results, state.output) if state.query is not None else None
+        return finish.rerank(self, state, rows, query)
+
+    def _rows(
+        self, planned: PlannedInput, results: Sequence[Result], output: str
+    ) -> list[np.ndarray] | ItemError:
+        """One input's rows, or the error that answers it: its own, or its first failed item's."""
+        if planned.split.error is not None:
+            return planned.split.error
+        rows: list[np.ndarray] = []
+        for index, piece in zip(planned.items, planned.split.pieces, strict=True):
+            result = results[index]
+            if isinstance(result, ItemError):
+                return result
+            expected = self._shape(output, len(piece))
+            if tuple(result.shape) != expected:
+                return ItemError(
+                    "forward_failed",
+                    f"engine returned shape {tuple(result.shape)} for {output!r}, expected {expected}",
+                )
+            rows.append(result)
+        return rows
+
+    def _shape(self, output: str, tokens: int) -> tuple[int, ...]:
+        if output == "logits":
+            return (len(self.labels),)
+        if output == "token_logits":
+            return (tokens, len(self.labels))
+        dimension = self.info.embedding.dimension if self.info.embedding else 0
+        return (dimension,)

@@ -1,0 +1,72 @@
+"""Tokenization: the package's tokenizer.json, with its own padding and truncation turned off.
+
+Packages often ship a tokenizer.json that pads or truncates (all-MiniLM-L6-v2 does both at
+128); the family decides about long inputs itself (see `windows.py`) and the engine pads per
+batch, so both are disabled. Special tokens come from the tokenizer's post-processor, so
+[CLS]/[SEP] (or <s>, <bos>...) are placed exactly as the model was trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tokenizers import Encoding, Tokenizer
+
+from vllm_srun.errors import PackageError
+
+# Position kinds in `Encoded.seq`: a token of the first text, of the second, or a special token.
+FIRST, SECOND, SPECIAL = 0, 1, -1
+
+
+@dataclass(frozen=True, eq=False)
+class Encoded:
+    """One input, tokenized with special tokens. Offsets are code points into its own text."""
+
+    ids: np.ndarray  # int64 [n]
+    type_ids: np.ndarray  # int64 [n]
+    offsets: np.ndarray  # int64 [n, 2], end exclusive; (0, 0) for special tokens
+    seq: np.ndarray  # int8 [n]: FIRST, SECOND or SPECIAL
+    words: np.ndarray  # int64 [n]: word index within its text, -1 when the tokenizer gives none
+    tokens: list[str]
+    is_pair: bool
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+def _encoded(enc: Encoding, is_pair: bool) -> Encoded:
+    n = len(enc.ids)
+    return Encoded(
+        ids=np.asarray(enc.ids, dtype=np.int64),
+        type_ids=np.asarray(enc.type_ids, dtype=np.int64),
+        offsets=np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2),
+        seq=np.asarray([SPECIAL if s is None else s for s in enc.sequence_ids], dtype=np.int8),
+        words=np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64),
+        tokens=list(enc.tokens),
+        is_pair=is_pair,
+    )
+
+
+class TextEncoder:
+    """Encodes texts and text pairs the way the model expects them."""
+
+    def __init__(self, tokenizer_json: bytes | str) -> None:
+        text = tokenizer_json.decode() if isinstance(tokenizer_json, bytes) else tokenizer_json
+        try:
+            self.tokenizer = Tokenizer.from_str(text)
+        except Exception as exc:  # the tokenizers library raises plain Exceptions
+            raise PackageError(f"tokenizer.json cannot be loaded: {exc}") from exc
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+
+    def special_tokens(self, *, pair: bool) -> int:
+        """How many special tokens the post-processor adds to a single text or a pair."""
+        return int(self.tokenizer.num_special_tokens_to_add(pair))
+
+    def encode(self, inputs: Sequence[tuple[str, str | None]]) -> list[Encoded]:
+        """Encode (text, optional pair) inputs in one call, so the Rust side can go parallel."""
+        batch: list[str | tuple[str, str]] = [t if p is None else (t, p) for t, p in inputs]
+        encodings = self.tokenizer.encode_batch(batch, add_special_tokens=True)
+        return [_encoded(e, p is not None) for e, (_, p) in zip(encodings, inputs, strict=True)]

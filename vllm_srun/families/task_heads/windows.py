@@ -1,0 +1,124 @@
+"""Long inputs: reject, truncate or window. Nothing is cut without the result saying so.
+
+An input is split into *pieces*, each an array of positions into its `Encoded`, so every
+piece keeps its special tokens and every token keeps its offsets into the original text:
+
+- `reject` (default): an input over the limit gets the item error `max_length_exceeded`;
+  its siblings are answered.
+- `truncate`: tokens are dropped from the end of the text; for a pair, from the longer of the
+  two texts first (Transformers' "longest_first").
+- `window`: the text (for a pair, the second text: the document of a rerank) is cut into
+  windows of `window.tokens` tokens per forward, special tokens and the first text included,
+  consecutive windows sharing `window.overlap` tokens of the windowed text. Without window
+  options a window is as long as the model takes and windows share an eighth of that.
+
+How window results are combined is the head's business (see `heads.py` and `spans.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encoded
+from vllm_srun.plugins.base import ItemError
+from vllm_srun.plugins.surfaces import InputInfo
+
+
+@dataclass(frozen=True)
+class Overflow:
+    """A request's long-input policy, validated against the model's limit."""
+
+    mode: str  # "reject", "truncate" or "window"
+    max_tokens: int
+    window_tokens: int = 0
+    overlap: int = 0
+
+
+@dataclass(eq=False)
+class Split:
+    """The pieces one input is run as, or the error it is answered with instead."""
+
+    pieces: list[np.ndarray]
+    info: InputInfo
+    error: ItemError | None = None
+
+
+def split(enc: Encoded, policy: Overflow) -> Split:
+    n = len(enc)
+    if policy.mode == "window":
+        if n <= policy.window_tokens:
+            return _whole(n)
+        return _windows(enc, policy)
+    if n <= policy.max_tokens:
+        return _whole(n)
+    if policy.mode == "truncate":
+        keep = _truncated(enc, policy.max_tokens)
+        return Split([keep], InputInfo(tokens=n, processed_tokens=len(keep), truncated=True))
+    return Split(
+        [],
+        InputInfo(tokens=n, processed_tokens=0, windows=0),
+        ItemError(
+            "max_length_exceeded",
+            f"input has {n} tokens; the model takes at most {policy.max_tokens} "
+            "(set options.overflow to 'truncate' or 'window')",
+        ),
+    )
+
+
+def _whole(n: int) -> Split:
+    return Split([np.arange(n, dtype=np.int64)], InputInfo(tokens=n, processed_tokens=n))
+
+
+def _ranks(enc: Encoded, which: int) -> np.ndarray:
+    """For positions of text `which`, their rank within that text; -1 elsewhere."""
+    mask = enc.seq == which
+    ranks = np.full(len(enc), -1, dtype=np.int64)
+    ranks[mask] = np.arange(int(mask.sum()))
+    return ranks
+
+
+def _truncated(enc: Encoded, max_tokens: int) -> np.ndarray:
+    first = int((enc.seq == FIRST).sum())
+    second = int((enc.seq == SECOND).sum())
+    room = max(max_tokens - (len(enc) - first - second), 0)
+    # Longest first: trim the longer text down to the shorter one, then both evenly.
+    small = min(first, second)
+    if small <= room - small:
+        small_kept, large_kept = small, room - small
+    else:
+        small_kept, large_kept = room // 2, room - room // 2
+    keep_first, keep_second = (small_kept, large_kept) if first <= second else (large_kept, small_kept)
+    mask = (enc.seq == SPECIAL) | (_ranks(enc, FIRST) >= 0) & (_ranks(enc, FIRST) < keep_first)
+    mask |= (_ranks(enc, SECOND) >= 0) & (_ranks(enc, SECOND) < keep_second)
+    return np.flatnonzero(mask)
+
+
+def _windows(enc: Encoded, policy: Overflow) -> Split:
+    n = len(enc)
+    which = SECOND if enc.is_pair and bool((enc.seq == SECOND).any()) else FIRST
+    ranks = _ranks(enc, which)
+    length = int((ranks >= 0).sum())
+    room = policy.window_tokens - (n - length)
+    step = room - policy.overlap
+    if step < 1:
+        return Split(
+            [],
+            InputInfo(tokens=n, processed_tokens=0, windows=0),
+            ItemError(
+                "max_length_exceeded",
+                f"input has {n - length} tokens besides the windowed text, leaving no room for windows "
+                f"of {policy.window_tokens} tokens with overlap {policy.overlap}",
+            ),
+        )
+    fixed = ranks < 0
+    pieces: list[np.ndarray] = []
+    start = 0
+    while True:
+        pieces.append(np.flatnonzero(fixed | (ranks >= start) & (ranks < start + room)))
+        if start + room >= length:
+            break
+        start += step
+    processed = sum(len(p) for p in pieces)
+    return Split(pieces, InputInfo(tokens=n, processed_tokens=processed, windows=len(pieces)))

@@ -1,0 +1,296 @@
+"""Tiny, deterministic model packages for the `task_heads` family.
+
+`write_fixture(out, variant=...)` writes a package the family loads like a real one: a
+config.json with labels, random weights saved as safetensors, a real `tokenizer.json` built
+with the `tokenizers` library, and for embedders the sentence-transformers `modules.json` and
+`1_Pooling/config.json`. With `onnx=True` it also exports `onnx/model.onnx`.
+
+This is a development tool: it imports torch and transformers (the family never does).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+# A fixed English word list, so that test texts tokenize to whole known pieces.
+WORDS = (
+    "the a an is are was were be been of and or but to in on at by for with from as it this that "
+    "these those i you he she we they me my your his her our their what where who when why how "
+    "not no yes very good great bad terrible awful excellent love hate like movie film book food "
+    "service price product quality fast slow happy sad angry john mary smith alice bob paris "
+    "london berlin new york city france germany england europe google apple microsoft works "
+    "lives lived visited born company capital river house car dog cat today tomorrow yesterday "
+    "morning night day week year time people person world country street road school university "
+    "doctor teacher said says went go going come came see saw think know want need help thanks "
+    "please hello question answer query document relevant about which there here some all any "
+    "many much more most other such only also just than then so if because while over under "
+    "cafe resume naive"
+).split()
+
+LABELS = {
+    "sequence": ["negative", "neutral", "positive"],
+    "multilabel": ["toxic", "insult", "threat", "spam"],
+    "token": ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"],
+    "reranker": ["LABEL_0"],
+    "binary": ["negative", "positive"],
+    "language": ["en", "de", "fr", "other"],
+}
+
+# variant -> (backbone, tokenizer kind, head, labels key, pooling)
+_VARIANTS: dict[str, tuple[str, str, str, str | None, str | None]] = {
+    "bert-sequence": ("bert", "wordpiece", "sequence", "sequence", None),
+    "bert-multilabel": ("bert", "wordpiece", "sequence", "multilabel", None),
+    "bert-token": ("bert", "wordpiece", "token", "token", None),
+    "bert-embedding": ("bert", "wordpiece", "model", None, "mean"),
+    "bert-reranker": ("bert", "wordpiece", "sequence", "reranker", None),
+    "modernbert-sequence": ("modernbert", "bytelevel", "sequence", "binary", None),
+    "modernbert-token": ("modernbert", "bytelevel", "token", "token", None),
+    "modernbert-embedding": ("modernbert", "bytelevel", "model", None, "cls"),
+    "modernbert-reranker": ("modernbert", "bytelevel", "sequence", "reranker", None),
+    "mmbert-sequence": ("modernbert", "unigram", "sequence", "language", None),
+}
+VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
+
+MAX_POSITIONS = 128
+SEED = 1234
+_PUNCT = list(".,!?;:'\"()-/&%$#@+*=<>[]{}_")
+_EXTRA_CHARS = list("éèàüöçñ中文日本語")
+
+
+def _wordpiece_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = [*"abcdefghijklmnopqrstuvwxyz0123456789", *_PUNCT, *_EXTRA_CHARS]
+    pieces = [
+        *specials,
+        *WORDS,
+        *chars,
+        *("##" + c for c in "abcdefghijklmnopqrstuvwxyz0123456789"),
+        *("##s", "##ed", "##ing", "##ly", "##er"),
+    ]
+    vocab = {piece: i for i, piece in enumerate(dict.fromkeys(pieces))}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.WordPiece()
+    tok.add_special_tokens(specials)
+    ids = {name: vocab[name] for name in specials}
+    return tok, len(vocab), {"pad": ids["[PAD]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
+
+
+def _bytelevel_tokenizer() -> Any:
+    """Byte-level BPE; merges spell each word (and each word after a space) left to right.
+
+    The merges are written, not trained, so the file is byte-for-byte reproducible. Merges of
+    words after a space rank first, so those always come out whole; a text's first word may
+    split into pieces, as with any BPE.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab: dict[str, int] = {c: i for i, c in enumerate(alphabet)}
+    merges: list[tuple[str, str]] = []
+    for form in sorted(
+        {w for word in WORDS for w in (word, "Ġ" + word)}, key=lambda f: (f[0] != "Ġ", len(f), f)
+    ):
+        for i in range(1, len(form)):
+            left, right = form[:i], form[i]
+            if form[: i + 1] not in vocab:
+                vocab[form[: i + 1]] = len(vocab)
+                merges.append((left, right))
+    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
+    for name in specials:
+        vocab[name] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return tok, len(vocab), {"pad": vocab["[PAD]"], "cls": vocab["[CLS]"], "sep": vocab["[SEP]"]}
+
+
+def _unigram_tokenizer() -> Any:
+    """A SentencePiece-style Unigram model (Metaspace, cased), like mmBERT's Gemma tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    pieces: list[tuple[str, float]] = [(s, 0.0) for s in specials]
+    seen = set(specials)
+    for word in WORDS:
+        for piece in ("▁" + word, "▁" + word.capitalize()):
+            if piece not in seen:
+                seen.add(piece)
+                pieces.append((piece, -4.0 - 0.01 * len(piece)))
+    for c in ["▁", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", *_PUNCT, *_EXTRA_CHARS]:
+        if c not in seen:
+            seen.add(c)
+            pieces.append((c, -10.0))
+    tok = Tokenizer(models.Unigram(pieces, unk_id=specials.index("<unk>"), byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A <eos>",
+        pair="<bos> $A <eos> $B <eos>",
+        special_tokens=[("<bos>", 2), ("<eos>", 1)],
+    )
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.add_special_tokens(specials)
+    return tok, len(pieces), {"pad": 0, "cls": 2, "sep": 1}
+
+
+def _config(backbone: str, vocab_size: int, ids: dict[str, int]) -> Any:
+    from transformers import BertConfig, ModernBertConfig
+
+    if backbone == "bert":
+        return BertConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=MAX_POSITIONS,
+            type_vocab_size=2,
+            pad_token_id=ids["pad"],
+            initializer_range=0.2,
+        )
+    # The Hub spelling of the layer pattern, which Transformers 5 turns into `layer_types`.
+    pattern: dict[str, Any] = {"global_attn_every_n_layers": 2}
+    return ModernBertConfig(
+        **pattern,
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=MAX_POSITIONS,
+        local_attention=8,
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["cls"],
+        eos_token_id=ids["sep"],
+        cls_token_id=ids["cls"],
+        sep_token_id=ids["sep"],
+        initializer_range=0.2,
+    )
+
+
+def _model(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> Any:
+    import transformers
+
+    prefix = "Bert" if backbone == "bert" else "ModernBert"
+    if labels is not None:
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: i for i, label in enumerate(labels)}
+        config.num_labels = len(labels)
+    if multilabel:
+        config.problem_type = "multi_label_classification"
+    suffix = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}.get(head, "Model")
+    cls = getattr(transformers, prefix + suffix)
+    config.architectures = [prefix + suffix]
+    model = cls(config)
+    model.eval()
+    return model
+
+
+def _export_onnx(model: Any, path: Path, *, bert: bool, hidden: bool) -> None:
+    import torch
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            names = ["input_ids", "attention_mask", "token_type_ids"][: len(args)]
+            out = self.model(**dict(zip(names, args, strict=True)))
+            return out.last_hidden_state if hidden else out.logits
+
+    # Eager attention traces to plain MatMul/Softmax ops with no data-dependent branches.
+    model.set_attn_implementation("eager")
+    wrapper = Wrapper().eval()
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if bert else [])
+    seq = 12
+    ids = torch.randint(5, 60, (2, seq), dtype=torch.int64)
+    args = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if bert else ())
+    output = "last_hidden_state" if hidden else "logits"
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in names}
+    dynamic[output] = (
+        {0: "batch"}
+        if model.config.architectures[0].endswith("SequenceClassification")
+        else {0: "batch", 1: "sequence"}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The legacy exporter is chosen on purpose (one self-contained file); its notices are noise.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            wrapper,
+            args,
+            str(path),
+            input_names=names,
+            output_names=[output],
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+            external_data=False,
+        )
+
+
+def write_fixture(out: Path, *, variant: str, onnx: bool = False) -> Path:
+    """Write the package `variant` (one of `VARIANTS`) into `out` and return `out`."""
+    import torch
+
+    if variant not in _VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
+    backbone, tok_kind, head, labels_key, pooling = _VARIANTS[variant]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tok, vocab_size, ids = {
+        "wordpiece": _wordpiece_tokenizer,
+        "bytelevel": _bytelevel_tokenizer,
+        "unigram": _unigram_tokenizer,
+    }[tok_kind]()
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}, indent=2))
+
+    torch.manual_seed(SEED)
+    config = _config(backbone, vocab_size, ids)
+    labels = LABELS[labels_key] if labels_key else None
+    model = _model(backbone, head, labels, config, multilabel=labels_key == "multilabel")
+    model.save_pretrained(str(out), safe_serialization=True)
+    if backbone == "modernbert":
+        # Hub ModernBERT configs spell the layer pattern and rope thetas this way; keep both forms.
+        data = json.loads((out / "config.json").read_text())
+        data.update(global_attn_every_n_layers=2, global_rope_theta=160000.0, local_rope_theta=10000.0)
+        (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True))
+    if pooling is not None:
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+        ]
+        (out / "modules.json").write_text(json.dumps(modules, indent=2))
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        pool = {
+            "word_embedding_dimension": config.hidden_size,
+            "pooling_mode_cls_token": pooling == "cls",
+            "pooling_mode_mean_tokens": pooling == "mean",
+            "pooling_mode_max_tokens": False,
+            "pooling_mode_mean_sqrt_len_tokens": False,
+            "pooling_mode_lasttoken": pooling == "last",
+        }
+        (out / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
+    if onnx:
+        _export_onnx(model, out / "onnx" / "model.onnx", bert=backbone == "bert", hidden=head == "model")
+    return out
