@@ -47,8 +47,19 @@ def served(package: Path, inputs: list[str]) -> tuple[list[float], list[float]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm_srun.cli", "serve", str(package), "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "vllm_srun.cli",
+            "serve",
+            str(package),
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -67,7 +78,7 @@ def served(package: Path, inputs: list[str]) -> tuple[list[float], list[float]]:
                 r = client.post("/v1/classify", json={"input": [text]})
                 wall.append(time.perf_counter() - started)
                 r.raise_for_status()
-                total = [p for p in r.headers["server-timing"].split(", ") if p.startswith("total")][0]
+                total = next(p for p in r.headers["server-timing"].split(", ") if p.startswith("total"))
                 server_total.append(float(total.split("=")[1]) / 1000)
         return wall, server_total
     finally:

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -84,23 +85,14 @@ class Server(Proc):
 class RedisProcess(Proc):
     """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH)."""
 
-    def __init__(self, log_path: Path, port: int | None = None) -> None:
+    def __init__(self, log_path: Path, port: int | None = None, maxmemory: str | None = None) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        super().__init__(
-            [
-                find_redis_server(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            log_path,
-        )
+        args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no"]
+        if maxmemory:  # as compose.yaml runs it
+            args += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        super().__init__(args, log_path)
         self.wait()
 
     def wait(self, timeout_s: float = 10.0) -> None:
@@ -132,3 +124,42 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in label_part for k, v in labels.items()):
             return float(value)
     return 0.0
+
+
+def start_worker(tmp_path: Path, package: Path, redis_url: str, *extra: str) -> Proc:
+    """`vllm-srun worker`, returned once it says it is ready."""
+    worker = Proc(
+        [sys.executable, "-m", "vllm_srun.cli", "worker", str(package), "--redis", redis_url, *extra],
+        tmp_path / f"worker-{time.monotonic_ns()}.log",
+    )
+    deadline = time.monotonic() + 60
+    while "worker ready" not in worker.log():
+        assert worker.alive(), worker.log()
+        assert time.monotonic() < deadline, worker.log()
+        time.sleep(0.1)
+    return worker
+
+
+def wait_healthy(server: Server, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if server.get("/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, server.log()[-3000:]
+        time.sleep(0.1)
+
+
+@dataclass
+class Topology:
+    redis: RedisProcess
+    apps: list[Server]
+    workers: list[Proc]
+    worker_metrics: list[str] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in [*self.apps, *self.workers]:
+            proc.stop()
+        self.redis.stop()

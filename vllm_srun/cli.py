@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-queued-items", type=int, default=100_000, help="bound on queued items per model"
     )
+    serve.add_argument(
+        "--max-queued-tokens", type=int, default=10_000_000, help="bound on queued tokens per model"
+    )
     serve.add_argument("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
     serve.add_argument(
         "--max-job-requests", type=int, default=1_000_000, help="most requests in one bulk job"
@@ -154,6 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_bytes=args.max_request_bytes,
             max_inputs=args.max_inputs,
             max_queued_items=args.max_queued_items,
+            max_queued_tokens=args.max_queued_tokens,
             request_timeout_s=args.request_timeout_s,
             cache_ttl_s=args.cache_ttl_s,
             api_key=args.api_key,

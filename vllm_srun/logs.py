@@ -8,7 +8,6 @@ import sys
 
 import structlog
 
-
 _OUR_ERROR = re.compile(r"vllm_srun\.errors\.\w+: (.*)")
 
 

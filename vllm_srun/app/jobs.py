@@ -107,6 +107,7 @@ async def create_job(
         entries, unit = list(enumerate(job.requests)), "requests item"
     if surface is None:
         raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
+    request_type(surface)  # an unknown surface name is a bad request, whatever the model serves
     served = runtime.model_for(model)
     name = served.model.info.name
     if surface not in served.model.info.surfaces:

@@ -38,6 +38,7 @@ class ServerSettings:
     max_request_bytes: int = 4 * 1024 * 1024
     max_inputs: int = 2048
     max_queued_items: int = 100_000
+    max_queued_tokens: int = 10_000_000
     request_timeout_s: float = 60.0
     cache_ttl_s: int = 3600
     api_key: str | None = None
@@ -64,7 +65,8 @@ class Runtime:
     models: dict[str, ServedModel] = field(default_factory=dict)
     worker: DeviceWorker | None = None
     started_s: float = field(default_factory=time.time)
-    queued_items: dict[str, int] = field(default_factory=dict)
+    # Items and tokens this replica has in the queue, per deployment (the admission bound).
+    queued: dict[str, tuple[int, int]] = field(default_factory=dict)
     bulk: BulkStore = field(init=False)
 
     def __post_init__(self) -> None:

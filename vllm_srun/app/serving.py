@@ -52,15 +52,26 @@ def _check_size(runtime: Runtime, surface: str, request: Any) -> int:
     return count
 
 
-def _admit(runtime: Runtime, name: str, count: int) -> None:
-    """All of a request's items, or none: the bound on queued items per deployment."""
-    queued = runtime.queued_items.get(name, 0)
-    if queued + count > runtime.settings.max_queued_items:
+def _admit(runtime: Runtime, name: str, items: int, tokens: int) -> None:
+    """All of a request's items, or none: the bounds on queued items and tokens per deployment."""
+    queued_items, queued_tokens = runtime.queued.get(name, (0, 0))
+    settings = runtime.settings
+    if queued_items + items > settings.max_queued_items:
         raise Overloaded(
-            f"model {name!r} has {queued} items queued; the bound is {runtime.settings.max_queued_items}",
+            f"model {name!r} has {queued_items} items queued; the bound is {settings.max_queued_items}",
             headers={"Retry-After": "1"},
         )
-    runtime.queued_items[name] = queued + count
+    if queued_tokens + tokens > settings.max_queued_tokens:
+        raise Overloaded(
+            f"model {name!r} has {queued_tokens} tokens queued; the bound is {settings.max_queued_tokens}",
+            headers={"Retry-After": "1"},
+        )
+    runtime.queued[name] = (queued_items + items, queued_tokens + tokens)
+
+
+def _release(runtime: Runtime, name: str, items: int, tokens: int) -> None:
+    queued_items, queued_tokens = runtime.queued[name]
+    runtime.queued[name] = (queued_items - items, queued_tokens - tokens)
 
 
 async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Timing) -> Any:
@@ -84,13 +95,14 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
     if options.deadline_ms:
         timeout_s = min(timeout_s, options.deadline_ms / 1000)
     name = model.info.name
-    _admit(runtime, name, len(plan.items))
+    tokens = sum(item.tokens() for item in plan.items)
+    _admit(runtime, name, len(plan.items), tokens)
     try:
         submission = await runtime.queue.submit(
             name, model.info.model_sha256, plan.items, timeout_s=timeout_s, deadline_s=deadline_s
         )
     finally:
-        runtime.queued_items[name] -= len(plan.items)
+        _release(runtime, name, len(plan.items), tokens)
     timing.queue_s, timing.forward_s = submission.queue_s, submission.forward_s
     runtime.stats.record_cache(model=name, hits=submission.hits, misses=submission.misses)
     body = model.finish_surface(plan, submission.results)

@@ -196,7 +196,7 @@ class BulkStore:
         """Store pre-recorded results without finishing any chunk."""
         async with self.redis.pipeline(transaction=True) as pipe:
             for line in lines:
-                pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)
+                pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)  # type: ignore[arg-type]
                 pipe.hincrby(keys.job_key(job_id), "failed", 1)
                 pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
             await pipe.execute()
@@ -214,7 +214,7 @@ class BulkStore:
         await self._store_chunk(keys=job_keys, args=argv)
 
     async def raw(self, job_id: str) -> dict[str, str]:
-        fields = await self.redis.hgetall(keys.job_key(job_id))
+        fields: dict[bytes, bytes] = await self.redis.hgetall(keys.job_key(job_id))  # type: ignore[misc]
         return {k.decode(): v.decode() for k, v in fields.items()}
 
     async def get(self, job_id: str) -> JobStatus:
@@ -225,7 +225,6 @@ class BulkStore:
         expires_at = float(fields["expires_at"])
         if status not in TERMINAL and time.time() > expires_at:
             status = "expired"
-        opt = lambda name: float(fields[name]) if name in fields else None  # noqa: E731
         return JobStatus(
             id=job_id,
             status=status,
@@ -233,23 +232,23 @@ class BulkStore:
             model=fields["model"],
             counts=JobCounts(*(int(fields[k]) for k in ("total", "done", "failed", "cached"))),
             created_at=float(fields["created_at"]),
-            started_at=opt("started_at"),
-            finished_at=opt("finished_at"),
+            started_at=_optional_float(fields, "started_at"),
+            finished_at=_optional_float(fields, "finished_at"),
             expires_at=expires_at,
         )
 
     async def mark_running(self, job_id: str) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(keys.job_key(job_id), "started_at", time.time())
+            pipe.hsetnx(keys.job_key(job_id), "started_at", str(time.time()))
             pipe.hget(keys.job_key(job_id), "status")
             _, status = await pipe.execute()
         if status == b"queued":
-            await self.redis.hset(keys.job_key(job_id), "status", "running")
+            await self.redis.hset(keys.job_key(job_id), "status", "running")  # type: ignore[misc]
 
     async def cancel(self, job_id: str) -> JobStatus:
         job = await self.get(job_id)
         if job.status not in TERMINAL:
-            await self.redis.hset(keys.job_key(job_id), "status", "cancelling")
+            await self.redis.hset(keys.job_key(job_id), "status", "cancelling")  # type: ignore[misc]
         return await self.get(job_id)
 
     async def results(self, job_id: str, offset: int, limit: int) -> list[bytes]:
@@ -258,7 +257,7 @@ class BulkStore:
         indices = [str(i) for i in range(offset, min(offset + limit, job.counts.total))]
         if not indices:
             return []
-        stored = await self.redis.hmget(keys.job_results_key(job_id), indices)
+        stored = await self.redis.hmget(keys.job_results_key(job_id), indices)  # type: ignore[misc]
         out = []
         for raw in stored:
             if raw is None:
@@ -285,3 +284,7 @@ class BulkStore:
                 job = await self.get(job_id)
                 if job.status in TERMINAL:
                     return
+
+
+def _optional_float(fields: dict[str, str], name: str) -> float | None:
+    return float(fields[name]) if name in fields else None

@@ -70,8 +70,11 @@ class _WakeableWorker(Worker):
         self.cancel_channel = cancel_channel
         self.on_cancel = on_cancel
 
-    def _handle(self, message: dict[str, Any] | None) -> None:
-        if message and self.on_cancel and message.get("channel") == self.cancel_channel.encode():  # type: ignore[union-attr]
+    def _handle(self, message: dict[str, Any]) -> None:
+        """A cancel message names a request to drop; anything else was a wake-up."""
+        if self.on_cancel is None or self.cancel_channel is None:
+            return
+        if message.get("channel") == self.cancel_channel.encode():
             self.on_cancel(message["data"].decode())
 
     async def main(self) -> None:

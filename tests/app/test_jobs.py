@@ -1,0 +1,133 @@
+"""The bulk job API over real HTTP, on one embedded server."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from helpers import Server, write_keywords
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    return module_server(
+        str(write_keywords(tmp_path_factory.mktemp("pkg") / "kw")), "--served-model-name", "kw"
+    )
+
+
+def jsonl(lines: list[object]) -> bytes:
+    return "\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines).encode()
+
+
+def create(server: Server, body: bytes, query: str = "surface=classify", **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{server.url}/v1/jobs?{query}",
+        content=body,
+        headers={"content-type": "application/x-ndjson", **headers},
+        timeout=30,
+    )
+
+
+def wait_done(server: Server, job_id: str) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        status = server.get(f"/v1/jobs/{job_id}").json()
+        if status["status"] in ("completed", "failed", "cancelled"):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+def test_jsonl_job_runs_in_input_order_with_custom_ids(server: Server) -> None:
+    lines = [{"input": ["refund"], "custom_id": "a"}, {"input": "parcel"}, {"input": ["hello", "invoice"]}]
+    created = create(server, jsonl(lines))
+    assert created.status_code == 202
+    body = created.json()
+    assert body["status"] == "queued" and body["counts"]["total"] == 3
+    status = wait_done(server, body["id"])
+    assert status["status"] == "completed" and status["counts"]["done"] == 3
+    assert status["started_at"] >= status["created_at"] and status["finished_at"] >= status["started_at"]
+    results = server.get(f"/v1/jobs/{body['id']}/results").json()
+    assert [r["custom_id"] for r in results["data"]] == ["a", None, None]
+    labels = [[x["label"] for x in r["response"]["results"]] for r in results["data"]]
+    assert labels == [["billing"], ["shipping"], ["other", "billing"]]
+    page = server.get(f"/v1/jobs/{body['id']}/results?offset=1&limit=1").json()
+    assert [r["index"] for r in page["data"]] == [1] and page["has_more"] is True
+    as_lines = server.get(f"/v1/jobs/{body['id']}/results", headers={"accept": "application/x-ndjson"})
+    assert [json.loads(x)["index"] for x in as_lines.text.splitlines()] == [0, 1, 2]
+
+
+def test_json_body_and_embeddings_surface(server: Server) -> None:
+    r = server.post(
+        "/v1/jobs", {"surface": "embeddings", "requests": [{"input": "refund"}, {"input": ["a", "b"]}]}
+    )
+    assert r.status_code == 202, r.text
+    status = wait_done(server, r.json()["id"])
+    data = server.get(f"/v1/jobs/{status['id']}/results").json()["data"]
+    assert len(data[1]["response"]["data"]) == 2 and data[0]["response"]["object"] == "list"
+
+
+def test_a_bad_line_rejects_the_job_naming_the_line(server: Server) -> None:
+    r = create(server, jsonl([{"input": "ok"}, "{oops", {"input": "fine"}]))
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("line 2:")
+    r = create(server, jsonl([{"input": "ok"}, {"input": "x", "options": {"colour": 1}}]))
+    assert r.status_code == 400 and "line 2" in r.json()["error"]["message"] and "colour" in r.text
+
+
+def test_on_error_record_keeps_the_rest(server: Server) -> None:
+    r = create(
+        server, jsonl([{"input": "refund"}, "{oops", {"inputs": "x"}]), "surface=classify&on_error=record"
+    )
+    assert r.status_code == 202
+    status = wait_done(server, r.json()["id"])
+    assert status["counts"] == {"total": 3, "done": 1, "failed": 2, "cached": status["counts"]["cached"]}
+    data = server.get(f"/v1/jobs/{status['id']}/results").json()["data"]
+    assert "response" in data[0]
+    assert data[1]["error"]["message"].startswith("line 2") and "inputs" in data[2]["error"]["message"]
+
+
+def test_job_errors(server: Server) -> None:
+    assert server.get("/v1/jobs/job_nope").json()["error"]["code"] == "job_not_found"
+    assert create(server, jsonl([{"input": "x"}]), "surface=decode").status_code == 400
+    assert create(server, jsonl([{"input": "x"}]), "surface=classify&model=other").status_code == 404
+    assert create(server, b'{"input": "x"}', "").status_code == 400  # no surface
+
+
+def test_idempotency_key_returns_the_same_job(server: Server) -> None:
+    first = create(server, jsonl([{"input": "refund"}]), **{"idempotency-key": "k-1"})
+    again = create(server, jsonl([{"input": "refund"}]), **{"idempotency-key": "k-1"})
+    other = create(server, jsonl([{"input": "refund"}]), **{"idempotency-key": "k-2"})
+    assert first.status_code == 202 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"] != other.json()["id"]
+
+
+def test_cancel_and_events_resume(server: Server) -> None:
+    r = create(server, jsonl([{"input": f"refund {'parcel ' * i}"} for i in range(600)]))
+    job_id = r.json()["id"]
+    cancelled = httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel").json()
+    assert cancelled["status"] in ("cancelling", "cancelled", "completed")
+    status = wait_done(server, job_id)
+    assert status["counts"]["done"] + status["counts"]["failed"] == 600
+    if status["status"] == "cancelled":
+        assert status["counts"]["failed"] > 0
+    events = []
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job_id}/events", timeout=30) as stream:
+        event_id = event = None
+        for line in stream.iter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((event_id, event, json.loads(line[5:])))
+    results = [e for e in events if e[1] == "result"]
+    assert len({e[2]["index"] for e in results}) == len(results) == 600
+    assert events[-1][1] == "status" and events[-1][2]["status"] == status["status"]
+    middle = results[299][0]
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job_id}/events", headers={"last-event-id": middle}) as s:
+        resumed = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:")]
+    indices = [e["index"] for e in resumed if "index" in e]
+    assert indices == [e[2]["index"] for e in results[300:]]

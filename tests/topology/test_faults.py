@@ -1,0 +1,194 @@
+"""Faults on the compose topology (redis, 2 app replicas, 2 workers), started as processes."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import RedisProcess, Topology, metric, wait_healthy, write_keywords
+
+# Short job timeouts: a dead worker's jobs become retryable after job_timeout + 10 s (arq).
+FAST_RETRY = ("--job-timeout-s", "3")
+
+
+def bulk_lines(n: int) -> list[dict]:
+    """n distinct requests: each text has its own term counts, so none repeats another."""
+    return [
+        {"input": [f"{'refund ' * (1 + i % 97)}{'parcel ' * (1 + i // 97)}x"], "custom_id": f"r{i}"}
+        for i in range(n)
+    ]
+
+
+def submit(url: str, lines: list[dict]) -> str:
+    body = "\n".join(json.dumps(line) for line in lines)
+    r = httpx.post(
+        f"{url}/v1/jobs?surface=classify",
+        content=body,
+        headers={"content-type": "application/x-ndjson"},
+        timeout=120,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])
+
+
+class EventReader(threading.Thread):
+    """Reads a job's SSE stream, reconnecting with Last-Event-ID if the connection drops."""
+
+    def __init__(self, url: str, job_id: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.job_id = url, job_id
+        self.results: list[dict] = []
+        self.status: str | None = None
+        self.last_id: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 240
+        try:
+            while self.status is None and time.monotonic() < deadline:
+                headers = {"last-event-id": self.last_id} if self.last_id else {}
+                try:
+                    self._read(headers)
+                except httpx.HTTPError:
+                    time.sleep(0.5)
+        except BaseException as exc:  # surfaced by the test
+            self.error = exc
+
+    def _read(self, headers: dict[str, str]) -> None:
+        with httpx.stream(
+            "GET", f"{self.url}/v1/jobs/{self.job_id}/events", headers=headers, timeout=60
+        ) as r:
+            event = None
+            for line in r.iter_lines():
+                if line.startswith("id:"):
+                    self.last_id = line[3:].strip()
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data = json.loads(line[5:].strip())
+                    if event == "result":
+                        self.results.append(data)
+                    elif event == "status":
+                        self.status = data["status"]
+                        return
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_bulk_job_of_20000_survives_a_worker_kill(topology: Callable[..., Topology], tmp_path: Path) -> None:
+    topo = topology(write_keywords(tmp_path / "kw"), worker_args=FAST_RETRY)
+    first, second = topo.apps
+    lines = bulk_lines(20_000)
+    job_id = submit(first.url, lines)
+    reader = EventReader(second.url, job_id)
+    reader.start()
+    wait_for(lambda: len(reader.results) > 2000, 120, "the first results")
+    topo.workers[0].stop(signal.SIGKILL)
+    reader.join(timeout=240)
+    assert reader.error is None and reader.status == "completed", (reader.status, reader.error)
+    indices = [r["index"] for r in reader.results]
+    assert len(indices) == 20_000 and len(set(indices)) == 20_000, "every result streamed exactly once"
+    status = httpx.get(f"{second.url}/v1/jobs/{job_id}").json()
+    assert status["counts"] == {
+        "total": 20_000,
+        "done": 20_000,
+        "failed": 0,
+        "cached": status["counts"]["cached"],
+    }
+    stored = httpx.get(
+        f"{first.url}/v1/jobs/{job_id}/results?limit=100000",
+        headers={"accept": "application/x-ndjson"},
+        timeout=60,
+    ).content.splitlines()
+    assert [json.loads(line)["index"] for line in stored] == list(range(20_000))
+    assert [json.loads(line)["custom_id"] for line in stored[:3]] == ["r0", "r1", "r2"]
+    # Byte-identical to what the interactive surface answers for the same request.
+    for index in random.Random(0).sample(range(20_000), 200):
+        request = {k: v for k, v in lines[index].items() if k != "custom_id"}
+        interactive = httpx.post(f"{second.url}/v1/classify", json=request, timeout=30)
+        assert stored[index] == b'{"index":%d,"custom_id":"r%d","response":%s}' % (
+            index,
+            index,
+            interactive.content,
+        )
+
+
+@pytest.mark.slow
+def test_a_job_outlives_the_replica_that_created_it(
+    topology: Callable[..., Topology], tmp_path: Path
+) -> None:
+    topo = topology(write_keywords(tmp_path / "kw"))
+    creator, other = topo.apps
+    job_id = submit(creator.url, bulk_lines(3000))
+    creator.stop(signal.SIGKILL)
+    reader = EventReader(other.url, job_id)
+    reader.start()
+    reader.join(timeout=120)
+    assert reader.status == "completed" and len({r["index"] for r in reader.results}) == 3000
+    results = httpx.get(f"{other.url}/v1/jobs/{job_id}/results?offset=2990&limit=20").json()
+    assert [r["index"] for r in results["data"]] == list(range(2990, 3000)) and results["has_more"] is False
+
+
+def test_stopping_redis_fails_fast_and_recovers(topology: Callable[..., Topology], tmp_path: Path) -> None:
+    topo = topology(write_keywords(tmp_path / "kw"))
+    for app in topo.apps:
+        assert app.post("/v1/classify", {"input": "refund"}).status_code == 200
+    port = topo.redis.port
+    topo.redis.stop()
+    for app in topo.apps:
+        started = time.monotonic()
+        down = app.post("/v1/classify", {"input": "refund again"})
+        assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable"
+        assert time.monotonic() - started < 5
+    topo.redis = RedisProcess(tmp_path / "redis-again.log", port=port)
+    for i, app in enumerate(topo.apps):
+        wait_healthy(app, 30)
+
+        def answered(app=app, i=i) -> bool:
+            r = app.post("/v1/classify", {"input": f"parcel {'refund ' * (i + 1)}"})
+            return r.status_code == 200
+
+        wait_for(answered, 30, "the replica to serve again")
+    assert all(w.alive() for w in topo.workers)
+
+
+def test_deadline_and_disconnect_drop_queued_items(topology: Callable[..., Topology], tmp_path: Path) -> None:
+    # A batch-variant model and a long batching window keep items queued long enough to watch.
+    topo = topology(write_keywords(tmp_path / "kw", "batching"), worker_args=("--batch-wait-ms", "1500"))
+    app = topo.apps[0]
+    late = app.post("/v1/classify", {"input": "refund", "options": {"deadline_ms": 200}})
+    assert late.status_code == 200
+    assert late.json()["results"][0]["error"]["code"] == "deadline_exceeded"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{app.url}/v1/classify", json={"input": "parcel delivery"}, timeout=0.3)
+    time.sleep(2.5)  # past the batching window: a queued item would have run by now
+    rows = sum(metric(httpx.get(url).text, "vllm_srun_batch_size_sum") for url in topo.worker_metrics)
+    assert rows == 0, "the expired and the withdrawn item never ran"
+    ok = app.post("/v1/classify", {"input": "invoice"})
+    assert ok.json()["results"][0]["label"] == "billing"
+
+
+def test_admission_refuses_whole_requests(topology: Callable[..., Topology], tmp_path: Path) -> None:
+    topo = topology(
+        write_keywords(tmp_path / "kw"), app_args=("--max-queued-items", "4", "--max-queued-tokens", "20")
+    )
+    app = topo.apps[0]
+    too_many = app.post("/v1/classify", {"input": ["refund"] * 5})
+    assert too_many.status_code == 429 and too_many.headers["retry-after"] == "1"
+    too_long = app.post("/v1/classify", {"input": ["refund " * 21]})
+    assert too_long.status_code == 429 and "tokens" in too_long.json()["error"]["message"]
+    fits = app.post("/v1/classify", {"input": ["refund"] * 4})
+    assert fits.status_code == 200 and len(fits.json()["results"]) == 4
