@@ -257,6 +257,9 @@ class ModelFamily(Plugin, abc.ABC):
     surfaces: ClassVar[tuple[str, ...]] = ()
     builtin_table: ClassVar[str | None] = None
     fixture_writer: ClassVar[str | None] = None
+    # When several families recognise one package, the most specific wins (a family for NLI
+    # classifiers over one for any classifier); equal specificity is an error naming both.
+    specificity: ClassVar[int] = 0
 
     @abc.abstractmethod
     def detect(self, package: ModelPackage) -> bool: ...

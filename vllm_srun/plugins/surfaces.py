@@ -164,11 +164,14 @@ def texts_of(value: str | TextPair | list[str | TextPair]) -> list[TextPair]:
 
 
 def request_type(surface: str) -> type[Any]:
-    """The request Struct of a surface, for decoding a bulk job's lines."""
+    """The request Struct of a surface (for bulk job lines and recorded golden requests)."""
+    from vllm_srun.plugins.decision_surface import DecisionsRequest  # it imports this module
+
     types: dict[str, type[Any]] = {
         "classify": ClassifyRequest,
         "embeddings": EmbeddingsRequest,
         "rerank": RerankRequest,
+        "decisions": DecisionsRequest,
     }
     if surface not in types:
         raise InvalidRequest(f"surface: {surface!r} is not one of {', '.join(types)}")

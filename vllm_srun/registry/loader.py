@@ -7,7 +7,6 @@ tried after the rest, by name; accelerators without one are used only when named
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
@@ -15,6 +14,8 @@ from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.registry import Plugins
+from vllm_srun.registry.resolve import Resolved, resolve
+from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
@@ -31,6 +32,7 @@ class ModelOptions:
     engine: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    allow_download: bool = False
 
 
 @dataclass(frozen=True)
@@ -42,28 +44,20 @@ class Placement:
     dtype: str
 
 
-def resolve_package(ref: str) -> ModelPackage:
-    path = Path(ref).expanduser()
-    if path.is_dir():
-        return ModelPackage(path)
-    raise ConfigError(f"model {ref!r} is not a package directory")
-
-
 def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = None) -> ModelFamily:
+    """The family named (trusted: describe and verify refuse what it cannot read), else the one
+    family that recognises the package."""
     if name is not None:
-        family = plugins.family(name)
-        if not family.detect(package):
-            raise ConfigError(f"family {name!r} does not recognise the package {str(package.root)!r}")
-        return family
+        return plugins.family(name)
     matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
     if not matches:
         known = ", ".join(sorted(plugins.of("families"))) or "none"
         raise ConfigError(f"no installed family recognises {str(package.root)!r} (families: {known})")
+    top = max(m.specificity for m in matches)
+    matches = [m for m in matches if m.specificity == top]
     if len(matches) > 1:
         names = ", ".join(m.name for m in matches)
-        raise ConfigError(
-            f"several families recognise {str(package.root)!r} ({names}): pick one with --family"
-        )
+        raise ConfigError(f"several families recognise {str(package.root)!r} ({names}): pick one with --family")
     family: ModelFamily = matches[0]
     return family
 
@@ -141,28 +135,63 @@ def numerics_of(dtype: str) -> str:
     return "float32" if dtype in ("auto", "float32") else f"approximate:{dtype}"
 
 
-def load_model(
-    plugins: Plugins, options: ModelOptions, *, with_engine: bool
-) -> tuple[LoadedModel, Placement]:
-    """Load one model. Without an engine (an app replica) it can plan and finish, not run."""
-    package = resolve_package(options.ref)
-    family = detect_family(plugins, package, options.family)
-    verification = family.verify(package)
-    spec = family.describe(package)
-    name = options.name or package.name
+@dataclass(frozen=True)
+class Prepared:
+    """A model ready to load: the cheap decisions made, nothing heavy read yet."""
+
+    options: ModelOptions
+    resolved: Resolved
+    family: ModelFamily
+    spec: ModelSpec
+    name: str
+    placement: Placement
+    engine: Engine | None = None
+    device: Device | None = None
+
+
+def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_engine: bool) -> Prepared:
+    """Resolve the package, its family and (with an engine) its device, engine and dtype.
+
+    Reads only small files; a bad device, engine or dtype fails here, before any weights.
+    """
+    resolved = resolve(options.ref, tables=tables, allow_download=options.allow_download)
+    family_name = options.family or (resolved.builtin.family if resolved.builtin else None)
+    family = detect_family(plugins, resolved.package, family_name)
+    spec = family.describe(resolved.package)
+    name = options.name or resolved.package.name
     if not with_engine:
-        numerics = numerics_of(options.dtype)
-        model = family.load(package, spec, None, name=name, verification=verification, numerics=numerics)
-        return model, Placement(engine=options.engine, device=options.device, dtype=options.dtype)
+        placement = Placement(engine=options.engine, device=options.device, dtype=options.dtype)
+        return Prepared(options, resolved, family, spec, name, placement)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
     dtype = resolve_dtype(engine, options.dtype, device)
-    host = engine.read(spec, dtype)
-    engine_model = engine.load(spec, device, dtype, host)
+    placement = Placement(engine=engine.name, device=str(device), dtype=dtype)
+    return Prepared(options, resolved, family, spec, name, placement, engine, device)
+
+
+def load_prepared(prepared: Prepared) -> LoadedModel:
+    """Verify every file (against its pins for a built-in), read the weights, build the model."""
+    package, family = prepared.resolved.package, prepared.family
+    verification = family.verify(package)
+    if prepared.resolved.builtin is not None:
+        check_identity(prepared.resolved.builtin, verification)
+    numerics = numerics_of(prepared.placement.dtype)
+    engine_model = None
+    if prepared.engine is not None and prepared.device is not None:
+        host = prepared.engine.read(prepared.spec, prepared.placement.dtype)
+        engine_model = prepared.engine.load(prepared.spec, prepared.device, prepared.placement.dtype, host)
     model = family.load(
-        package, spec, engine_model, name=name, verification=verification, numerics=numerics_of(dtype)
+        package, prepared.spec, engine_model, name=prepared.name, verification=verification, numerics=numerics
     )
-    log.info(
-        "model_loaded", model=name, family=family.name, engine=engine.name, device=str(device), dtype=dtype
-    )
-    return model, Placement(engine=engine.name, device=str(device), dtype=dtype)
+    log.info("model_loaded", model=prepared.name, family=family.name, **vars(prepared.placement))
+    return model
+
+
+def load_model(
+    plugins: Plugins, options: ModelOptions, *, with_engine: bool, tables: Tables | None = None
+) -> tuple[LoadedModel, Placement]:
+    """Prepare and load in one step (tools and tests; the server does the two apart)."""
+    if tables is None:
+        tables = load_tables(e.plugin for e in plugins.of("families").values())
+    prepared = prepare(plugins, tables, options, with_engine=with_engine)
+    return load_prepared(prepared), prepared.placement

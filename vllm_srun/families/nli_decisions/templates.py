@@ -1,0 +1,70 @@
+"""How a question becomes NLI hypotheses, and how entailment scores become probabilities.
+
+Every pair is (premise, hypothesis) with the premise the state's text (`DecisionState.text`)
+and the hypothesis one of the templates below, filled with the question's instructions and
+one option's description:
+
+- choice: one hypothesis per option, `OPTION_TEMPLATE`;
+- score: one hypothesis per level, `OPTION_TEMPLATE` with the level's description;
+- noul: one hypothesis for "true" (`OPTION_TEMPLATE` with the "true" description, or
+  `NOUL_TRUE` when the request gives none), and one for "false" only when the request
+  describes the false side.
+
+Scores. For each pair the model gives logits over its labels; the family reads the log-odds
+of entailment against contradiction, `s = logit[entailment] - logit[contradiction]`, and
+ignores neutral. Taking the difference, rather than the entailment logit alone, cancels the
+per-pair offset every logit shares, so options of different lengths compare fairly.
+
+- choice and score: probabilities = softmax(s over the options / levels);
+- noul with only a true hypothesis: P(true) = sigmoid(s_true), i.e. entailment normalised
+  against contradiction; with both sides described: P(true) = sigmoid(s_true - s_false).
+
+A template is a plain `str.format` string, so a subclass may override any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vllm_srun.plugins.decision_surface import Question
+from vllm_srun.plugins.vectors import sigmoid, softmax
+
+# "{instructions}" is the question as asked; "{description}" is one option's description.
+OPTION_TEMPLATE = "{instructions} Answer: {description}."
+# The description of a noul question's true side when the request gives none.
+NOUL_TRUE = "yes"
+
+
+def _fill(template: str, instructions: str, description: str) -> str:
+    # A description that already ends a sentence must not get a second full stop.
+    text = template.format(instructions=instructions.strip(), description=description.strip())
+    return text[:-1] if text.endswith(("..", "?.", "!.")) else text
+
+
+def hypotheses(question: Question, *, template: str = OPTION_TEMPLATE) -> list[str]:
+    """The hypotheses of `question`, in the order `probabilities` reads their scores."""
+    if question.type == "noul":
+        true, false = question.options
+        sides = [_fill(template, question.instructions, true.description or NOUL_TRUE)]
+        if "false" in question.described:
+            sides.append(_fill(template, question.instructions, false.description))
+        return sides
+    return [_fill(template, question.instructions, option.description) for option in question.options]
+
+
+def entailment_scores(logits: Sequence[np.ndarray], entailment: int, contradiction: int) -> np.ndarray:
+    """Per pair: logit[entailment] - logit[contradiction]."""
+    rows = np.stack([np.asarray(row, dtype=np.float64).reshape(-1) for row in logits])
+    out: np.ndarray = rows[:, entailment] - rows[:, contradiction]
+    return out
+
+
+def probabilities(question: Question, scores: np.ndarray) -> np.ndarray:
+    """One probability per `question.options` from the pairs' entailment scores."""
+    if question.type == "noul":
+        margin = scores[0] - scores[1] if scores.size > 1 else scores[0]
+        p_true = float(sigmoid(np.asarray(margin)))
+        return np.array([p_true, 1.0 - p_true])
+    return softmax(scores)
