@@ -62,7 +62,10 @@ class Server(Proc):
             [sys.executable, "-m", "vllm_srun.cli", "serve", *args, "--port", str(self.port)], log_path, env
         )
 
-    def wait_ready(self, timeout_s: float = 60.0, path: str = "/health/live") -> Server:
+    def wait_ready(self, timeout_s: float = 60.0, path: str | None = None) -> Server:
+        """Until `path` answers 200: /health (every model ready) unless this is a replica,
+        which is healthy only once a worker serves it; then /health/live."""
+        path = path or ("/health/live" if "--redis" in self.args else "/health")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():

@@ -1,4 +1,4 @@
-"""`vllm-srun`: serve, worker, plugins, fixture."""
+"""`vllm-srun`: serve, worker, plugins, models, fixture, check-config, jobs."""
 
 from __future__ import annotations
 
@@ -18,32 +18,51 @@ API_KEY_ENV = "VLLM_SRUN_API_KEY"
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("models", nargs="+", metavar="MODEL", help="model package directories to serve")
-    parser.add_argument("--engine", default="auto", help="engine plugin name, or auto (by auto_priority)")
-    parser.add_argument("--device", default="auto", help="device such as cpu, cuda:0, or auto")
-    parser.add_argument("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16")
-    parser.add_argument("--family", default=None, help="model family, when several recognise the package")
-    parser.add_argument(
+    add = parser.add_argument
+    add(
+        "models",
+        nargs="*",
+        metavar="MODEL",
+        help="package directory, Hugging Face repo id[@revision], or built-in name",
+    )
+    add(
+        "--models",
+        dest="models_file",
+        type=Path,
+        default=None,
+        help="YAML file listing models and their options",
+    )
+    add(
+        "--config",
+        dest="router_config",
+        type=Path,
+        default=None,
+        help="router.yaml: serve its model_runtime deployments",
+    )
+    add("--engine", default="auto", help="engine plugin name, or auto (by auto_priority)")
+    add("--device", default="auto", help="device such as cpu, cuda:0, or auto")
+    add("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16")
+    add("--family", default=None, help="model family, when several recognise the package")
+    add(
         "--served-model-name",
         action="append",
         default=None,
         help="name to serve a model under (once per model)",
     )
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="most rows in one forward")
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=16384, help="most tokens in one forward"
+    add(
+        "--allow-download",
+        action="store_true",
+        help="download a repository missing from the Hugging Face cache",
     )
-    parser.add_argument(
+    add("--max-num-seqs", type=int, default=64, help="most rows in one forward")
+    add("--max-num-batched-tokens", type=int, default=16384, help="most tokens in one forward")
+    add(
         "--batch-wait-ms", type=float, default=2.0, help="longest wait for more items when the device is idle"
     )
-    parser.add_argument(
-        "--job-timeout-s", type=float, default=300.0, help="a queue job running longer is retried elsewhere"
-    )
-    parser.add_argument(
-        "--job-ttl-s", type=int, default=86400, help="how long bulk jobs and their results live"
-    )
-    parser.add_argument("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    add("--job-timeout-s", type=float, default=300.0, help="a queue job running longer is retried elsewhere")
+    add("--job-ttl-s", type=int, default=86400, help="how long bulk jobs and their results live")
+    add("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
+    add("--log-level", default="info", help="debug, info, warning, error")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,27 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the HTTP server (with its own Redis and worker unless --redis)")
     _model_args(serve)
-    serve.add_argument("--redis", default=None, help="Redis URL; makes this process an app replica only")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to bind")
-    serve.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
-    serve.add_argument("--max-inputs", type=int, default=2048, help="most inputs in one request")
-    serve.add_argument(
-        "--max-queued-items", type=int, default=100_000, help="bound on queued items per model"
-    )
-    serve.add_argument(
-        "--max-queued-tokens", type=int, default=10_000_000, help="bound on queued tokens per model"
-    )
-    serve.add_argument("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
-    serve.add_argument(
-        "--max-job-requests", type=int, default=1_000_000, help="most requests in one bulk job"
-    )
-    serve.add_argument(
-        "--max-job-bytes", type=int, default=512 * 1024 * 1024, help="largest bulk job body in bytes"
-    )
-    serve.add_argument(
-        "--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})"
-    )
+    add = serve.add_argument
+    add("--redis", default=None, help="Redis URL; makes this process an app replica only")
+    add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    add("--port", type=int, default=8000, help="port to bind")
+    add("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
+    add("--max-inputs", type=int, default=2048, help="most inputs in one request")
+    add("--max-queued-items", type=int, default=100_000, help="bound on queued items per model")
+    add("--max-queued-tokens", type=int, default=10_000_000, help="bound on queued tokens per model")
+    add("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
+    add("--max-job-requests", type=int, default=1_000_000, help="most requests in one bulk job")
+    add("--max-job-bytes", type=int, default=512 * 1024 * 1024, help="largest bulk job body in bytes")
+    add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
@@ -84,42 +94,66 @@ def build_parser() -> argparse.ArgumentParser:
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
     plugins.add_argument("--json", action="store_true", help="print JSON")
 
+    models = sub.add_parser("models", help="list the built-in models and their pins")
+    models.add_argument("--json", action="store_true", help="print JSON")
+
     fixture = sub.add_parser("fixture", help="write a small model package with a family's fixture writer")
     fixture.add_argument("out", type=Path, help="directory to write")
     fixture.add_argument("--family", required=True, help="family whose fixture writer to run")
     fixture.add_argument("--variant", default=None, help="which fixture the writer makes")
     fixture.add_argument("--onnx", action="store_true", help="also export an ONNX graph")
+
+    check = sub.add_parser("check-config", help="check a router.yaml's endpoints against what they serve")
+    check.add_argument("config", type=Path, help="the router configuration")
+    check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
+    check.add_argument("--timeout-s", type=float, default=5.0, help="per-endpoint timeout")
+
+    from vllm_srun.jobs_cli import add_jobs_parser
+
+    add_jobs_parser(sub)
     return parser
 
 
-def _model_options(args: argparse.Namespace) -> tuple[Any, ...]:
+def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
+    """Every model to serve: the MODEL arguments, then a --models file, then a --config file."""
+    from vllm_srun import config
+    from vllm_srun.app.runtime import ModelSettings
     from vllm_srun.errors import ConfigError
+    from vllm_srun.queue.coalescer import BatchLimits
     from vllm_srun.registry.loader import ModelOptions
 
     names = args.served_model_name or []
     if names and len(names) != len(args.models):
-        raise ConfigError("--served-model-name: give one per model, or none")
-    return tuple(
-        ModelOptions(
-            ref=ref,
-            name=names[i] if names else None,
-            family=args.family,
-            engine=args.engine,
-            device=args.device,
-            dtype=args.dtype,
-        )
-        for i, ref in enumerate(args.models)
-    )
-
-
-def _limits(args: argparse.Namespace) -> Any:
-    from vllm_srun.queue.coalescer import BatchLimits
-
-    return BatchLimits(
+        raise ConfigError("--served-model-name: give one per MODEL, or none")
+    limits = BatchLimits(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         batch_wait_ms=args.batch_wait_ms,
     )
+    out = [
+        ModelSettings(
+            options=ModelOptions(
+                ref=ref,
+                name=names[i] if names else None,
+                family=args.family,
+                engine=args.engine,
+                device=args.device,
+                dtype=args.dtype,
+                allow_download=args.allow_download,
+            ),
+            limits=limits,
+        )
+        for i, ref in enumerate(args.models)
+    ]
+    if args.models_file:
+        out += config.models_file(args.models_file, allow_download=args.allow_download)
+    if args.router_config:
+        out += config.router_models(args.router_config, allow_download=args.allow_download)
+    if not out:
+        raise ConfigError(
+            "no model to serve: name one (MODEL), or give --models FILE or --config router.yaml"
+        )
+    return tuple(out)
 
 
 def _check_redis(url: str) -> None:
@@ -143,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
     load_plugins()
-    models = _model_options(args)
+    models = _model_settings(args)
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
@@ -153,7 +187,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
             models=models,
             redis_url=url,
             embedded=embedded_redis is not None,
-            limits=_limits(args),
             max_request_bytes=args.max_request_bytes,
             max_inputs=args.max_inputs,
             max_queued_items=args.max_queued_items,
@@ -166,65 +199,88 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
         )
-        app = create_app(settings)
         config = uvicorn.Config(
-            app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="on"
+            create_app(settings),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
         )
-        server = uvicorn.Server(config)
-        server.run()
-        if not server.started:
-            failure = getattr(app.state, "startup_error", None)
-            print(f"error: the server did not start{': ' + failure if failure else ''}", file=sys.stderr)
-            return 1
+        uvicorn.Server(config).run()
         return 0
     finally:
         if embedded_redis is not None:
             embedded_redis.stop()
 
 
-async def _run_worker(args: argparse.Namespace) -> None:
-    from vllm_srun.app.runtime import ServedModel, ServerSettings, _sinks, start_worker
+async def _run_worker(args: argparse.Namespace) -> int:
+    from vllm_srun.app.runtime import (
+        Executors,
+        ServedModel,
+        ServerSettings,
+        bring_up,
+        make_worker,
+        prepare_all,
+    )
     from vllm_srun.plugins.registry import load_plugins
-    from vllm_srun.plugins.stats import Stats
-    from vllm_srun.registry.loader import load_model
 
-    plugins = load_plugins()
     settings = ServerSettings(
-        models=_model_options(args),
+        models=_model_settings(args),
         redis_url=args.redis,
         embedded=False,
-        limits=_limits(args),
         job_timeout_s=args.job_timeout_s,
         job_ttl_s=args.job_ttl_s,
         cache_ttl_s=args.cache_ttl_s,
     )
-    models = {}
-    for options in settings.models:
-        model, placement = await asyncio.to_thread(load_model, plugins, options, with_engine=True)
-        models[model.info.name] = ServedModel(model, placement)
-    sinks = _sinks(plugins)
-    if args.metrics_port:
-        from prometheus_client import start_http_server
-
-        for sink in sinks:
-            registry = getattr(sink, "registry", None)
-            if registry is not None:
-                start_http_server(args.metrics_port, addr="127.0.0.1", registry=registry)
-    worker = start_worker(settings, models, Stats(sinks))
+    plugins = load_plugins()
+    prepared, _ = prepare_all(plugins, settings.models, with_engine=True)
+    executors = Executors()
+    worker = make_worker(settings, _stats(plugins, args.metrics_port))
+    await worker.start()
+    served = []
+    for p, model_settings in prepared:
+        entry = ServedModel(p.name, model_settings.limits, placement=p.placement)
+        await bring_up(entry, p, lambda s: worker.add(executors.deployment(s)))  # add() is async
+        served.append(entry)
+    ready = [s.name for s in served if s.state == "ready"]
+    if not ready:
+        await worker.close()
+        print(
+            "error: no model could be served: " + "; ".join(f"{s.name}: {s.reason}" for s in served),
+            file=sys.stderr,
+        )
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await worker.start()
-    print(f"worker ready: {', '.join(models)}", file=sys.stderr, flush=True)
+    print(f"worker ready: {', '.join(ready)}", file=sys.stderr, flush=True)
     await stop.wait()
     await worker.close()
+    executors.shutdown()
+    return 0
+
+
+def _stats(plugins: Any, metrics_port: int | None) -> Any:
+    """The worker's stat loggers; with a port, its Prometheus registry is served there."""
+    from vllm_srun.app.runtime import sinks
+    from vllm_srun.plugins.stats import Stats
+
+    loggers = sinks(plugins)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        for sink in loggers:
+            registry = getattr(sink, "registry", None)
+            if registry is not None:
+                start_http_server(metrics_port, addr="127.0.0.1", registry=registry)
+    return Stats(loggers)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _check_redis(args.redis)
-    asyncio.run(_run_worker(args))
-    return 0
+    return asyncio.run(_run_worker(args))
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -245,6 +301,28 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.registry.tables import describe_tables, load_tables
+
+    tables = load_tables(e.plugin for e in load_plugins().of("families").values())
+    rows = describe_tables(tables)
+    if args.json:
+        print(json.dumps({"models": rows, "conflict": tables.conflict}, indent=2))
+    else:
+        for row in rows:
+            print(
+                f"{row['name']:<24} {row['family']:<18} {row['repository']}@{row['revision'][:12]}  "
+                f"sha256 {row['model_sha256'][:16]}  {row['licence']}"
+            )
+    for skipped in tables.skipped:
+        print(f"skipped table {skipped.module}: {skipped.reason}", file=sys.stderr)
+    if tables.conflict:
+        print(f"error: {tables.conflict}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def cmd_fixture(args: argparse.Namespace) -> int:
     from vllm_srun.errors import ConfigError
     from vllm_srun.plugins.registry import load_plugins
@@ -262,7 +340,32 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"serve": cmd_serve, "worker": cmd_worker, "plugins": cmd_plugins, "fixture": cmd_fixture}
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from vllm_srun.config import check_endpoints
+
+    checks = check_endpoints(args.config, timeout_s=args.timeout_s, api_key=args.api_key)
+    for check in checks:
+        print(f"{'ok  ' if check.ok else 'FAIL'} {check.deployment} @ {check.endpoint}: {check.detail}")
+    if not checks:
+        print("no model_runtime deployment with an endpoint to check")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from vllm_srun.jobs_cli import cmd_jobs as run
+
+    return run(args)
+
+
+COMMANDS = {
+    "serve": cmd_serve,
+    "worker": cmd_worker,
+    "plugins": cmd_plugins,
+    "models": cmd_models,
+    "fixture": cmd_fixture,
+    "check-config": cmd_check_config,
+    "jobs": cmd_jobs,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,12 +26,18 @@ async def model_states(runtime: Runtime) -> dict[str, str]:
     return states
 
 
+def failures(runtime: Runtime) -> dict[str, str]:
+    return {name: s.reason for name, s in runtime.models.items() if s.reason}
+
+
 @get("/health", summary="Readiness: 200 only when every model is ready", opt={"public": True})
 async def health(state: State) -> Response[dict[str, Any]]:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)
     ready = bool(states) and all(s == "ready" for s in states.values())
-    body = {"status": "ready" if ready else "not_ready", "models": states}
+    body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "models": states}
+    if reasons := failures(runtime):
+        body["reasons"] = reasons
     return Response(body, status_code=200 if ready else 503)
 
 

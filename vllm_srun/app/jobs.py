@@ -108,9 +108,9 @@ async def create_job(
     if surface is None:
         raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
     request_type(surface)  # an unknown surface name is a bad request, whatever the model serves
-    served = runtime.model_for(model)
-    name = served.model.info.name
-    if surface not in served.model.info.surfaces:
+    _, loaded = runtime.model_for(model)
+    name = loaded.info.name
+    if surface not in loaded.info.surfaces:
         raise UnsupportedSurface(f"model {name!r} does not serve {surface}")
     if len(entries) > runtime.settings.max_job_requests:
         raise RequestTooLarge(

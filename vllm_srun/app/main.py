@@ -22,6 +22,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_srun import __version__
 from vllm_srun.app.classify import classify
+from vllm_srun.app.decisions import decisions, systemone
 from vllm_srun.app.embeddings import embeddings
 from vllm_srun.app.errors import EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
@@ -34,8 +35,14 @@ from vllm_srun.errors import SrunError, Unauthorized
 
 log = structlog.get_logger("vllm_srun.http")
 
-ROUTES = [classify, embeddings, rerank, list_models, health, live, metrics]
-SURFACE_PATHS = {"/v1/classify": "classify", "/v1/embeddings": "embeddings", "/v1/rerank": "rerank"}
+ROUTES = [classify, embeddings, rerank, decisions, systemone, list_models, health, live, metrics]
+SURFACE_PATHS = {
+    "/v1/classify": "classify",
+    "/v1/embeddings": "embeddings",
+    "/v1/rerank": "rerank",
+    "/v1/decisions": "decisions",
+    "/v1/systemone": "decisions",
+}
 
 
 def _edge(app: ASGIApp) -> ASGIApp:

@@ -16,17 +16,6 @@ async def list_models(state: State) -> dict[str, Any]:
     runtime: Runtime = state.runtime
     data = []
     for name, served in runtime.models.items():
-        info = msgspec.to_builtins(served.model.info)
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "owned_by": "vllm-srun",
-                "state": served.state,
-                "engine": served.placement.engine,
-                "device": served.placement.device,
-                "dtype": served.placement.dtype,
-                **info,
-            }
-        )
+        info = msgspec.to_builtins(served.model.info) if served.model is not None else {}
+        data.append({"id": name, "object": "model", "owned_by": "vllm-srun", **served.describe(), **info})
     return {"object": "list", "data": data, "plugins": runtime.plugins.describe()}

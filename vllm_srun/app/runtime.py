@@ -1,20 +1,26 @@
-"""The app's resources: settings, loaded models, the queue client and (embedded) the worker.
+"""The app's resources: settings, models and their states, the queue client, the worker.
 
-Created in the app's lifespan and released in its `finally`. In the embedded default the
-same process also runs a device worker; as a replica (`--redis URL`) it loads no engine.
+Created in the app's lifespan and released in its `finally`. Start-up first *prepares* every
+model (package, family, device, engine: small files only), so a wrong setting refuses the
+start at once; then each model goes loading -> warming -> ready, or failed with a reason, in
+the background, and one failed model never stops the others. In the embedded default the
+process also runs a device worker; as a replica (`--redis URL`) it loads no engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
 
-from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady
+from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.registry import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
@@ -22,19 +28,28 @@ from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.worker import Deployment, DeviceWorker
-from vllm_srun.registry.loader import ModelOptions, Placement, load_model
+from vllm_srun.registry.golden import device_class_of, run_golden
+from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
+from vllm_srun.registry.tables import load_tables
 
 log = structlog.get_logger("vllm_srun.app")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSettings:
+    """One model to serve and its batching limits."""
+
+    options: ModelOptions
+    limits: BatchLimits = field(default_factory=BatchLimits)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
     """Everything `serve` was told. Unknown keys are impossible: this is a typed record."""
 
-    models: tuple[ModelOptions, ...]
+    models: tuple[ModelSettings, ...]
     redis_url: str
     embedded: bool
-    limits: BatchLimits = field(default_factory=BatchLimits)
     max_request_bytes: int = 4 * 1024 * 1024
     max_inputs: int = 2048
     max_queued_items: int = 100_000
@@ -51,9 +66,113 @@ class ServerSettings:
 
 @dataclass
 class ServedModel:
-    model: LoadedModel
-    placement: Placement
-    state: str = "ready"
+    """A model's place in the server: its state, and once loaded, the model itself."""
+
+    name: str
+    limits: BatchLimits
+    state: str = "loading"
+    reason: str | None = None
+    golden: str | None = None
+    model: LoadedModel | None = None
+    placement: Placement | None = None
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"state": self.state, "golden": self.golden}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.placement is not None:
+            out.update(engine=self.placement.engine, device=self.placement.device, dtype=self.placement.dtype)
+        return out
+
+
+def name_of(options: ModelOptions) -> str:
+    return options.name or Path(options.ref).name or options.ref
+
+
+def prepare_all(
+    plugins: Plugins, settings: Sequence[ModelSettings], *, with_engine: bool
+) -> tuple[list[tuple[Prepared, ModelSettings]], list[tuple[str, ModelSettings, str]]]:
+    """(prepared models, (name, settings, reason) of those that could not be prepared).
+
+    When none can be prepared the start is refused with the reasons: a typo in the only model
+    is a start-up error, not a server that never becomes ready.
+    """
+    tables = load_tables(e.plugin for e in plugins.of("families").values())
+    prepared, failed = [], []
+    for model_settings in settings:
+        try:
+            prepared.append(
+                (prepare(plugins, tables, model_settings.options, with_engine=with_engine), model_settings)
+            )
+        except SrunError as exc:
+            log.error("model_refused", model=name_of(model_settings.options), reason=exc.message)
+            failed.append((name_of(model_settings.options), model_settings, exc.message))
+    if not prepared:
+        raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
+    names = [p.name for p, _ in prepared] + [name for name, _, _ in failed]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate is not None:
+        raise ConfigError(f"two models are named {duplicate!r}: give each a name (--served-model-name)")
+    return prepared, failed
+
+
+async def bring_up(
+    served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
+) -> None:
+    """loading -> warming -> ready (then `on_ready`), or failed with the reason."""
+    try:
+        served.model = await asyncio.to_thread(load_prepared, prepared)
+        served.state = "warming"
+        result = await asyncio.to_thread(
+            run_golden,
+            served.model,
+            prepared.resolved.builtin.golden if prepared.resolved.builtin else None,
+            device_class=device_class_of(prepared.placement.device),
+        )
+        served.golden = result.status
+        if result.status == "failed":
+            raise ConfigError(f"golden check failed: {result.reason}")
+        await on_ready(served)
+        served.state = "ready"
+        log.info("model_ready", model=served.name, golden=result.status)
+    except SrunError as exc:
+        served.state, served.reason = "failed", exc.message
+        log.error("model_failed", model=served.name, reason=exc.message)
+    except Exception as exc:  # a model's own failure to load is its state, not the server's
+        served.state, served.reason = "failed", f"{type(exc).__name__}: {exc}"
+        log.exception("model_failed", model=served.name)
+
+
+class Executors:
+    """One single-thread executor per device: one forward at a time on each device."""
+
+    def __init__(self) -> None:
+        self._by_device: dict[str, ThreadPoolExecutor] = {}
+
+    def deployment(self, served: ServedModel) -> Deployment:
+        assert served.model is not None and served.placement is not None
+        device = served.placement.device
+        if device not in self._by_device:
+            self._by_device[device] = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"forward-{device}"
+            )
+        return Deployment(model=served.model, limits=served.limits, executor=self._by_device[device])
+
+    def shutdown(self) -> None:
+        for executor in self._by_device.values():
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+def make_worker(settings: ServerSettings, stats: Stats) -> DeviceWorker:
+    """A device worker on the settings' Redis, serving nothing until deployments are added."""
+    return DeviceWorker(
+        redis_url=settings.redis_url,
+        deployments=[],
+        stats=stats,
+        job_timeout_s=settings.job_timeout_s,
+        job_ttl_s=settings.job_ttl_s,
+        result_ttl_s=settings.cache_ttl_s,
+    )
 
 
 @dataclass
@@ -68,6 +187,8 @@ class Runtime:
     # Items and tokens this replica has in the queue, per deployment (the admission bound).
     queued: dict[str, tuple[int, int]] = field(default_factory=dict)
     bulk: BulkStore = field(init=False)
+    executors: Executors = field(default_factory=Executors)
+    _loading: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.bulk = BulkStore(
@@ -77,71 +198,66 @@ class Runtime:
     @classmethod
     async def start(cls, settings: ServerSettings) -> Runtime:
         plugins = load_plugins()
-        stats = Stats(_sinks(plugins))
+        prepared, failed = prepare_all(plugins, settings.models, with_engine=settings.embedded)
+        stats = Stats(sinks(plugins))
         queue = QueueClient(settings.redis_url, result_ttl_s=settings.cache_ttl_s)
         runtime = cls(settings=settings, plugins=plugins, stats=stats, queue=queue)
         await queue.start()
-        try:
-            for options in settings.models:
-                model, placement = await asyncio.to_thread(
-                    load_model, plugins, options, with_engine=settings.embedded
-                )
-                if model.info.name in runtime.models:
-                    raise ConfigError(f"two models are named {model.info.name!r}: give --served-model-name")
-                runtime.models[model.info.name] = ServedModel(model, placement)
-            if settings.embedded:
-                runtime.worker = start_worker(settings, runtime.models, stats)
-                await runtime.worker.start()
-        except BaseException:
-            await runtime.close()
-            raise
+        for name, model_settings, reason in failed:
+            runtime.models[name] = ServedModel(name, model_settings.limits, state="failed", reason=reason)
+        for p, model_settings in prepared:
+            runtime.models[p.name] = ServedModel(p.name, model_settings.limits, placement=p.placement)
+        if settings.embedded:
+            runtime.worker = make_worker(settings, stats)
+            await runtime.worker.start()
+        runtime._loading = asyncio.get_running_loop().create_task(runtime._bring_up_all(prepared))
         return runtime
 
+    async def _bring_up_all(self, prepared: list[tuple[Prepared, ModelSettings]]) -> None:
+        # One at a time: loading two models at once only splits the same two cores.
+        for p, _ in prepared:
+            await bring_up(self.models[p.name], p, self._serve if self.worker else _nothing)
+
+    async def _serve(self, served: ServedModel) -> None:
+        assert self.worker is not None
+        await self.worker.add(self.executors.deployment(served))
+
+    async def wait_loaded(self) -> None:
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+
     async def close(self) -> None:
+        if self._loading is not None:
+            self._loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loading
         if self.worker is not None:
             await self.worker.close()
         await self.queue.close()
+        self.executors.shutdown()
 
-    def model_for(self, name: str | None) -> ServedModel:
-        """The model a request names; the only model when it names none."""
+    def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:
+        """The model a request names (the only model when it names none), if it is ready."""
         if name is None:
-            if len(self.models) == 1:
-                return next(iter(self.models.values()))
-            raise InvalidRequest(f"model: required when several models are served ({', '.join(self.models)})")
-        served = self.models.get(name)
-        if served is None:
-            raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.models)})")
-        if served.state != "ready":
-            raise NotReady(f"model {name!r} is {served.state}")
-        return served
+            if len(self.models) != 1:
+                raise InvalidRequest(
+                    f"model: required when several models are served ({', '.join(self.models)})"
+                )
+            served = next(iter(self.models.values()))
+        else:
+            found = self.models.get(name)
+            if found is None:
+                raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.models)})")
+            served = found
+        if served.state != "ready" or served.model is None:
+            detail = f": {served.reason}" if served.reason else ""
+            raise NotReady(f"model {served.name!r} is {served.state}{detail}")
+        return served, served.model
 
 
-def _sinks(plugins: Plugins) -> list[StatLoggerBase]:
+async def _nothing(_: ServedModel) -> None:
+    return None
+
+
+def sinks(plugins: Plugins) -> list[StatLoggerBase]:
     return [entry.plugin for _, entry in sorted(plugins.of("stat_loggers").items())]
-
-
-def start_worker(settings: ServerSettings, models: dict[str, ServedModel], stats: Stats) -> DeviceWorker:
-    """A device worker for `models`, one single-thread executor per device."""
-    executors: dict[str, ThreadPoolExecutor] = {}
-    deployments = []
-    for name, served in models.items():
-        device = served.placement.device
-        if device not in executors:
-            executors[device] = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"forward-{device}")
-        deployments.append(Deployment(model=served.model, limits=settings.limits, executor=executors[device]))
-        log.info("deployment", model=name, device=device, engine=served.placement.engine)
-    return DeviceWorker(
-        redis_url=settings.redis_url,
-        deployments=deployments,
-        stats=stats,
-        job_timeout_s=settings.job_timeout_s,
-    )
-
-
-def describe_settings(settings: ServerSettings) -> dict[str, Any]:
-    return {
-        "embedded": settings.embedded,
-        "max_num_seqs": settings.limits.max_num_seqs,
-        "max_num_batched_tokens": settings.limits.max_num_batched_tokens,
-        "batch_wait_ms": settings.limits.batch_wait_ms,
-    }

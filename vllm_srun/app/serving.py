@@ -11,9 +11,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_srun.app.runtime import Runtime, ServedModel
+from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.base import Plan
+from vllm_srun.plugins.base import LoadedModel, Plan
+from vllm_srun.plugins.decision_surface import DecisionsRequest, count_questions
 from vllm_srun.plugins.surfaces import ClassifyRequest, EmbeddingsRequest, RerankRequest
 from vllm_srun.queue import keys
 
@@ -35,6 +36,8 @@ class Timing:
 
 
 def count_inputs(surface: str, request: Any) -> int:
+    if isinstance(request, DecisionsRequest):
+        return count_questions(request)
     if isinstance(request, ClassifyRequest):
         return len(request.input) if isinstance(request.input, list) else 1
     if isinstance(request, EmbeddingsRequest):
@@ -77,17 +80,16 @@ def _release(runtime: Runtime, name: str, items: int, tokens: int) -> None:
 async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Timing) -> Any:
     """The response Struct for `request` on `surface`; raises SrunError subclasses."""
     started = time.perf_counter()
-    served = runtime.model_for(request.model)
-    model = served.model
+    served, model = runtime.model_for(request.model)
     if surface not in model.info.surfaces:
         raise UnsupportedSurface(
             f"model {model.info.name!r} does not serve {surface} (it serves {', '.join(model.info.surfaces)})"
         )
     count = _check_size(runtime, surface, request)
     if count > _THREAD_PLAN_INPUTS:
-        plan = await asyncio.to_thread(_plan, served, surface, request)
+        plan = await asyncio.to_thread(_plan, model, surface, request)
     else:
-        plan = _plan(served, surface, request)
+        plan = _plan(model, surface, request)
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None
@@ -109,8 +111,8 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
     if options.return_meta:
         body.meta = {
             **(body.meta or {}),
-            "engine": served.placement.engine,
-            "device": served.placement.device,
+            "engine": served.placement.engine if served.placement else None,
+            "device": served.placement.device if served.placement else None,
             "numerics": model.info.numerics,
             "cache": {"hits": submission.hits, "misses": submission.misses},
         }
@@ -118,8 +120,7 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
     return body
 
 
-def _plan(served: ServedModel, surface: str, request: Any) -> Plan:
-    model = served.model
+def _plan(model: LoadedModel, surface: str, request: Any) -> Plan:
     plan = model.plan_surface(surface, request)
     for item in plan.items:
         item.cache_key = keys.cache_key(

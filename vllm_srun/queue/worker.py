@@ -128,7 +128,7 @@ class DeviceWorker:
         bulk_chunks: int = 2,
     ) -> None:
         self.redis_url = redis_url
-        self.deployments = {d.name: d for d in deployments}
+        self.deployments: dict[str, Deployment] = {d.name: d for d in deployments}
         self.stats = stats
         self.max_jobs = max_jobs
         self.job_timeout_s = job_timeout_s
@@ -151,48 +151,61 @@ class DeviceWorker:
         return self._redis
 
     async def start(self) -> None:
+        """Connect and serve the deployments given so far; `add` serves more later."""
         self._redis = make_pool(self.redis_url)
         store = BulkStore(self._redis, ttl_s=self.job_ttl_s)
         self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s)
-        loop = asyncio.get_running_loop()
-        for name, deployment in self.deployments.items():
-            coalescer = Coalescer(
-                deployment.model, limits=deployment.limits, executor=deployment.executor, stats=self.stats
-            )
-            coalescer.start()
-            self.coalescers[name] = coalescer
-            queues = [
-                (
-                    keys.queue_name(name),
-                    keys.RUN_ITEMS,
-                    self._run_items,
-                    self.max_jobs,
-                    keys.cancel_channel(name),
-                ),
-                (keys.bulk_queue_name(name), keys.RUN_CHUNK, self._run_chunk, self.bulk_chunks, None),
-            ]
-            for queue, function, handler, max_jobs, cancel in queues:
-                worker = _WakeableWorker(
-                    wake_channel=keys.wake_channel(name),
-                    pubsub_url=self.redis_url,
-                    cancel_channel=cancel,
-                    on_cancel=self._cancel,
-                    functions=[func(handler, name=function, max_tries=self.max_tries)],
-                    queue_name=queue,
-                    redis_pool=self._redis,
-                    max_jobs=max_jobs,
-                    job_timeout=self.job_timeout_s,
-                    keep_result=0,
-                    poll_delay=self.poll_delay_s,
-                    handle_signals=False,
-                    job_serializer=protocol.serialize,
-                    job_deserializer=protocol.deserialize,
-                    log_results=False,
-                )
-                self._workers.append(worker)
-                self._tasks.append(loop.create_task(worker.main(), name=f"arq:{queue}"))
-        self._tasks.append(loop.create_task(self._heartbeat(), name="worker-heartbeat"))
+        for deployment in self.deployments.values():
+            self._serve(deployment)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat(), name="worker-heartbeat"))
         log.info("worker_started", worker=self.worker_id, deployments=sorted(self.deployments))
+
+    async def add(self, deployment: Deployment) -> None:
+        """Serve one more deployment (a model that became ready after the worker started);
+        apps see it served as soon as this returns."""
+        self.deployments[deployment.name] = deployment
+        if self._redis is not None:
+            self._serve(deployment)
+            await self._beat()
+
+    def _serve(self, deployment: Deployment) -> None:
+        name = deployment.name
+        loop = asyncio.get_running_loop()
+        coalescer = Coalescer(
+            deployment.model, limits=deployment.limits, executor=deployment.executor, stats=self.stats
+        )
+        coalescer.start()
+        self.coalescers[name] = coalescer
+        queues = [
+            (
+                keys.queue_name(name),
+                keys.RUN_ITEMS,
+                self._run_items,
+                self.max_jobs,
+                keys.cancel_channel(name),
+            ),
+            (keys.bulk_queue_name(name), keys.RUN_CHUNK, self._run_chunk, self.bulk_chunks, None),
+        ]
+        for queue, function, handler, max_jobs, cancel in queues:
+            worker = _WakeableWorker(
+                wake_channel=keys.wake_channel(name),
+                pubsub_url=self.redis_url,
+                cancel_channel=cancel,
+                on_cancel=self._cancel,
+                functions=[func(handler, name=function, max_tries=self.max_tries)],
+                queue_name=queue,
+                redis_pool=self._redis,
+                max_jobs=max_jobs,
+                job_timeout=self.job_timeout_s,
+                keep_result=0,
+                poll_delay=self.poll_delay_s,
+                handle_signals=False,
+                job_serializer=protocol.serialize,
+                job_deserializer=protocol.deserialize,
+                log_results=False,
+            )
+            self._workers.append(worker)
+            self._tasks.append(loop.create_task(worker.main(), name=f"arq:{queue}"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -216,15 +229,20 @@ class DeviceWorker:
     async def _heartbeat(self) -> None:
         while True:
             try:
-                expires_ms = int((time.time() + HEARTBEAT_TTL_S) * 1000)
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for name in self.deployments:
-                        pipe.zadd(keys.worker_key(name), {self.worker_id: expires_ms})
-                        pipe.zremrangebyscore(keys.worker_key(name), 0, int(time.time() * 1000))
-                    await pipe.execute()
+                await self._beat()
             except REDIS_ERRORS as exc:
                 log.warning("heartbeat_failed", error=str(exc))
             await asyncio.sleep(HEARTBEAT_S)
+
+    async def _beat(self) -> None:
+        """Mark this worker live for each deployment it serves, for HEARTBEAT_TTL_S."""
+        now_ms = int(time.time() * 1000)
+        expires_ms = now_ms + int(HEARTBEAT_TTL_S * 1000)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in self.deployments:
+                pipe.zadd(keys.worker_key(name), {self.worker_id: expires_ms})
+                pipe.zremrangebyscore(keys.worker_key(name), 0, now_ms)
+            await pipe.execute()
 
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: run one job's items, store and publish their results."""

@@ -80,6 +80,7 @@ def _read_config(package: ModelPackage) -> dict[str, Any]:
 class KeywordFamily(ModelFamily):
     surfaces = ("classify", "embeddings", "rerank")
     fixture_writer = "vllm_sr_example.fixtures:write_fixture"
+    builtin_table = "vllm_sr_example.table"
 
     def detect(self, package: ModelPackage) -> bool:
         if not package.exists(MODEL_FILE):

@@ -1,0 +1,249 @@
+"""vllm_srun.client, sync and async, over real HTTP against a served keyword model."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+from helpers import Server, write_keywords
+
+from vllm_srun.client import APIError, AsyncClient, Client, JobEvent
+
+pytestmark = pytest.mark.timeout(60)
+
+TEXTS = ["Please refund the invoice", "Where is my parcel?", "hello there"]
+LABELS = ["billing", "shipping", "other"]
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    package = write_keywords(tmp_path_factory.mktemp("pkg") / "kw")
+    return module_server(str(package), "--served-model-name", "kw")
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[Client]:
+    with Client(server.url, timeout_s=30) as c:
+        yield c
+
+
+def job_requests(n: int) -> list[dict[str, object]]:
+    return [{"input": TEXTS[i % 3], "custom_id": f"row-{i}"} for i in range(n)]
+
+
+def check_results(results: list[dict[str, object]], n: int) -> None:
+    assert [r["index"] for r in results] == list(range(n))
+    assert [r["custom_id"] for r in results] == [f"row-{i}" for i in range(n)]
+    labels = [r["response"]["results"][0]["label"] for r in results]  # type: ignore[index]
+    assert labels == [LABELS[i % 3] for i in range(n)]
+
+
+def check_stream(events: list[JobEvent], n: int) -> None:
+    """Every result exactly once, ids strictly increasing, ending on the final status."""
+    indices = sorted(e.data["index"] for e in events if e.event == "result")
+    assert indices == list(range(n))
+    ids = [tuple(map(int, e.id.split("-"))) for e in events if e.id]
+    assert ids == sorted(set(ids))
+    assert events[-1] == JobEvent(events[-1].id, "status", {"status": "completed"})
+
+
+def test_surfaces_sync(client: Client) -> None:
+    body = client.classify(TEXTS, model="kw")
+    assert [r["label"] for r in body["results"]] == LABELS and body["labels"] == LABELS
+    pair = client.classify({"text": "where is", "text_pair": "my parcel"}, options={"return_meta": True})
+    assert pair["results"][0]["label"] == "shipping" and "meta" in pair
+    emb = client.embeddings(["refund parcel", "nothing"], model="kw")
+    assert emb["object"] == "list" and len(emb["data"]) == 2 and len(emb["data"][0]["embedding"]) > 4
+    assert len(client.embeddings("refund parcel", dimensions=4)["data"][0]["embedding"]) == 4
+    assert isinstance(client.embeddings("refund", encoding_format="base64")["data"][0]["embedding"], str)
+    docs = ["a parcel", "refund please", {"text": "refund the invoice charge"}]
+    ranked = client.rerank("refund", docs, top_n=2, return_documents=True)
+    assert [r["index"] for r in ranked["results"]] == [1, 2]
+    assert ranked["results"][0]["document"] == {"text": "refund please"}
+    assert client.surface("classify", {"input": "parcel"})["results"][0]["label"] == "shipping"
+    assert client.models()["data"][0]["id"] == "kw"
+    assert client.health() == {"status": "ready", "models": {"kw": "ready"}}
+
+
+async def test_surfaces_async(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        body = await client.classify(TEXTS)
+        assert [r["label"] for r in body["results"]] == LABELS
+        assert len((await client.embeddings("refund parcel", dimensions=4))["data"][0]["embedding"]) == 4
+        ranked = await client.rerank("refund", ["a parcel", "refund please"], top_n=1)
+        assert [r["index"] for r in ranked["results"]] == [1]
+        assert (await client.models())["data"][0]["id"] == "kw"
+        assert (await client.health())["status"] == "ready"
+
+
+def test_api_errors_carry_status_code_and_message(client: Client) -> None:
+    with pytest.raises(APIError) as missing:
+        client.classify("refund", model="nope")
+    assert (missing.value.status, missing.value.code) == (404, "model_not_found")
+    assert "nope" in missing.value.message
+    with pytest.raises(APIError) as invalid:
+        client.rerank("q", [], top_n=0)
+    assert (invalid.value.status, invalid.value.code) == (400, "invalid_request")
+    with pytest.raises(APIError) as job:
+        client.job("job_missing")
+    assert (job.value.status, job.value.code) == (404, "job_not_found")
+    with pytest.raises(APIError) as line:
+        client.submit_job([{"input": "ok"}, {"input": 3}], surface="classify")
+    assert line.value.code == "invalid_request" and "line 2" in line.value.message
+
+
+async def test_api_errors_async(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        with pytest.raises(APIError) as missing:
+            await client.embeddings("refund", model="nope")
+        assert (missing.value.status, missing.value.code) == (404, "model_not_found")
+        with pytest.raises(APIError) as events:
+            [e async for e in client.job_events("job_missing")]
+        assert events.value.code == "job_not_found"
+
+
+def test_job_submit_wait_results_in_order(client: Client) -> None:
+    job = client.submit_job(job_requests(40), surface="classify", model="kw")
+    assert job["object"] == "job" and job["counts"]["total"] == 40
+    seen: list[dict[str, int]] = []
+    final = client.wait_job(job["id"], on_progress=seen.append)
+    assert final["status"] == "completed" and final["counts"]["done"] == 40
+    assert seen and seen[-1]["done"] == 40
+    assert [s["done"] + s["failed"] for s in seen] == sorted(s["done"] + s["failed"] for s in seen)
+    check_results(list(client.iter_job_results(job["id"], page_size=7)), 40)
+    page = client.job_results(job["id"], offset=38, limit=5)
+    assert [r["index"] for r in page["data"]] == [38, 39] and page["has_more"] is False
+
+
+async def test_job_async_polling_and_on_error_record(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        job = await client.submit_job(
+            b'{"input": "refund"}\n{"input": 1}\n', surface="classify", on_error="record"
+        )
+        final = await client.wait_job(job["id"], poll_s=0.05, events=False)
+        assert final["status"] == "completed" and final["counts"]["failed"] == 1
+        results = [r async for r in client.iter_job_results(job["id"])]
+        assert results[0]["response"]["results"][0]["label"] == "billing"
+        assert results[1]["error"]["code"] == "invalid_request" and "line 2" in results[1]["error"]["message"]
+        job = await client.submit_job(job_requests(9), surface="classify")
+        assert (await client.wait_job(job["id"]))["status"] == "completed"
+        check_results([r async for r in client.iter_job_results(job["id"], page_size=4)], 9)
+
+
+def test_events_resume_after_last_event_id(client: Client) -> None:
+    job = client.submit_job(job_requests(12), surface="classify")
+    client.wait_job(job["id"])
+    events = list(client.job_events(job["id"]))
+    check_stream(events, 12)
+    resumed = list(client.job_events(job["id"], last_event_id=events[4].id))
+    assert resumed == events[5:]
+
+
+async def test_events_resume_async(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        job = await client.submit_job(job_requests(6), surface="classify")
+        events = [e async for e in client.job_events(job["id"])]
+        check_stream(events, 6)
+        resumed = [e async for e in client.job_events(job["id"], last_event_id=events[2].id)]
+        assert resumed == events[3:]
+
+
+class DroppingProxy:
+    """A TCP proxy that cuts its first connection after `cut_after` bytes of the response."""
+
+    def __init__(self, port: int, cut_after: int) -> None:
+        self.target, self.cut_after = port, cut_after
+        self.requests: list[bytes] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        cut = self.cut_after if not self.requests else None
+        with conn, socket.create_connection(("127.0.0.1", self.target)) as upstream:
+            request = conn.recv(65536)
+            self.requests.append(request)
+            upstream.sendall(request)
+            sent = 0
+            while data := upstream.recv(4096):
+                if cut is not None and sent + len(data) >= cut:
+                    conn.sendall(data[: cut - sent])
+                    return  # mid-chunk: the client sees an incomplete body
+                conn.sendall(data)
+                sent += len(data)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def completed_job(client: Client) -> str:
+    job = client.submit_job(job_requests(30), surface="classify")
+    client.wait_job(job["id"])
+    return str(job["id"])
+
+
+def test_events_reconnect_when_the_connection_drops(server: Server, completed_job: str) -> None:
+    proxy = DroppingProxy(server.port, cut_after=1500)
+    try:
+        with Client(proxy.url) as client:
+            events = list(client.job_events(completed_job))
+    finally:
+        proxy.close()
+    check_stream(events, 30)
+    assert len(proxy.requests) == 2 and b"last-event-id: " in proxy.requests[1].lower()
+
+
+async def test_events_reconnect_async(server: Server, completed_job: str) -> None:
+    proxy = DroppingProxy(server.port, cut_after=2500)
+    try:
+        async with AsyncClient(proxy.url) as client:
+            events = [e async for e in client.job_events(completed_job)]
+    finally:
+        proxy.close()
+    check_stream(events, 30)
+    assert len(proxy.requests) == 2
+
+
+def test_cancel_stops_the_chunks_not_started(client: Client) -> None:
+    # Five chunks of 256: a worker runs two at a time, so some are still queued at cancel.
+    job = client.submit_job([{"input": "refund"}] * 1280, surface="classify")
+    assert client.cancel_job(job["id"])["status"] in ("cancelling", "cancelled")
+    final = client.wait_job(job["id"])
+    assert final["status"] == "cancelled" and final["counts"]["failed"] > 0
+    results = list(client.iter_job_results(job["id"]))
+    assert len(results) == 1280
+    assert {r["error"]["code"] for r in results if "error" in r} == {"cancelled"}
+
+
+async def test_cancel_async_on_finished_job_keeps_its_status(server: Server) -> None:
+    async with AsyncClient(server.url) as client:
+        job = await client.submit_job([{"input": "parcel"}], surface="classify")
+        await client.wait_job(job["id"])
+        assert (await client.cancel_job(job["id"]))["status"] == "completed"
+
+
+def test_idempotency_key_returns_the_same_job(client: Client) -> None:
+    first = client.submit_job(job_requests(3), surface="classify", idempotency_key="client-k1")
+    again = client.submit_job(job_requests(3), surface="classify", idempotency_key="client-k1")
+    other = client.submit_job(job_requests(3), surface="classify", idempotency_key="client-k2")
+    assert again["id"] == first["id"] and other["id"] != first["id"]
+
+
+def test_api_key_is_sent_as_bearer(start_server: Callable[..., Server], keywords: object) -> None:
+    server = start_server(str(keywords), "--api-key", "sekret")
+    with Client(server.url, api_key="sekret") as client:
+        assert client.classify("refund")["results"][0]["label"] == "billing"
+    with Client(server.url) as anonymous, pytest.raises(APIError) as refused:
+        anonymous.models()
+    assert (refused.value.status, refused.value.code) == (401, "unauthorized")

@@ -1,0 +1,194 @@
+"""Model lists from files: `--models FILE` (ours, strict) and a router's `--config router.yaml`.
+
+A `--models` file is ours, so an unknown key is an error naming it. A router configuration
+belongs to the router: of it we read `global.model_catalog.deployments`, serve the entries
+with `provider: model_runtime` and no `endpoint`, and check the ones with an `endpoint`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import yaml
+
+from vllm_srun.app.runtime import ModelSettings
+from vllm_srun.errors import ConfigError
+from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.registry.loader import ModelOptions
+
+PROVIDER = "model_runtime"
+
+
+class Batching(msgspec.Struct, forbid_unknown_fields=True):
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 16384
+    batch_wait_ms: float = 2.0
+
+
+class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
+    """One model of a `--models` file."""
+
+    model: str
+    name: str | None = None
+    family: str | None = None
+    engine: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+    batching: Batching = msgspec.field(default_factory=Batching)
+
+
+class ModelsFile(msgspec.Struct, forbid_unknown_fields=True):
+    models: list[ModelEntry]
+
+
+class Deployment(msgspec.Struct):
+    """A router deployment; keys we do not use are the router's business and are ignored."""
+
+    name: str
+    provider: str = ""
+    artifact: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
+    device: str = "auto"
+    engine: str = "auto"
+    dtype: str = "auto"
+    family: str | None = None
+    batching: Batching = msgspec.field(default_factory=Batching)
+
+    @property
+    def served_name(self) -> str:
+        return self.model or self.name
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read {str(path)!r}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{str(path)!r} is not valid YAML: {exc}") from exc
+
+
+def _convert(value: Any, kind: type[Any], path: Path) -> Any:
+    try:
+        return msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+
+
+def _limits(batching: Batching) -> BatchLimits:
+    return BatchLimits(
+        max_num_seqs=batching.max_num_seqs,
+        max_num_batched_tokens=batching.max_num_batched_tokens,
+        batch_wait_ms=batching.batch_wait_ms,
+    )
+
+
+def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettings]:
+    parsed: ModelsFile = _convert(_load_yaml(path), ModelsFile, path)
+    return [
+        ModelSettings(
+            options=ModelOptions(
+                ref=e.model,
+                name=e.name,
+                family=e.family,
+                engine=e.engine,
+                device=e.device,
+                dtype=e.dtype,
+                allow_download=allow_download,
+            ),
+            limits=_limits(e.batching),
+        )
+        for e in parsed.models
+    ]
+
+
+def router_deployments(path: Path) -> list[Deployment]:
+    """The `model_runtime` deployments of a router configuration."""
+    raw = _load_yaml(path)
+    catalog = ((raw or {}).get("global") or {}).get("model_catalog") or {}
+    entries = catalog.get("deployments")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: global.model_catalog.deployments must be a list")
+    deployments = [_convert(e, Deployment, path) for e in entries if isinstance(e, dict)]
+    return [d for d in deployments if d.provider == PROVIDER]
+
+
+def router_models(path: Path, *, allow_download: bool = False) -> list[ModelSettings]:
+    """What `serve --config` serves: the runtime deployments that name no endpoint."""
+    out = []
+    for d in router_deployments(path):
+        if d.endpoint:
+            continue
+        if not d.artifact:
+            raise ConfigError(f"{path}: deployment {d.name!r} has neither an endpoint nor an artifact")
+        options = ModelOptions(
+            ref=d.artifact,
+            name=d.served_name,
+            family=d.family,
+            engine=d.engine,
+            device=d.device,
+            dtype=d.dtype,
+            allow_download=allow_download,
+        )
+        out.append(ModelSettings(options=options, limits=_limits(d.batching)))
+    return out
+
+
+@dataclass(frozen=True)
+class Check:
+    deployment: str
+    endpoint: str
+    ok: bool
+    detail: str
+
+
+def check_endpoints(path: Path, *, timeout_s: float = 5.0, api_key: str | None = None) -> list[Check]:
+    """For each deployment with an endpoint: is its model served there, on its device?"""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    checks = []
+    for d in router_deployments(path):
+        if not d.endpoint:
+            continue
+        url = d.endpoint.rstrip("/") + "/v1/models"
+        try:
+            response = httpx.get(url, timeout=timeout_s, headers=headers)
+            response.raise_for_status()
+            served = {m["id"]: m for m in response.json()["data"]}
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            checks.append(Check(d.name, d.endpoint, False, f"cannot read {url}: {exc}"))
+            continue
+        checks.append(_judge(d, served))
+    return checks
+
+
+def _judge(d: Deployment, served: dict[str, dict[str, Any]]) -> Check:
+    assert d.endpoint is not None
+    available = ", ".join(
+        f"{name} on {m.get('device', '?')} ({m.get('state', '?')})" for name, m in served.items()
+    )
+    model = served.get(d.served_name)
+    if model is None:
+        return Check(
+            d.name,
+            d.endpoint,
+            False,
+            f"{d.served_name!r} is not served there; it serves: {available or 'nothing'}",
+        )
+    device = str(model.get("device", ""))
+    if d.device != "auto" and device.partition(":")[0] != d.device.partition(":")[0]:
+        return Check(
+            d.name,
+            d.endpoint,
+            False,
+            f"{d.served_name!r} runs on {device}, not {d.device}; it serves: {available}",
+        )
+    if model.get("state") != "ready":
+        return Check(
+            d.name, d.endpoint, False, f"{d.served_name!r} is {model.get('state')}: {model.get('reason', '')}"
+        )
+    return Check(d.name, d.endpoint, True, f"{d.served_name!r} is ready on {device}")

@@ -1,0 +1,83 @@
+"""Pieces shared by the native architectures: the model base class, activations, pooling."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vllm_srun.engines.native.attention import Segments
+from vllm_srun.errors import ConfigError
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+# Names as transformers' ACT2FN spells them. "gelu" is the exact erf form; the "new"/"fast"/
+# "pytorch_tanh" variants are all the tanh approximation (equal to float rounding).
+_ACTIVATIONS: dict[str, Activation] = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_fast": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+    "tanh": torch.tanh,
+}
+
+
+def activation(name: str) -> Activation:
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ConfigError(
+            f"activation {name!r} is not supported (known: {', '.join(_ACTIVATIONS)})"
+        ) from None
+
+
+def num_labels(config: Mapping[str, Any]) -> int:
+    """Labels as transformers counts them: id2label wins over num_labels; 2 when neither is set."""
+    id2label = config.get("id2label")
+    if id2label:
+        return len(id2label)
+    return int(config.get("num_labels", 2))
+
+
+def mean_rows(hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
+    """Mean of each row's tokens. One index_add over the batch (not an op per row); each row's
+    sum still runs over its own tokens in order, whatever else is in the batch."""
+    sums = hidden.new_zeros(len(segments.lengths), hidden.shape[1]).index_add_(0, segments.row_ids, hidden)
+    index = torch.as_tensor(rows, device=hidden.device)
+    counts = torch.as_tensor([segments.lengths[r] for r in rows], device=hidden.device, dtype=hidden.dtype)
+    return sums.index_select(0, index) / counts[:, None]
+
+
+def first_tokens(hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
+    return hidden[[segments.starts[r] for r in rows]]
+
+
+class EncoderModel(nn.Module):
+    """What the engine calls on a native architecture.
+
+    `forward` maps packed token ids to the final hidden states [tokens, hidden]; heads then
+    run only on the rows that asked for them. `head_kind` says which head the class has:
+    "sequence", "token" or None (a bare encoder).
+    """
+
+    head_kind: ClassVar[str | None] = None
+
+    def forward(
+        self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, segments: Segments
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
+        raise NotImplementedError
+
+    def sequence_logits(self, hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no sequence classification head")
+
+    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} has no token classification head")

@@ -1,0 +1,116 @@
+"""Reading safetensors into host tensors and loading them into a module by name.
+
+A loader returns the checkpoint names it consumed; any parameter left unfilled or any tensor
+with nowhere to go is a `PackageError` that names it, so a renamed or truncated checkpoint
+never runs with zeros or random weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vllm_srun.errors import PackageError
+
+if TYPE_CHECKING:
+    import torch
+
+TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    if name not in TORCH_DTYPES:
+        raise PackageError(f"dtype {name!r} is not supported by the native engine (float32, bfloat16)")
+    return getattr(torch, TORCH_DTYPES[name])
+
+
+def read_safetensors(files: Iterable[Path], dtype: str) -> dict[str, torch.Tensor]:
+    """Every tensor of `files` on the host, floating ones cast to `dtype`.
+
+    Integer tensors (such as `position_ids` buffers) keep their type: they are index data.
+    A name found in two files is an error rather than a silent override.
+    """
+    from safetensors import safe_open
+
+    target = torch_dtype(dtype)
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt", device="cpu") as handle:
+            for name in handle.keys():
+                if name in tensors:
+                    raise PackageError(f"tensor {name!r} appears in more than one weight file ({path.name})")
+                tensor = handle.get_tensor(name)
+                tensors[name] = tensor.to(target) if tensor.is_floating_point() else tensor
+    return tensors
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """Checkpoint tensors that land in one slice of a fused parameter.
+
+    `source` and `target` are dotted name fragments: with ("self.query", "self.qkv", 0, 3) the
+    checkpoint's `...self.query.weight` fills the first third of `...self.qkv.weight`.
+    """
+
+    source: str
+    target: str
+    shard: int
+    shards: int
+
+
+def load_named(
+    module: torch.nn.Module,
+    tensors: Mapping[str, torch.Tensor],
+    *,
+    rename: Callable[[str], str] = lambda name: name,
+    stacked: Sequence[Stacked] = (),
+    harmless: Callable[[str], bool] = lambda name: False,
+) -> set[str]:
+    """Copy `tensors` into `module`'s parameters; return the checkpoint names loaded.
+
+    `rename` maps a checkpoint name to the module's naming (prefix handling); `harmless`
+    names checkpoint tensors that are skipped on purpose. Anything else that does not match a
+    parameter, a shape mismatch, or a parameter nobody filled raises `PackageError`.
+    """
+    import torch
+
+    params = dict(module.named_parameters())
+    wanted: dict[tuple[str, int], str] = {}  # (parameter, shard) -> checkpoint-style name for errors
+    for pname in params:
+        fused = [s for s in stacked if f".{s.target}." in f".{pname}"]
+        if fused:
+            for s in fused:
+                wanted[(pname, s.shard)] = pname.replace(s.target, s.source)
+        else:
+            wanted[(pname, 0)] = pname
+
+    loaded: set[str] = set()
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if harmless(name):
+                continue
+            pname, shard, shards = rename(name), 0, 1
+            for s in stacked:
+                if f".{s.source}." in f".{pname}":
+                    pname, shard, shards = pname.replace(s.source, s.target), s.shard, s.shards
+                    break
+            if pname not in params:
+                raise PackageError(f"unexpected tensor {name!r} in the weights (no such parameter)")
+            if (pname, shard) not in wanted:
+                raise PackageError(f"tensor {name!r} fills a parameter another tensor already filled")
+            dest = params[pname].chunk(shards, dim=0)[shard] if shards > 1 else params[pname]
+            if tuple(dest.shape) != tuple(tensor.shape):
+                raise PackageError(
+                    f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            dest.copy_(tensor)
+            del wanted[(pname, shard)]
+            loaded.add(name)
+    if wanted:
+        missing = ", ".join(sorted(wanted.values())[:8])
+        raise PackageError(f"missing tensor(s) in the weights: {missing} ({len(wanted)} in all)")
+    return loaded
