@@ -266,7 +266,7 @@ class BulkStore:
         return out
 
     async def events(
-        self, job_id: str, last_id: str = "0-0", block_ms: int = 5000
+        self, job_id: str, last_id: str = "0-0", block_ms: int = 2000
     ) -> AsyncIterator[tuple[str, str, bytes]]:
         """(event id, event name, data) from after `last_id`, until the job's final status."""
         await self.get(job_id)

@@ -76,8 +76,13 @@ class EmbeddedRedis:
         ]
         if self.maxmemory:
             args += ["--maxmemory", self.maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        # Its own session: a Ctrl-C meant for the server must not stop Redis under it first.
         self._proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while not self.socket_path.exists():

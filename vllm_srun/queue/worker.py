@@ -266,7 +266,11 @@ class DeviceWorker:
     async def _run_chunk(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: one chunk of a bulk job."""
         assert self._chunks is not None
-        return await self._chunks.run(protocol.decode_chunk(payload))
+        chunk = protocol.decode_chunk(payload)
+        done = await self._chunks.run(chunk)
+        # A free chunk slot: wake the workers now rather than at their next fallback poll.
+        await self.redis.publish(keys.wake_channel(chunk.deployment), b"chunk")
+        return done
 
     async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
         coalescer = self.coalescers.get(job.deployment)

@@ -46,11 +46,15 @@ def num_labels(config: Mapping[str, Any]) -> int:
 
 
 def mean_rows(hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
-    """Mean of each row's tokens. One index_add over the batch (not an op per row); each row's
-    sum still runs over its own tokens in order, whatever else is in the batch."""
-    sums = hidden.new_zeros(len(segments.lengths), hidden.shape[1]).index_add_(0, segments.row_ids, hidden)
+    """Mean of each row's tokens, in float32 whatever the model dtype.
+
+    One index_add over the batch (not an op per row); each row's sum still runs over its own
+    tokens in order, whatever else is in the batch.
+    """
+    sums = torch.zeros(len(segments.lengths), hidden.shape[1], device=hidden.device)
+    sums.index_add_(0, segments.row_ids, hidden.float())
     index = torch.as_tensor(rows, device=hidden.device)
-    counts = torch.as_tensor([segments.lengths[r] for r in rows], device=hidden.device, dtype=hidden.dtype)
+    counts = torch.as_tensor([segments.lengths[r] for r in rows], device=hidden.device, dtype=torch.float32)
     return sums.index_select(0, index) / counts[:, None]
 
 

@@ -209,7 +209,7 @@ class ModernBertForSequenceClassification(_ModernBertClassifier):
 
     def sequence_logits(self, hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
         pool = mean_rows if self.pooling == "mean" else first_tokens
-        return self.classifier(self.head(pool(hidden, segments, rows)))
+        return self.classifier(self.head(pool(hidden, segments, rows).to(hidden.dtype)))
 
 
 class ModernBertForTokenClassification(_ModernBertClassifier):
