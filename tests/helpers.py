@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -166,3 +167,35 @@ class Topology:
         for proc in [*self.apps, *self.workers]:
             proc.stop()
         self.redis.stop()
+
+
+def cache_package(cache: Path, repository: str, revision: str, source: Path, *, main: bool = True) -> Path:
+    """Put the package `source` into `cache` as `repository` at `revision`; its snapshot dir."""
+    base = cache / ("models--" + repository.replace("/", "--"))
+    snapshot = base / "snapshots" / revision
+    for file in sorted(p for p in source.rglob("*") if p.is_file()):
+        data = file.read_bytes()
+        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / file.relative_to(source)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(os.path.relpath(blob, link.parent))
+    if main:
+        (base / "refs").mkdir(exist_ok=True)
+        (base / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+def fake_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]], code: str) -> None:
+    """A minimal installed distribution: a module and a dist-info with entry points."""
+    module = name.replace("-", "_")
+    (root / f"{module}.py").write_text(code)
+    info = root / f"{module}-1.2.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
+    lines = []
+    for group, eps in entry_points.items():
+        lines.append(f"[{group}]")
+        lines += [f"{ep} = {target}" for ep, target in eps.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")

@@ -8,20 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-def fake_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]], code: str) -> None:
-    """A minimal installed distribution: a module and a dist-info with entry points."""
-    module = name.replace("-", "_")
-    (root / f"{module}.py").write_text(code)
-    info = root / f"{module}-1.2.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.2.3\n")
-    lines = []
-    for group, eps in entry_points.items():
-        lines.append(f"[{group}]")
-        lines += [f"{ep} = {target}" for ep, target in eps.items()]
-    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-
+from helpers import fake_distribution
 
 GOOD = """
 from vllm_srun.plugins.base import Accelerator, Device

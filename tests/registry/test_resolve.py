@@ -6,11 +6,10 @@ The cache is built in tmp_path the way huggingface_hub lays it out: files stored
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import pytest
+from helpers import cache_package
 from vllm_sr_example.family import KeywordFamily
 from vllm_sr_example.fixtures import write_fixture
 
@@ -27,24 +26,6 @@ PINNED = "3f1c2a9e8b7d6c5f4e3d2c1b0a9f8e7d6c5b4a39"  # the example table's revis
 class TabledKeywords(KeywordFamily):
     name = "example_keywords"
     builtin_table = "vllm_sr_example.table"
-
-
-def cache_package(cache: Path, repository: str, revision: str, source: Path, *, main: bool = True) -> Path:
-    """Put the package `source` into `cache` as `repository` at `revision`; its snapshot dir."""
-    base = cache / ("models--" + repository.replace("/", "--"))
-    snapshot = base / "snapshots" / revision
-    for file in sorted(p for p in source.rglob("*") if p.is_file()):
-        data = file.read_bytes()
-        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        blob.write_bytes(data)
-        link = snapshot / file.relative_to(source)
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(os.path.relpath(blob, link.parent))
-    if main:
-        (base / "refs").mkdir(exist_ok=True)
-        (base / "refs" / "main").write_text(revision)
-    return snapshot
 
 
 @pytest.fixture
