@@ -117,31 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
     """Every model to serve: the MODEL arguments, then a --models file, then a --config file."""
     from vllm_srun import config
-    from vllm_srun.app.runtime import ModelSettings
     from vllm_srun.errors import ConfigError
-    from vllm_srun.queue.coalescer import BatchLimits
-    from vllm_srun.registry.loader import ModelOptions
 
     names = args.served_model_name or []
     if names and len(names) != len(args.models):
         raise ConfigError("--served-model-name: give one per MODEL, or none")
-    limits = BatchLimits(
+    batching = config.Batching(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         batch_wait_ms=args.batch_wait_ms,
     )
     out = [
-        ModelSettings(
-            options=ModelOptions(
-                ref=ref,
+        config.settings_of(
+            config.ModelEntry(
+                model=ref,
                 name=names[i] if names else None,
                 family=args.family,
                 engine=args.engine,
                 device=args.device,
                 dtype=args.dtype,
-                allow_download=args.allow_download,
+                batching=batching,
             ),
-            limits=limits,
+            allow_download=args.allow_download,
         )
         for i, ref in enumerate(args.models)
     ]

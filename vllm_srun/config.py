@@ -88,23 +88,23 @@ def _limits(batching: Batching) -> BatchLimits:
     )
 
 
+def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSettings:
+    """The one way a described model becomes what the server runs."""
+    options = ModelOptions(
+        ref=entry.model,
+        name=entry.name,
+        family=entry.family,
+        engine=entry.engine,
+        device=entry.device,
+        dtype=entry.dtype,
+        allow_download=allow_download,
+    )
+    return ModelSettings(options=options, limits=_limits(entry.batching))
+
+
 def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettings]:
     parsed: ModelsFile = _convert(_load_yaml(path), ModelsFile, path)
-    return [
-        ModelSettings(
-            options=ModelOptions(
-                ref=e.model,
-                name=e.name,
-                family=e.family,
-                engine=e.engine,
-                device=e.device,
-                dtype=e.dtype,
-                allow_download=allow_download,
-            ),
-            limits=_limits(e.batching),
-        )
-        for e in parsed.models
-    ]
+    return [settings_of(e, allow_download=allow_download) for e in parsed.models]
 
 
 def router_deployments(path: Path) -> list[Deployment]:
@@ -126,16 +126,16 @@ def router_models(path: Path, *, allow_download: bool = False) -> list[ModelSett
             continue
         if not d.artifact:
             raise ConfigError(f"{path}: deployment {d.name!r} has neither an endpoint nor an artifact")
-        options = ModelOptions(
-            ref=d.artifact,
+        entry = ModelEntry(
+            model=d.artifact,
             name=d.served_name,
             family=d.family,
             engine=d.engine,
             device=d.device,
             dtype=d.dtype,
-            allow_download=allow_download,
+            batching=d.batching,
         )
-        out.append(ModelSettings(options=options, limits=_limits(d.batching)))
+        out.append(settings_of(entry, allow_download=allow_download))
     return out
 
 
