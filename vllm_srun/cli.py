@@ -50,6 +50,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         help="name to serve a model under (once per model)",
     )
     add(
+        "--max-speed",
+        action="store_true",
+        help="opt-in approximate numerics (int8 linears on cpu), refused unless they match float32",
+    )
+    add(
         "--allow-download",
         action="store_true",
         help="download a repository missing from the Hugging Face cache",
@@ -136,6 +141,7 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
                 engine=args.engine,
                 device=args.device,
                 dtype=args.dtype,
+                max_speed=args.max_speed,
                 batching=batching,
             ),
             allow_download=args.allow_download,

@@ -38,6 +38,7 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     engine: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
+    max_speed: bool = False
     batching: Batching = msgspec.field(default_factory=Batching)
 
 
@@ -57,6 +58,7 @@ class Deployment(msgspec.Struct):
     engine: str = "auto"
     dtype: str = "auto"
     family: str | None = None
+    max_speed: bool = False
     batching: Batching = msgspec.field(default_factory=Batching)
 
     @property
@@ -98,6 +100,7 @@ def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSett
         device=entry.device,
         dtype=entry.dtype,
         allow_download=allow_download,
+        max_speed=entry.max_speed,
     )
     return ModelSettings(options=options, limits=_limits(entry.batching))
 
@@ -133,6 +136,7 @@ def router_models(path: Path, *, allow_download: bool = False) -> list[ModelSett
             engine=d.engine,
             device=d.device,
             dtype=d.dtype,
+            max_speed=d.max_speed,
             batching=d.batching,
         )
         out.append(settings_of(entry, allow_download=allow_download))

@@ -28,6 +28,7 @@ from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
@@ -75,9 +76,12 @@ class ServedModel:
     golden: str | None = None
     model: LoadedModel | None = None
     placement: Placement | None = None
+    approximation: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "golden": self.golden}
+        if self.approximation is not None:
+            out["approximation"] = self.approximation
         if self.reason:
             out["reason"] = self.reason
         if self.placement is not None:
@@ -132,6 +136,9 @@ async def bring_up(
         served.golden = result.status
         if result.status == "failed":
             raise ConfigError(f"golden check failed: {result.reason}")
+        if served.model.info.numerics != "float32" and served.model.engine_model is not None:
+            check = await asyncio.to_thread(check_approximation, prepared, served.model)
+            served.approximation = check.describe()
         await on_ready(served)
         served.state = "ready"
         log.info("model_ready", model=served.name, golden=result.status)

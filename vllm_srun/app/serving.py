@@ -101,7 +101,12 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
     _admit(runtime, name, len(plan.items), tokens)
     try:
         submission = await runtime.queue.submit(
-            name, model.info.model_sha256, plan.items, timeout_s=timeout_s, deadline_s=deadline_s
+            name,
+            model.info.model_sha256,
+            plan.items,
+            numerics=model.info.numerics,
+            timeout_s=timeout_s,
+            deadline_s=deadline_s,
         )
     finally:
         _release(runtime, name, len(plan.items), tokens)

@@ -124,6 +124,7 @@ class QueueClient:
         model_sha256: str,
         items: Sequence[WorkItem],
         *,
+        numerics: str = "float32",
         timeout_s: float,
         deadline_s: float | None = None,
     ) -> Submission:
@@ -151,7 +152,12 @@ class QueueClient:
             try:
                 await self._require_worker(deployment)
                 await self._run(
-                    deployment, model_sha256, list(misses.values()), submission, timeout_s, deadline_s
+                    deployment,
+                    (model_sha256, numerics),
+                    list(misses.values()),
+                    submission,
+                    timeout_s,
+                    deadline_s,
                 )
             finally:
                 for cache_key in misses:
@@ -166,7 +172,7 @@ class QueueClient:
     async def _run(
         self,
         deployment: str,
-        model_sha256: str,
+        identity: tuple[str, str],
         items: list[WorkItem],
         submission: Submission,
         timeout_s: float,
@@ -177,7 +183,8 @@ class QueueClient:
         self._waiting[request_id] = reply_future
         payload = protocol.JobPayload(
             deployment=deployment,
-            model_sha256=model_sha256,
+            model_sha256=identity[0],
+            numerics=identity[1],
             items=items,
             reply_to=self._reply_channel,
             request_id=request_id,

@@ -18,6 +18,7 @@ class JobPayload(msgspec.Struct, array_like=True):
 
     deployment: str
     model_sha256: str
+    numerics: str
     items: list[WorkItem]
     reply_to: str
     request_id: str

@@ -298,6 +298,11 @@ class DeviceWorker:
         deployment = self.deployments.get(job.deployment)
         if deployment is None:
             return f"this worker does not serve {job.deployment!r}"
+        if deployment.model.info.numerics != job.numerics:
+            return (
+                f"the worker's {job.deployment!r} runs {deployment.model.info.numerics} numerics, the app "
+                f"planned for {job.numerics}: give both the same --max-speed / --dtype"
+            )
         if deployment.model.info.model_sha256 != job.model_sha256:
             return (
                 f"the worker's {job.deployment!r} is model {deployment.model.info.model_sha256[:12]}, "

@@ -19,7 +19,7 @@ from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +33,7 @@ class ModelOptions:
     device: str = "auto"
     dtype: str = "auto"
     allow_download: bool = False
+    max_speed: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,9 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
     matches = [m for m in matches if m.specificity == top]
     if len(matches) > 1:
         names = ", ".join(m.name for m in matches)
-        raise ConfigError(f"several families recognise {str(package.root)!r} ({names}): pick one with --family")
+        raise ConfigError(
+            f"several families recognise {str(package.root)!r} ({names}): pick one with --family"
+        )
     family: ModelFamily = matches[0]
     return family
 
@@ -117,22 +120,31 @@ def resolve_engine(plugins: Plugins, spec: ModelSpec, device: Device, wanted: st
     )
 
 
-def resolve_dtype(engine: Engine, wanted: str, device: Device) -> str:
+def resolve_dtype(engine: Engine, wanted: str, device: Device, *, max_speed: bool = False) -> str:
+    """`auto` is float32 everywhere: exact numerics are the default. `max_speed` picks the
+    engine's faster approximation for the device: int8 linears on the cpu, else bfloat16."""
     if wanted not in DTYPES:
         raise ConfigError(f"--dtype {wanted!r} is not one of {', '.join(DTYPES)}")
+    if max_speed:
+        if wanted != "auto":
+            raise ConfigError("--max-speed chooses the dtype itself: leave --dtype auto")
+        candidate = "int8" if device.accelerator == "cpu" else "bfloat16"
+        if candidate not in engine.dtypes:
+            raise ConfigError(f"engine {engine.name!r} has no faster numerics ({candidate}) on {device}")
+        return candidate
     if wanted == "auto":
-        # float32 on the CPU: exact and, there, no slower than the half types.
-        if device.accelerator == "cpu" or "bfloat16" not in engine.dtypes:
-            return "float32"
-        return "bfloat16"
+        return "float32"
     if wanted not in engine.dtypes:
         raise ConfigError(f"engine {engine.name!r} runs {', '.join(engine.dtypes)}, not --dtype {wanted}")
     return wanted
 
 
-def numerics_of(dtype: str) -> str:
-    """The cache-key numerics: float32 is the reference; anything else is approximate."""
-    return "float32" if dtype in ("auto", "float32") else f"approximate:{dtype}"
+def numerics_of(options: ModelOptions, dtype: str) -> str:
+    """float32 is the reference; anything else is `approximate`. An app replica knows no dtype,
+    only whether it was told --max-speed; one deployment has one numerics, so that is enough."""
+    if options.max_speed or dtype not in ("auto", "float32"):
+        return "approximate"
+    return "float32"
 
 
 @dataclass(frozen=True)
@@ -164,7 +176,7 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
         return Prepared(options, resolved, family, spec, name, placement)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
-    dtype = resolve_dtype(engine, options.dtype, device)
+    dtype = resolve_dtype(engine, options.dtype, device, max_speed=options.max_speed)
     placement = Placement(engine=engine.name, device=str(device), dtype=dtype)
     return Prepared(options, resolved, family, spec, name, placement, engine, device)
 
@@ -175,7 +187,7 @@ def load_prepared(prepared: Prepared) -> LoadedModel:
     verification = family.verify(package)
     if prepared.resolved.builtin is not None:
         check_identity(prepared.resolved.builtin, verification)
-    numerics = numerics_of(prepared.placement.dtype)
+    numerics = numerics_of(prepared.options, prepared.placement.dtype)
     engine_model = None
     if prepared.engine is not None and prepared.device is not None:
         host = prepared.engine.read(prepared.spec, prepared.placement.dtype)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
 
@@ -40,7 +41,8 @@ class NativeEngine(Engine):
 
     name = "native"
     auto_priority: ClassVar[int | None] = 0
-    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16")
+    # int8: dynamic int8 linears on the CPU (approximate; only when asked, e.g. by --max-speed).
+    dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "int8")
 
     def supports(self, spec: ModelSpec, device: Device) -> str | None:
         if importlib.util.find_spec("torch") is None:
@@ -56,21 +58,31 @@ class NativeEngine(Engine):
         """The checkpoint's tensors on the host, floating ones already in `dtype`."""
         from vllm_srun.engines.native.weights import read_safetensors
 
-        return read_safetensors(spec.weight_files, dtype)
+        # int8 quantises float32 weights after loading them.
+        return read_safetensors(spec.weight_files, "float32" if dtype == "int8" else dtype)
 
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> NativeModel:
         import torch
 
         from vllm_srun.engines.native.weights import torch_dtype
 
+        if dtype == "int8" and device.accelerator != "cpu":
+            raise ConfigError(f"int8 (dynamic int8 linears) runs on the cpu only, not {device}")
         cls = resolve_model(spec.architecture)
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
         with torch.device("meta"):
             module = cls(spec.config)
-        module = module.to(torch_dtype(dtype)).to_empty(device=torch_device(device))
+        weights_dtype = "float32" if dtype == "int8" else dtype
+        module = module.to(torch_dtype(weights_dtype)).to_empty(device=torch_device(device))
         module.load_weights(tensors)
         module.eval()
+        if dtype == "int8":
+            # Per output channel: one scale per row keeps the fused QKV projections apart.
+            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+            module = torch.ao.quantization.quantize_dynamic(
+                module, {torch.nn.Linear: qconfig}, dtype=torch.qint8
+            )
         return NativeModel(module, device=device, dtype=dtype)
 
 
