@@ -287,8 +287,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    from vllm_srun.accelerators._torch import torch_or_none
     from vllm_srun.plugins.registry import GROUPS, load_plugins
 
+    torch_or_none()  # loaded here so that torch-based accelerators report what they find
     described = load_plugins().describe()
     if args.json:
         print(json.dumps(described, indent=2))

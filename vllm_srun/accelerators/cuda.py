@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from vllm_srun.accelerators._torch import torch_or_none
@@ -20,6 +21,16 @@ class CudaAccelerator(Accelerator):
         if torch is None or not torch.cuda.is_available():
             return []
         return [Device("cuda", i) for i in range(torch.cuda.device_count())]
+
+    def descriptor(self) -> dict[str, Any]:
+        # An app replica must not import torch just to describe its plugins: probe only once
+        # torch is loaded (a worker, or `vllm-srun plugins`, which loads it to probe).
+        probed = "torch" in sys.modules
+        return {
+            "name": self.name,
+            "available": self.available() if probed else None,
+            "auto_priority": self.auto_priority,
+        }
 
     def torch_device(self, device: Device) -> Any:
         import torch
