@@ -22,6 +22,8 @@ from typing import Any
 import structlog
 from arq import Worker
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
+from arq.utils import timestamp_ms
 from arq.worker import func
 
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
@@ -52,8 +54,27 @@ class Deployment:
         return self.model.info.name
 
 
+# Claims the given queued jobs at once, as arq's start_jobs does one by one (WATCH, EXISTS,
+# ZSCORE, MULTI/PSETEX/EXEC per job): a job is taken when it is due and no worker holds it.
+_CLAIM = """
+local now, ttl, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local out = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local score = redis.call('ZSCORE', KEYS[1], id)
+  if score and tonumber(score) <= now and redis.call('EXISTS', prefix .. id) == 0 then
+    redis.call('PSETEX', prefix .. id, ttl, '1')
+    table.insert(out, id)
+    table.insert(out, score)
+  end
+end
+return out
+"""
+
+
 class _WakeableWorker(Worker):
-    """arq's worker with its fixed-interval poll replaced by a wake-up on pub/sub."""
+    """arq's worker with its fixed-interval poll replaced by a wake-up on pub/sub, and its
+    job claims made in one round trip per poll instead of several per job."""
 
     def __init__(
         self,
@@ -69,6 +90,20 @@ class _WakeableWorker(Worker):
         self.pubsub_url = pubsub_url
         self.cancel_channel = cancel_channel
         self.on_cancel = on_cancel
+
+    async def start_jobs(self, job_ids: list[bytes]) -> None:
+        free = self.max_jobs - self.job_counter
+        if free <= 0 or not job_ids:
+            return
+        args: list[Any] = [timestamp_ms(), int(self.in_progress_timeout_s * 1000), in_progress_key_prefix]
+        claim = self.pool.register_script(_CLAIM)  # local: hashes the script, no round trip
+        claimed = await claim(keys=[self.queue_name], args=[*args, *job_ids[:free]])
+        for job_id, score in zip(claimed[::2], claimed[1::2], strict=True):
+            await self.sem.acquire()
+            self.job_counter += 1
+            task = self.loop.create_task(self.run_job(job_id.decode(), int(float(score))))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            self.tasks[job_id.decode()] = task
 
     def _handle(self, message: dict[str, Any]) -> None:
         """A cancel message names a request to drop; anything else was a wake-up."""
