@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,6 +17,9 @@ import numpy as np
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
+
+# Intra-op threads for CPU forwards (`--intra-op-threads` sets it; see the README's tuning).
+THREADS_ENV = "VLLM_SRUN_INTRA_OP_THREADS"
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +72,8 @@ class NativeEngine(Engine):
 
         if dtype == "int8" and device.accelerator != "cpu":
             raise ConfigError(f"int8 (dynamic int8 linears) runs on the cpu only, not {device}")
+        if device.accelerator == "cpu" and (threads := os.environ.get(THREADS_ENV)):
+            torch.set_num_threads(int(threads))
         cls = resolve_model(spec.architecture)
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
