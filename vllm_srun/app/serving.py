@@ -127,12 +127,5 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
 
 def _plan(model: LoadedModel, surface: str, request: Any) -> Plan:
     plan = model.plan_surface(surface, request)
-    for item in plan.items:
-        item.cache_key = keys.cache_key(
-            model_sha256=model.info.model_sha256,
-            numerics=model.info.numerics,
-            key_extra=item.key_extra,
-            token_ids=item.token_ids,
-            type_ids=item.type_ids,
-        )
+    keys.assign_cache_keys(plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics)
     return plan

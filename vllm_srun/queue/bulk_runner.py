@@ -125,8 +125,6 @@ class ChunkRunner:
 
 
 def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]]) -> list[_Planned]:
-    from vllm_srun.queue.keys import cache_key
-
     kind = request_type(surface)
     out = []
     for index, raw, custom_id in todo:
@@ -134,14 +132,9 @@ def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes,
         try:
             request = msgspec.json.decode(raw, type=kind)
             entry.plan = model.plan_surface(surface, request)
-            for item in entry.plan.items:
-                item.cache_key = cache_key(
-                    model_sha256=model.info.model_sha256,
-                    numerics=model.info.numerics,
-                    key_extra=item.key_extra,
-                    token_ids=item.token_ids,
-                    type_ids=item.type_ids,
-                )
+            keys.assign_cache_keys(
+                entry.plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics
+            )
         except SrunError as exc:
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:

@@ -12,6 +12,8 @@ import re
 import struct
 from collections.abc import Sequence
 
+from vllm_srun.plugins.base import WorkItem
+
 PREFIX = "vllm_srun"
 
 # arq's job function name for a batch of work items.
@@ -79,6 +81,18 @@ def cache_key(
         digest.update(b"T")
         digest.update(struct.pack(f"<{len(type_ids)}q", *type_ids))
     return digest.hexdigest()
+
+
+def assign_cache_keys(items: Sequence[WorkItem], *, model_sha256: str, numerics: str) -> None:
+    """Give each planned item its cache key (the app and bulk chunks plan the same way)."""
+    for item in items:
+        item.cache_key = cache_key(
+            model_sha256=model_sha256,
+            numerics=numerics,
+            key_extra=item.key_extra,
+            token_ids=item.token_ids,
+            type_ids=item.type_ids,
+        )
 
 
 # Bulk jobs. One job's keys share the `job:{id}` stem so they expire and read together.
