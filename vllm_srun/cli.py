@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
     check.add_argument("--timeout-s", type=float, default=5.0, help="per-endpoint timeout")
 
+    bench = sub.add_parser("bench", help="run the benchmark (from the repository root; see --help there)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for python -m bench")
+
     from vllm_srun.jobs_cli import add_jobs_parser
 
     add_jobs_parser(sub)
@@ -178,15 +181,9 @@ def _check_redis(url: str) -> None:
 
 
 def _cpu_threads(args: argparse.Namespace) -> None:
-    """Thread settings for CPU forwards, before any engine imports torch (README: Tuning).
+    from vllm_srun.tuning import configure_cpu_threads
 
-    Measured on 2 cores with the other core busy: 2 spinning OpenMP threads fell to 18 texts/s
-    and 860 ms for one text; 1 thread gave 72 texts/s and 27 ms. Idle OpenMP threads sleep
-    (PASSIVE) so a busy event loop never stalls a forward.
-    """
-    threads = args.intra_op_threads or max(1, (os.cpu_count() or 2) - 1)
-    os.environ["VLLM_SRUN_INTRA_OP_THREADS"] = str(threads)
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    configure_cpu_threads(args.intra_op_threads)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -376,6 +373,21 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`python -m bench` from a checkout: the bench lives beside the package, not in it."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        from bench.__main__ import main as bench_main
+    except ImportError as exc:
+        from vllm_srun.errors import ConfigError
+
+        raise ConfigError(
+            f"run `vllm-srun bench` from the repository root (bench/ not found: {exc})"
+        ) from exc
+    result: int = bench_main(args.bench_args)
+    return result
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from vllm_srun.jobs_cli import cmd_jobs as run
 
@@ -390,6 +402,7 @@ COMMANDS = {
     "fixture": cmd_fixture,
     "check-config": cmd_check_config,
     "jobs": cmd_jobs,
+    "bench": cmd_bench,
 }
 
 

@@ -2,8 +2,9 @@
 
 A batch is bounded by `max_num_seqs` rows and `max_num_batched_tokens` tokens (a single item
 larger than the budget still runs, alone). When the device is idle and the first item
-arrives, the coalescer waits up to `batch_wait_ms` for more, unless the model is
-`batch_invariant` (then batching cannot change an answer and waiting buys nothing).
+arrives, the coalescer waits up to `batch_wait_ms` for more, but only when items are arriving
+in a burst (this one came within the window of the one before): a lone caller waits for
+nobody. A `batch_invariant` model never waits (batching cannot change an answer).
 Items that arrive during a forward form the next batch at once. Interactive items
 (priority 0) are taken before bulk ones. Identical cache keys in the pending set run once.
 Items whose deadline has passed are answered `deadline_exceeded` and never run.
@@ -74,6 +75,8 @@ class Coalescer:
         self._pending: dict[str, _Slot] = {}
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._last_arrival_s = float("-inf")
+        self._burst = False
 
     @property
     def name(self) -> str:
@@ -111,6 +114,9 @@ class Coalescer:
         """Queue items; each future resolves to that item's Outcome (array or ItemError)."""
         loop = asyncio.get_running_loop()
         now = time.time() if enqueued_s is None else enqueued_s
+        arrival = time.monotonic()
+        self._burst = arrival - self._last_arrival_s < self.limits.batch_wait_ms / 1000.0
+        self._last_arrival_s = arrival
         futures: list[asyncio.Future[Outcome]] = []
         for item in items:
             key = item.cache_key or f"anon:{id(item)}"
@@ -166,7 +172,7 @@ class Coalescer:
         while not self._pending:
             self._event.clear()
             await self._event.wait()
-        if self.model.batch_invariant or self.limits.batch_wait_ms <= 0:
+        if self.model.batch_invariant or self.limits.batch_wait_ms <= 0 or not self._burst:
             return
         loop = asyncio.get_running_loop()
         until = loop.time() + self.limits.batch_wait_ms / 1000.0

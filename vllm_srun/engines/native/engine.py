@@ -17,9 +17,7 @@ import numpy as np
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
-
-# Intra-op threads for CPU forwards (`--intra-op-threads` sets it; see the README's tuning).
-THREADS_ENV = "VLLM_SRUN_INTRA_OP_THREADS"
+from vllm_srun.tuning import THREADS_ENV
 
 if TYPE_CHECKING:
     import torch
