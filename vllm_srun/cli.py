@@ -71,7 +71,7 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         "--intra-op-threads",
         type=int,
         default=None,
-        help="threads per CPU forward (default: cores - 1, leaving one for HTTP and the queue)",
+        help="threads per CPU forward (default: every core; idle threads sleep)",
     )
     add("--log-level", default="info", help="debug, info, warning, error")
 
