@@ -26,7 +26,8 @@ from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.enqueue import add_job
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
-DONE, FAILED, CACHED = "d", "f", "c"
+# Result kinds: done, failed, done from the cache, skipped because the job was cancelled.
+DONE, FAILED, CACHED, SKIPPED = "d", "f", "c", "x"
 # Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
 _TOMBSTONE_S = 3600
 _APPEND_BATCH = 1000
@@ -90,13 +91,15 @@ local chunk, n_chunks, now, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(
 for i = 5, #ARGV, 3 do
   if redis.call('HSETNX', results, ARGV[i], ARGV[i + 2]) == 1 then
     local kind = ARGV[i + 1]
-    if kind == 'f' then redis.call('HINCRBY', job, 'failed', 1) else redis.call('HINCRBY', job, 'done', 1) end
+    if kind == 'f' or kind == 'x' then redis.call('HINCRBY', job, 'failed', 1)
+    else redis.call('HINCRBY', job, 'done', 1) end
     if kind == 'c' then redis.call('HINCRBY', job, 'cached', 1) end
+    if kind == 'x' then redis.call('HINCRBY', job, 'skipped', 1) end
     redis.call('XADD', events, '*', 'event', 'result', 'data', ARGV[i + 2])
   end
 end
 redis.call('SADD', chunks, chunk)
-local c = redis.call('HMGET', job, 'total', 'done', 'failed', 'cached', 'status')
+local c = redis.call('HMGET', job, 'total', 'done', 'failed', 'cached', 'status', 'skipped')
 local progress = cjson.encode({total = tonumber(c[1]), done = tonumber(c[2]), failed = tonumber(c[3]),
                                cached = tonumber(c[4])})
 redis.call('XADD', events, '*', 'event', 'progress', 'data', progress)
@@ -104,7 +107,8 @@ local status = c[5]
 if redis.call('SCARD', chunks) >= n_chunks and status ~= 'completed' and status ~= 'failed'
    and status ~= 'cancelled' then
   local final = 'completed'
-  if status == 'cancelling' then final = 'cancelled'
+  -- A cancel that came after every chunk had started skipped nothing: the job completed.
+  if status == 'cancelling' and tonumber(c[6] or '0') > 0 then final = 'cancelled'
   elseif tonumber(c[3]) == tonumber(c[1]) and tonumber(c[1]) > 0 then final = 'failed' end
   redis.call('HSET', job, 'status', final, 'finished_at', now)
   redis.call('XADD', events, '*', 'event', 'status', 'data', cjson.encode({status = final}))

@@ -26,6 +26,7 @@ from vllm_srun.queue.bulk import (
     CACHED,
     DONE,
     FAILED,
+    SKIPPED,
     BulkStore,
     ChunkPayload,
     ResultLine,
@@ -76,7 +77,7 @@ class ChunkRunner:
         ]
         if job["status"] in ("cancelling", "cancelled") or time.time() > float(job["expires_at"]):
             reason = error_body("cancelled", "the job was cancelled or expired before this request ran")
-            lines = [ResultLine(i, FAILED, result_line(i, cid, reason, error=True)) for i, _, cid in todo]
+            lines = [ResultLine(i, SKIPPED, result_line(i, cid, reason, error=True)) for i, _, cid in todo]
         else:
             await self.store.mark_running(chunk.job_id)
             try:

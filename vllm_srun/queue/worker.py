@@ -160,7 +160,9 @@ class DeviceWorker:
         max_tries: int = 5,
         job_ttl_s: int = 86400,
         result_ttl_s: int = 3600,
-        bulk_chunks: int = 2,
+        # Chunks in flight per deployment: with 3, the next chunk is planned while one forwards
+        # (MiniLM, 2,048-text job: device busy 0.88 -> 0.98 of the time, 108 -> 117 texts/s).
+        bulk_chunks: int = 3,
     ) -> None:
         self.redis_url = redis_url
         self.deployments: dict[str, Deployment] = {d.name: d for d in deployments}
