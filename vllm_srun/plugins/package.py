@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vllm_srun.errors import PackageError
+from vllm_srun.plugins.base import ModelSpec
 
 _CHUNK = 1 << 20
 
@@ -87,3 +89,18 @@ class ModelPackage:
                 raise PackageError(f"model package {str(self.root)!r} has no file {relative!r}")
             out[relative] = sha256_file(path)
         return out
+
+
+def checkpoint_spec(
+    family: str, package: ModelPackage, config: Mapping[str, Any], weights: Sequence[str], onnx: str | None
+) -> ModelSpec:
+    """The spec of a Hugging Face checkpoint: `architectures[0]`, its config, the weight files
+    (resolved inside the package), and the ONNX graph when the package ships one."""
+    extra: dict[str, Any] = {"onnx": str(package.path(onnx))} if onnx is not None else {}
+    return ModelSpec(
+        family=family,
+        architecture=str(config["architectures"][0]),
+        config=config,
+        weight_files=tuple(package.path(name) for name in weights),
+        extra=extra,
+    )

@@ -22,7 +22,7 @@ from vllm_srun.plugins.base import (
     ModelSpec,
     Verification,
 )
-from vllm_srun.plugins.package import ModelPackage, combined_sha256
+from vllm_srun.plugins.package import ModelPackage, checkpoint_spec, combined_sha256
 
 MODEL_TYPES = ("bert", "modernbert")
 ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
@@ -132,16 +132,7 @@ class NliDecisionsFamily(ModelFamily):
 
     def describe(self, package: ModelPackage) -> ModelSpec:
         layout = read_layout(package)
-        extra: dict[str, Any] = {}
-        if layout.onnx is not None:
-            extra["onnx"] = str(package.path(layout.onnx))
-        return ModelSpec(
-            family=self.name,
-            architecture=str(layout.config["architectures"][0]),
-            config=layout.config,
-            weight_files=tuple(package.path(name) for name in layout.weight_files),
-            extra=extra,
-        )
+        return checkpoint_spec(self.name, package, layout.config, layout.weight_files, layout.onnx)
 
     def load(
         self,

@@ -23,7 +23,7 @@ from vllm_srun.plugins.base import (
     ModelSpec,
     Verification,
 )
-from vllm_srun.plugins.package import ModelPackage, combined_sha256
+from vllm_srun.plugins.package import ModelPackage, checkpoint_spec, combined_sha256
 
 
 def labels_of(config: dict[str, Any]) -> list[str]:
@@ -59,16 +59,7 @@ class TaskHeadsFamily(ModelFamily):
 
     def describe(self, package: ModelPackage) -> ModelSpec:
         layout = read_layout(package)
-        extra: dict[str, Any] = {}
-        if layout.onnx is not None:
-            extra["onnx"] = str(package.path(layout.onnx))
-        return ModelSpec(
-            family=self.name,
-            architecture=layout.architecture,
-            config=layout.config,
-            weight_files=tuple(package.path(name) for name in layout.weight_files),
-            extra=extra,
-        )
+        return checkpoint_spec(self.name, package, layout.config, layout.weight_files, layout.onnx)
 
     def load(
         self,
