@@ -86,17 +86,3 @@ class PackageError(ConfigError):
     """A model package that is malformed or unsafe to load."""
 
     code = "package_error"
-
-
-# Per-item errors: reported in place of one item's result, never failing its siblings.
-
-ITEM_ERROR_CODES = frozenset(
-    {
-        "max_length_exceeded",
-        "deadline_exceeded",
-        "invalid_input",
-        "forward_failed",
-        "invalid_question",
-        "cancelled",
-    }
-)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -190,7 +189,6 @@ class Runtime:
     queue: QueueClient
     models: dict[str, ServedModel] = field(default_factory=dict)
     worker: DeviceWorker | None = None
-    started_s: float = field(default_factory=time.time)
     # Items and tokens this replica has in the queue, per deployment (the admission bound).
     queued: dict[str, tuple[int, int]] = field(default_factory=dict)
     bulk: BulkStore = field(init=False)
@@ -228,10 +226,6 @@ class Runtime:
     async def _serve(self, served: ServedModel) -> None:
         assert self.worker is not None
         await self.worker.add(self.executors.deployment(served))
-
-    async def wait_loaded(self) -> None:
-        if self._loading is not None:
-            await asyncio.shield(self._loading)
 
     async def close(self) -> None:
         if self._loading is not None:

@@ -100,9 +100,6 @@ class Coalescer:
                     waiter.cancel()
         self._pending.clear()
 
-    def pending(self) -> int:
-        return len(self._pending)
-
     def submit(
         self,
         items: Sequence[WorkItem],
