@@ -118,6 +118,20 @@ return 1
 """
 
 
+# Moves a job to ARGV[1] only from one of the statuses ARGV[2..]: a cancel never overwrites a
+# final status, and a chunk starting never overwrites a cancel.
+_MOVE_STATUS = """
+local status = redis.call('HGET', KEYS[1], 'status')
+for i = 2, #ARGV do
+  if status == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'status', ARGV[1])
+    return 1
+  end
+end
+return 0
+"""
+
+
 class BulkStore:
     """Job state in Redis, shared by every app replica and worker."""
 
@@ -126,6 +140,7 @@ class BulkStore:
         self.ttl_s = ttl_s
         self.chunk_size = chunk_size
         self._store_chunk = redis.register_script(_STORE_CHUNK)
+        self._move_status = redis.register_script(_MOVE_STATUS)
 
     async def create(
         self,
@@ -242,17 +257,14 @@ class BulkStore:
         )
 
     async def mark_running(self, job_id: str) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(keys.job_key(job_id), "started_at", str(time.time()))
-            pipe.hget(keys.job_key(job_id), "status")
-            _, status = await pipe.execute()
-        if status == b"queued":
-            await self.redis.hset(keys.job_key(job_id), "status", "running")  # type: ignore[misc]
+        await self.redis.hsetnx(keys.job_key(job_id), "started_at", str(time.time()))  # type: ignore[misc]
+        await self._move_status([keys.job_key(job_id)], ["running", "queued"])
 
     async def cancel(self, job_id: str) -> JobStatus:
         job = await self.get(job_id)
-        if job.status not in TERMINAL:
-            await self.redis.hset(keys.job_key(job_id), "status", "cancelling")  # type: ignore[misc]
+        if job.status in TERMINAL:  # "expired" is only computed, never stored
+            return job
+        await self._move_status([keys.job_key(job_id)], ["cancelling", "queued", "running"])
         return await self.get(job_id)
 
     async def results(self, job_id: str, offset: int, limit: int) -> list[bytes]:
