@@ -120,6 +120,15 @@ def shape_runs(args: argparse.Namespace, texts: list[str]) -> dict[str, ShapeRun
     }
 
 
+def _run_async(coroutine: Any) -> Any:
+    """uvloop where installed (it comes with the server): the client's own CPU stays small."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
 def run_shape(
     args: argparse.Namespace, name: str, run: ShapeRun, sampler: RssSampler
 ) -> tuple[dict[str, Any], list[Any]]:
@@ -133,7 +142,7 @@ def run_shape(
         if args.profile is not None and name == "c32x1":
             args.profile.mkdir(parents=True, exist_ok=True)
             profiler = Profiler(server.pid, args.profile / "c32x1.txt")
-        outcome = asyncio.run(run(server.url))
+        outcome = _run_async(run(server.url))
         if profiler is not None:
             profiler.stop()
         summary = outcome.summary()

@@ -3,8 +3,9 @@
 Each shape is a coroutine that takes a server URL and texts and returns an `Outcome`. Closed
 loops: `concurrency` callers each send their next request as soon as the last one answered.
 Every loop is bounded by its inputs and by a deadline; requests still open at the deadline run
-to their own timeout. Responses are decoded with msgspec (cheap for the client, so the client
-takes as little CPU as it can from a 2-core machine) and checked: one embedding per text.
+to their own timeout. Requests go through `bench.http1` (a keep-alive HTTP/1.1 client that
+costs far less CPU than httpx) and responses are decoded with msgspec, so the client takes as
+little as it can from a 2-core machine; each is checked: one embedding per text.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from bench import http1
 from bench.ceiling import latency_ms
 from bench.corpus import warm_texts
 from vllm_srun.client import TERMINAL, AsyncClient, next_offset
@@ -65,7 +67,7 @@ class Outcome:
         }
 
 
-def server_timing(response: httpx.Response) -> dict[str, float]:
+def server_timing(response: http1.Response) -> dict[str, float]:
     """The Server-Timing header's parts (`tokenize`, `queue`, `forward`, `total`), in ms."""
     parts = {}
     for part in response.headers.get("server-timing", "").split(","):
@@ -75,9 +77,9 @@ def server_timing(response: httpx.Response) -> dict[str, float]:
     return parts
 
 
-def http_client(url: str, concurrency: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    return httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S, limits=limits)
+def http_client(url: str) -> http1.Client:
+    """Persistent connections, one per caller in flight."""
+    return http1.Client(url, timeout_s=REQUEST_TIMEOUT_S)
 
 
 def _hit(body: dict[str, Any]) -> bool:
@@ -85,7 +87,7 @@ def _hit(body: dict[str, Any]) -> bool:
 
 
 async def embed(
-    client: httpx.AsyncClient, texts: list[str], encoding: str, out: Outcome, hits: Outcome | None = None
+    client: http1.Client, texts: list[str], encoding: str, out: Outcome, hits: Outcome | None = None
 ) -> bool:
     """One POST /v1/embeddings, timed and checked into `out`. With `hits`, the request asks for
     `meta`, and a cache hit's latency and Server-Timing are recorded in `hits` as well."""
@@ -97,8 +99,8 @@ async def embed(
         response = await client.post(
             "/v1/embeddings", content=msgspec.json.encode(body), headers={"content-type": "application/json"}
         )
-    except httpx.HTTPError as exc:
-        out.fail(len(texts), f"{type(exc).__name__}: {exc}")
+    except http1.HTTPError as exc:
+        out.fail(len(texts), str(exc))
         return False
     elapsed = time.perf_counter() - started
     out.requests += 1
@@ -163,7 +165,7 @@ async def _closed_loop(
 ) -> Outcome:
     out = Outcome()
     queue = iter(batches)
-    async with http_client(url, concurrency) as client:
+    async with http_client(url) as client:
 
         async def caller() -> None:
             for batch in queue:  # the callers share one iterator: each batch is sent once
@@ -211,7 +213,7 @@ async def cached(
     answered = [asyncio.Event() for _ in sequence]
     queue = iter(range(len(sequence)))
     before = await batch_counters(url)
-    async with http_client(url, concurrency) as client:
+    async with http_client(url) as client:
 
         async def caller() -> None:
             for i in queue:
@@ -292,14 +294,13 @@ async def _results(url: str, job_id: str, page_size: int = 1000) -> AsyncIterato
     """Every result of a job, page by page, decoded with msgspec (the client's JSON decoding
     would otherwise be most of the fetch time on this machine)."""
     offset: int | None = 0
-    async with http_client(url, 1) as client:
+    async with http_client(url) as client:
         for _ in range(100_000):  # bounded: a page holds at least one result
             if offset is None:
                 return
-            response = await client.get(
-                f"/v1/jobs/{job_id}/results", params={"offset": offset, "limit": page_size}
-            )
-            response.raise_for_status()
+            response = await client.get(f"/v1/jobs/{job_id}/results?offset={offset}&limit={page_size}")
+            if response.status_code != 200:
+                raise http1.HTTPError(f"HTTP {response.status_code}: {response.text[:300]}")
             page = msgspec.json.decode(response.content)
             for result in page["data"]:
                 yield result

@@ -300,7 +300,11 @@ def _stats(plugins: Any, metrics_port: int | None) -> Any:
 def cmd_worker(args: argparse.Namespace) -> int:
     _cpu_threads(args)
     _check_redis(args.redis)
-    return asyncio.run(_run_worker(args))
+    try:  # the event loop the server gets from uvicorn when uvloop is installed
+        import uvloop
+    except ImportError:
+        return asyncio.run(_run_worker(args))
+    return uvloop.run(_run_worker(args))
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
+from vllm_srun.tuning import lower_forward_priority
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -160,7 +161,7 @@ class Executors:
         device = served.placement.device
         if device not in self._by_device:
             self._by_device[device] = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"forward-{device}"
+                max_workers=1, thread_name_prefix=f"forward-{device}", initializer=lower_forward_priority
             )
         return Deployment(model=served.model, limits=served.limits, executor=self._by_device[device])
 
