@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--port", type=int, default=8000, help="port to bind")
     add("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
     add("--max-inputs", type=int, default=2048, help="most inputs in one request")
+    add(
+        "--local-cache-mb",
+        type=int,
+        default=64,
+        help="recent results kept in this process in front of the Redis cache (0: none)",
+    )
     add("--max-queued-items", type=int, default=100_000, help="bound on queued items per model")
     add("--max-queued-tokens", type=int, default=10_000_000, help="bound on queued tokens per model")
     add("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
@@ -208,6 +214,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             embedded=embedded_redis is not None,
             max_request_bytes=args.max_request_bytes,
             max_inputs=args.max_inputs,
+            local_cache_mb=args.local_cache_mb,
             max_queued_items=args.max_queued_items,
             max_queued_tokens=args.max_queued_tokens,
             request_timeout_s=args.request_timeout_s,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from vllm_srun.plugins.base import ItemError
-from vllm_srun.queue.results import decode_result, encode_result
+from vllm_srun.queue.results import LocalResults, decode_result, encode_result
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (4, 5), (0, 2)])
@@ -27,3 +29,24 @@ def test_error_round_trip() -> None:
 def test_garbage_is_refused() -> None:
     with pytest.raises(ValueError):
         decode_result(b"Zjunk")
+
+
+def test_local_results_keep_arrays_within_the_budget_least_recent_first() -> None:
+    one = encode_result(np.zeros(100, dtype=np.float32))  # 406 bytes each
+    local = LocalResults(max_bytes=3 * len(one), ttl_s=60)
+    for key in ("a", "b", "c"):
+        local.put("m", key, one)
+    assert local.get("m", "a") == one  # "a" is now the most recent
+    local.put("m", "d", one)
+    assert local.get("m", "b") is None and local.get("m", "a") == one
+    assert len(local) == 3 and local.bytes == 3 * len(one)
+    assert local.get("other-deployment", "a") is None
+
+
+def test_local_results_never_keep_errors_or_expired_entries() -> None:
+    local = LocalResults(max_bytes=1 << 20, ttl_s=0.05)
+    local.put("m", "err", encode_result(ItemError("forward_failed", "boom")))
+    local.put("m", "x", encode_result(np.ones(3, dtype=np.float32)))
+    assert local.get("m", "err") is None and local.get("m", "x") is not None
+    time.sleep(0.06)
+    assert local.get("m", "x") is None and local.bytes == 0

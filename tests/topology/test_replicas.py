@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
 from helpers import RedisProcess, Server, metric, start_worker, wait_healthy
 
 
@@ -29,5 +30,12 @@ def test_second_replica_answers_from_the_shared_cache(
         assert shared["meta"]["cache"] == {"hits": 2, "misses": 0}
         assert shared["results"] == computed["results"]
         assert metric(second.get("/metrics").text, "vllm_srun_cache_hits_total", model="keywords") == 2
+        # Each replica keeps what it answered: with the Redis entries gone, both still hit.
+        client = redis.Redis.from_url(redis_proc.url)
+        assert client.delete(*client.keys("vllm_srun:result:*")) == 2
+        for replica in (first, second):
+            again = replica.post("/v1/classify", body).json()
+            assert again["meta"]["cache"] == {"hits": 2, "misses": 0}
+            assert again["results"] == computed["results"]
     finally:
         worker.stop()

@@ -57,6 +57,7 @@ class ServerSettings:
     max_queued_tokens: int = 10_000_000
     request_timeout_s: float = 60.0
     cache_ttl_s: int = 3600
+    local_cache_mb: int = 64
     api_key: str | None = None
     job_timeout_s: float = 300.0
     job_ttl_s: int = 86400
@@ -206,7 +207,11 @@ class Runtime:
         plugins = load_plugins()
         prepared, failed = prepare_all(plugins, settings.models, with_engine=settings.embedded)
         stats = Stats(sinks(plugins))
-        queue = QueueClient(settings.redis_url, result_ttl_s=settings.cache_ttl_s)
+        queue = QueueClient(
+            settings.redis_url,
+            result_ttl_s=settings.cache_ttl_s,
+            local_cache_bytes=settings.local_cache_mb << 20,
+        )
         runtime = cls(settings=settings, plugins=plugins, stats=stats, queue=queue)
         await queue.start()
         for name, model_settings, reason in failed:

@@ -2,7 +2,8 @@
 
 A request costs two Redis round trips before the forward: one MGET on the result cache, and
 one transaction that writes the arq job, adds it to the deployment's queue and wakes its
-workers. The reply arrives on this process's own pub/sub channel; a slow poll of the result
+workers. Results this process saw recently are answered from its own copy (`LocalResults`)
+without the MGET. The reply arrives on this process's own pub/sub channel; a slow poll of the result
 cache is kept only as the fallback for a lost message.
 """
 
@@ -22,7 +23,7 @@ from vllm_srun.plugins.base import ItemError, Result, WorkItem
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.enqueue import add_job, remove_job
 from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
-from vllm_srun.queue.results import decode_result
+from vllm_srun.queue.results import LocalResults, decode_result
 
 log = structlog.get_logger("vllm_srun.queue")
 
@@ -44,9 +45,12 @@ class Submission:
 class QueueClient:
     """One per app process: owns its Redis pool and its reply subscription."""
 
-    def __init__(self, redis_url: str, *, result_ttl_s: int = 3600) -> None:
+    def __init__(
+        self, redis_url: str, *, result_ttl_s: int = 3600, local_cache_bytes: int = 64 << 20
+    ) -> None:
         self.redis_url = redis_url
         self.result_ttl_s = result_ttl_s
+        self.local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
         self.app_id = uuid.uuid4().hex
         self.redis = make_pool(redis_url)
         self._subscriber = pubsub_client(redis_url)
@@ -131,11 +135,8 @@ class QueueClient:
         """Results for `items` (each with its cache key): from the cache, in flight, or a forward."""
         if not items:
             return Submission([], 0, 0)
-        try:
-            cached = await self.redis.mget([keys.result_key(deployment, i.cache_key) for i in items])
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
-        results: list[Result | None] = [decode_result(raw) if raw else None for raw in cached]
+        found = await self._cached(deployment, items)
+        results: list[Result | None] = [decode_result(raw) if raw else None for raw in found]
         hits = sum(r is not None for r in results)
         waits: dict[int, asyncio.Future[Result]] = {}
         misses: dict[str, WorkItem] = {}
@@ -168,6 +169,26 @@ class QueueClient:
             results[index] = await _shielded(future, timeout_s)
         submission.results = [r if r is not None else _lost() for r in results]
         return submission
+
+    async def _cached(self, deployment: str, items: Sequence[WorkItem]) -> list[bytes | None]:
+        """Each item's encoded result from this process's copies, else one MGET; None: a miss."""
+        local = self.local
+        found: list[bytes | None] = [
+            local.get(deployment, item.cache_key) if local is not None else None for item in items
+        ]
+        missing = [index for index, raw in enumerate(found) if raw is None]
+        if not missing:
+            return found
+        try:
+            cached = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        for index, raw in zip(missing, cached, strict=True):
+            if raw:
+                found[index] = raw
+                if local is not None:
+                    local.put(deployment, items[index].cache_key, raw)
+        return found
 
     async def _run(
         self,
@@ -204,6 +225,8 @@ class QueueClient:
             return
         submission.queue_s, submission.forward_s = reply.queue_s, reply.forward_s
         for item, raw in zip(items, reply.results, strict=True):
+            if self.local is not None:
+                self.local.put(deployment, item.cache_key, raw)
             future = self._inflight.get((deployment, item.cache_key))
             if future is not None and not future.done():
                 future.set_result(decode_result(raw))

@@ -7,6 +7,8 @@ error is `b"E"` and its JSON. Redis stores these bytes; JSON floats never go thr
 from __future__ import annotations
 
 import struct
+import time
+from collections import OrderedDict
 
 import msgspec
 import numpy as np
@@ -35,3 +37,50 @@ def decode_result(raw: bytes) -> Result:
     shape = struct.unpack_from(f"<{ndim}I", raw, 2)
     start = 2 + 4 * ndim
     return np.frombuffer(raw, dtype="<f4", offset=start).reshape(shape)
+
+
+class LocalResults:
+    """This process's most recent results, in front of the shared result cache in Redis.
+
+    A cache key names its result for good (the model's digest, numerics, options and token ids
+    are all in it), so a copy held here can never be stale; it only has to respect the same
+    TTL as the Redis entry and a memory budget. A hit found here needs no Redis round trip:
+    under load each await sends a request to the back of the event loop's queue, and the
+    round trip was most of a cache hit's latency. Least recently used entries go first.
+    """
+
+    def __init__(self, max_bytes: int, ttl_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.bytes = 0
+        self._entries: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, deployment: str, cache_key: str) -> bytes | None:
+        key = (deployment, cache_key)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[0] > self.ttl_s:
+            self._drop(key)
+            return None
+        self._entries.move_to_end(key)
+        return entry[1]
+
+    def put(self, deployment: str, cache_key: str, raw: bytes) -> None:
+        """Keep an encoded array result (errors are never cached, here or in Redis)."""
+        if not cache_key or raw[:1] != _ARRAY or len(raw) > self.max_bytes:
+            return
+        key = (deployment, cache_key)
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (time.monotonic(), raw)
+        self.bytes += len(raw)
+        while self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        _, raw = self._entries.pop(key)
+        self.bytes -= len(raw)
