@@ -200,3 +200,16 @@ def test_all_minilm_l6_v2_matches_transformers(nt: Any) -> None:
     for i, row in enumerate(rows):
         nt.assert_close(hidden[i], ref[i, : len(row)])
         nt.assert_close(means[i], ref[i, : len(row)].mean(0))
+
+
+@pytest.mark.parametrize(
+    "name", ["gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh"]
+)
+def test_in_place_activations_equal_the_plain_ones(name: str) -> None:
+    from vllm_srun.engines.native.layers import activation
+
+    x = torch.randn(64, 48) * 3
+    expected = activation(name)(x)
+    target = x.clone()
+    result = activation(name, in_place=True)(target)
+    assert torch.equal(result, expected) and torch.equal(target, expected)

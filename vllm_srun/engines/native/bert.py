@@ -80,7 +80,7 @@ class BertIntermediate(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.dense = nn.Linear(hidden, intermediate)
-        self.act = activation(act)
+        self.act = activation(act, in_place=True)  # on the dense output, which nothing else holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(x))

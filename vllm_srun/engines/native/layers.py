@@ -28,9 +28,25 @@ _ACTIVATIONS: dict[str, Activation] = {
 }
 
 
-def activation(name: str) -> Activation:
+# The same functions writing into their input: for a fresh tensor nobody else holds (a linear's
+# output), this saves allocating and streaming a second [tokens, intermediate] tensor
+# (MiniLM forward, batches of 32: 0.94x -> 0.95-0.97x transformers' sorted throughput).
+_IN_PLACE: dict[str, Activation] = {
+    "gelu": lambda x: torch.ops.aten.gelu_(x),
+    "gelu_new": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_fast": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: torch.ops.aten.gelu_(x, approximate="tanh"),
+    "relu": torch.relu_,
+    "silu": lambda x: F.silu(x, inplace=True),
+    "swish": lambda x: F.silu(x, inplace=True),
+    "tanh": torch.tanh_,
+}
+
+
+def activation(name: str, *, in_place: bool = False) -> Activation:
+    """The activation transformers' ACT2FN names `name`; `in_place` overwrites its argument."""
     try:
-        return _ACTIVATIONS[name]
+        return (_IN_PLACE if in_place else _ACTIVATIONS)[name]
     except KeyError:
         raise ConfigError(
             f"activation {name!r} is not supported (known: {', '.join(_ACTIVATIONS)})"
