@@ -35,8 +35,10 @@ def test_key_names_share_a_prefix_per_deployment() -> None:
     for key in (
         keys.queue_name(name),
         keys.wake_channel(name),
+        keys.bulk_wake_channel(name),
         keys.result_key(name, "k"),
         keys.worker_key(name),
     ):
         assert key.startswith("vllm_srun:") and " " not in key and "my_model_v1" in key
     assert keys.queue_name("a") != keys.bulk_queue_name("a")
+    assert keys.wake_channel("a") != keys.bulk_wake_channel("a")

@@ -205,7 +205,7 @@ class BulkStore:
                     payload=payload,
                     expires_s=self.ttl_s,
                 )
-            pipe.publish(keys.wake_channel(deployment), b"bulk")
+            pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
             await pipe.execute()
         if not chunks:
             await self.store_chunk(job_id, 0, 1, [])

@@ -42,6 +42,12 @@ def wake_channel(deployment: str) -> str:
     return f"{PREFIX}:wake:{deployment_slug(deployment)}"
 
 
+def bulk_wake_channel(deployment: str) -> str:
+    """Pub/sub channel that wakes a deployment's bulk pollers (a chunk queued or finished), so an
+    interactive request wakes only the interactive poller."""
+    return f"{PREFIX}:wake-bulk:{deployment_slug(deployment)}"
+
+
 def reply_channel(app_id: str) -> str:
     """Pub/sub channel on which one app process hears its jobs complete."""
     return f"{PREFIX}:reply:{app_id}"

@@ -216,16 +216,24 @@ class DeviceWorker:
         queues = [
             (
                 keys.queue_name(name),
+                keys.wake_channel(name),
                 keys.RUN_ITEMS,
                 self._run_items,
                 self.max_jobs,
                 keys.cancel_channel(name),
             ),
-            (keys.bulk_queue_name(name), keys.RUN_CHUNK, self._run_chunk, self.bulk_chunks, None),
+            (
+                keys.bulk_queue_name(name),
+                keys.bulk_wake_channel(name),
+                keys.RUN_CHUNK,
+                self._run_chunk,
+                self.bulk_chunks,
+                None,
+            ),
         ]
-        for queue, function, handler, max_jobs, cancel in queues:
+        for queue, wake, function, handler, max_jobs, cancel in queues:
             worker = _WakeableWorker(
-                wake_channel=keys.wake_channel(name),
+                wake_channel=wake,
                 pubsub_url=self.redis_url,
                 cancel_channel=cancel,
                 on_cancel=self._cancel,
@@ -306,7 +314,7 @@ class DeviceWorker:
         chunk = protocol.decode_chunk(payload)
         done = await self._chunks.run(chunk)
         # A free chunk slot: wake the workers now rather than at their next fallback poll.
-        await self.redis.publish(keys.wake_channel(chunk.deployment), b"chunk")
+        await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
         return done
 
     async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
