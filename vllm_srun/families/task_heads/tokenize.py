@@ -16,6 +16,8 @@ from tokenizers import Encoding, Tokenizer
 
 from vllm_srun.errors import PackageError
 
+# Up to this many inputs are encoded on the calling thread, not the tokenizer's thread pool.
+_SERIAL_INPUTS = 4
 # Position kinds in `Encoded.seq`: a token of the first text, of the second, or a special token.
 FIRST, SECOND, SPECIAL = 0, 1, -1
 
@@ -66,7 +68,16 @@ class TextEncoder:
         return int(self.tokenizer.num_special_tokens_to_add(pair))
 
     def encode(self, inputs: Sequence[tuple[str, str | None]]) -> list[Encoded]:
-        """Encode (text, optional pair) inputs in one call, so the Rust side can go parallel."""
+        """Encode (text, optional pair) inputs; many in one call, so the Rust side can go parallel.
+
+        A few inputs are encoded on the calling thread rather than handed to the tokenizer's
+        thread pool, whose threads compete with the forward's for the cores. Measured at c32 x 1
+        text on MiniLM: the app's CPU per request went from 2.02-2.22 ms to 1.98-2.01 ms, so
+        small, but never a wait on another thread.
+        """
+        if len(inputs) <= _SERIAL_INPUTS:
+            encodings = [self.tokenizer.encode(t, p, add_special_tokens=True) for t, p in inputs]
+            return [_encoded(e, p is not None) for e, (_, p) in zip(encodings, inputs, strict=True)]
         batch: list[str | tuple[str, str]] = [t if p is None else (t, p) for t, p in inputs]
         encodings = self.tokenizer.encode_batch(batch, add_special_tokens=True)
         return [_encoded(e, p is not None) for e, (_, p) in zip(encodings, inputs, strict=True)]
