@@ -39,7 +39,10 @@ def lower_forward_priority() -> None:
     inherited by the threads a thread starts, so only forward work gives way; raising one's own
     nice value needs no privilege. Elsewhere, or if refused, nothing changes.
     """
-    increment = int(os.environ.get(FORWARD_NICE_ENV, DEFAULT_FORWARD_NICE))
+    try:
+        increment = int(os.environ.get(FORWARD_NICE_ENV, DEFAULT_FORWARD_NICE))
+    except ValueError:  # a malformed setting must not break the executor: run at normal priority
+        return
     if increment <= 0 or not hasattr(os, "setpriority"):
         return
     tid = threading.get_native_id()
