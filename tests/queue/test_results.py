@@ -32,15 +32,21 @@ def test_garbage_is_refused() -> None:
 
 
 def test_local_results_keep_arrays_within_the_budget_least_recent_first() -> None:
-    one = encode_result(np.zeros(100, dtype=np.float32))  # 406 bytes each
-    local = LocalResults(max_bytes=3 * len(one), ttl_s=60)
+    one = encode_result(np.zeros(100, dtype=np.float32))
+    probe = LocalResults(max_bytes=1 << 20, ttl_s=60)
+    probe.put("m", "a", one)
+    entry = probe.bytes  # what one entry counts: its result, its key, and Python's overhead
+    assert entry > len(one) + 256
+    local = LocalResults(max_bytes=3 * entry, ttl_s=60)
     for key in ("a", "b", "c"):
         local.put("m", key, one)
     assert local.get("m", "a") == one  # "a" is now the most recent
     local.put("m", "d", one)
     assert local.get("m", "b") is None and local.get("m", "a") == one
-    assert len(local) == 3 and local.bytes == 3 * len(one)
+    assert len(local) == 3 and local.bytes == 3 * entry
     assert local.get("other-deployment", "a") is None
+    local.put("m", "big", encode_result(np.zeros(1000, dtype=np.float32)))  # over the whole budget
+    assert local.get("m", "big") is None and len(local) == 3
 
 
 def test_local_results_never_keep_errors_or_expired_entries() -> None:

@@ -71,16 +71,26 @@ class LocalResults:
 
     def put(self, deployment: str, cache_key: str, raw: bytes) -> None:
         """Keep an encoded array result (errors are never cached, here or in Redis)."""
-        if not cache_key or raw[:1] != _ARRAY or len(raw) > self.max_bytes:
+        if not cache_key or raw[:1] != _ARRAY or _cost(cache_key, raw) > self.max_bytes:
             return
         key = (deployment, cache_key)
         if key in self._entries:
             self._drop(key)
         self._entries[key] = (time.monotonic(), raw)
-        self.bytes += len(raw)
+        self.bytes += _cost(cache_key, raw)
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
     def _drop(self, key: tuple[str, str]) -> None:
         _, raw = self._entries.pop(key)
-        self.bytes -= len(raw)
+        self.bytes -= _cost(key[1], raw)
+
+
+# Python's own cost of one entry beyond its key's and result's lengths: tracemalloc measured
+# ~210 bytes of tuples, float and dict slots, plus the str and bytes headers (~80). Without it a
+# budget full of tiny classifier results would hold several times its size in memory.
+_ENTRY_OVERHEAD = 384
+
+
+def _cost(cache_key: str, raw: bytes) -> int:
+    return _ENTRY_OVERHEAD + len(cache_key) + len(raw)
