@@ -118,8 +118,9 @@ class ModernBertEncoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segments: Segments
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, segments)
-        return x + self.mlp(self.mlp_norm(x))
+        # Residuals added in place on each block's fresh output (addition commutes: same bits).
+        x = self.attn(self.attn_norm(x), rope, segments).add_(x)
+        return self.mlp(self.mlp_norm(x)).add_(x)
 
 
 class ModernBertBackbone(nn.Module):
