@@ -1,6 +1,7 @@
 """Forward throughput: the native engine against Transformers on all-MiniLM-L6-v2.
 
     python bench/native_forward.py [--texts 4096] [--batch 32] [--threads N] [--rounds 1] [--unsorted]
+                                   [--same-batches]
 
 Both sides get the same token ids (tokenizer.json, no padding, no truncation) and the same
 torch thread count, in one process. Native: batches of 32 in input order, packed, mean pooled
@@ -8,7 +9,8 @@ by the engine. Transformers: AutoModel (its default attention), batches of 32 af
 length (its best case: almost no padding), padded with an attention mask, masked mean pooling.
 Tokenisation and batch building are outside the timed region for both. `--unsorted` adds a
 second pass against Transformers on input-order padded batches (what a server that does not
-sort gets). Prints texts/s and the ratio. The two sides alternate batch by batch so drift on a
+sort gets); `--same-batches` adds a pass where native gets Transformers' length-sorted batches too
+(the same rows in every batch, so only the engines differ). Prints texts/s and the ratio. The two sides alternate batch by batch so drift on a
 shared machine hits both alike.
 """
 
@@ -100,6 +102,9 @@ def main() -> None:
     parser.add_argument(
         "--unsorted", action="store_true", help="also time Transformers on input-order padded batches"
     )
+    parser.add_argument(
+        "--same-batches", action="store_true", help="also time native on the length-sorted batches"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -142,6 +147,15 @@ def main() -> None:
             f"transformers, input order padded: {count / hf_s:8.1f} texts/s; native {count / native_s:8.1f}"
         )
         print(f"ratio native/transformers (input order): {hf_s / native_s:.2f}x")
+    if args.same_batches:
+        # padded_batches sorts stably by length: the same rows, batch for batch.
+        same = native_batches(sorted(rows, key=len), args.batch)
+        native_s, hf_s = timed_rounds(native, hf, same, pbatches, args.rounds)
+        print(
+            f"native on the same length-sorted batches: {count / native_s:8.1f} texts/s; "
+            f"transformers {count / hf_s:8.1f}"
+        )
+        print(f"ratio native/transformers (same batches): {hf_s / native_s:.2f}x")
 
 
 if __name__ == "__main__":
