@@ -57,6 +57,17 @@ def test_400_names_the_field(server: Server) -> None:
     assert "dimensions" in bad_range["message"]
 
 
+def test_400_names_the_body_and_the_counted_field(server: Server) -> None:
+    headers = {"content-type": "application/json"}
+    empty = httpx.post(server.url + "/v1/classify", content=b"", headers=headers)
+    assert error_of(empty, 400)["message"] == "body: a JSON object is required"
+    null = httpx.post(server.url + "/v1/classify", content=b"null", headers=headers)
+    assert error_of(null, 400)["message"].startswith("body: Expected `object`")
+    documents = server.post("/v1/rerank", {"model": "kw", "query": "q", "documents": ["d"] * 9})
+    assert error_of(documents, 413)["message"].startswith("documents: 9 documents; at most 8")
+    assert server.post("/v1/rerank", {"model": "kw", "query": "q", "documents": ["d"] * 5}).status_code == 200
+
+
 def test_400_model_required_when_several_served(server: Server) -> None:
     error = error_of(server.post("/v1/classify", {"input": "refund"}), 400)
     assert error["message"].startswith("model:")
@@ -87,11 +98,35 @@ def test_422_unsupported_surface(server: Server) -> None:
     assert server.post("/v1/classify", {"model": "conly", "input": "refund"}).status_code == 200
 
 
-def test_429_overloaded_refuses_the_whole_request(server: Server) -> None:
+def test_413_a_request_the_queue_bounds_never_admit(server: Server) -> None:
+    # 7 items against --max-queued-items 6: no wait would let it in, so no 429 to retry.
     r = server.post("/v1/classify", {"model": "kw", "input": [f"text {i}" for i in range(7)]})
-    assert error_of(r, 429)["code"] == "overloaded"
-    assert r.headers["retry-after"] == "1"
+    error = error_of(r, 413)
+    assert error["code"] == "request_too_large" and "--max-queued-items" in error["message"]
+    assert "retry-after" not in r.headers
     assert server.post("/v1/classify", {"model": "kw", "input": ["refund"] * 6}).status_code == 200
+
+
+def test_400_body_not_utf8_or_nested_too_deep(server: Server) -> None:
+    headers = {"content-type": "application/json"}
+    bad_bytes = httpx.post(
+        server.url + "/v1/classify", content=b'{"model":"kw","input":"\xff"}', headers=headers
+    )
+    assert "UTF-8" in error_of(bad_bytes, 400)["message"]
+    deep = b'{"model":"kw","input":' + b"[" * 1500 + b"]" * 1500 + b"}"
+    nested = httpx.post(server.url + "/v1/classify", content=deep, headers=headers)
+    assert "nested too deeply" in error_of(nested, 400)["message"]
+    assert (
+        server.post("/v1/classify", {"model": "kw", "input": "refund"}).json()["results"][0]["label"]
+        == "billing"
+    )
+
+
+def test_unknown_model_names_add_no_metric_series(server: Server) -> None:
+    name = "attacker-" + "m" * 3000
+    error = error_of(server.post("/v1/classify", {"model": name, "input": "refund"}), 404)
+    assert len(error["message"]) < 400  # the name is cut in the message
+    assert "attacker" not in server.get("/metrics").text
 
 
 def test_item_error_in_place_never_fails_siblings(server: Server) -> None:

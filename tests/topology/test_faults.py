@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -189,12 +190,28 @@ def test_deadline_and_disconnect_drop_queued_items(topology: Callable[..., Topol
 
 def test_admission_refuses_whole_requests(topology: Callable[..., Topology], tmp_path: Path) -> None:
     topo = topology(
-        write_keywords(tmp_path / "kw"), app_args=("--max-queued-items", "4", "--max-queued-tokens", "20")
+        write_keywords(tmp_path / "kw", "batching"),
+        worker_args=("--batch-wait-ms", "1500"),
+        app_args=("--max-queued-items", "4", "--max-queued-tokens", "20"),
     )
+    topo.workers[1].stop()  # one coalescer: the held request below waits in its batching window
     app = topo.apps[0]
+    # A request the bounds can never admit is a 413 to split it, not a 429 to retry forever.
     too_many = app.post("/v1/classify", {"input": ["refund"] * 5})
-    assert too_many.status_code == 429 and too_many.headers["retry-after"] == "1"
+    assert too_many.status_code == 413 and "--max-queued-items" in too_many.json()["error"]["message"]
     too_long = app.post("/v1/classify", {"input": ["refund " * 21]})
-    assert too_long.status_code == 429 and "tokens" in too_long.json()["error"]["message"]
+    assert too_long.status_code == 413 and "tokens" in too_long.json()["error"]["message"]
+    # Under load: right behind a first request, three items wait in the worker's batching window
+    # (1.5 s), holding three of the four slots; two more do not fit, one does.
+    assert app.post("/v1/classify", {"input": "charge"}).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(app.post, "/v1/classify", {"input": ["refund", "parcel", "invoice"]})
+        time.sleep(0.4)
+        busy = app.post("/v1/classify", {"input": ["refund", "parcel"]})
+        assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text
+        assert "2 items queued" not in busy.text and "queued" in busy.json()["error"]["message"]
+        one_more = pool.submit(app.post, "/v1/classify", {"input": ["delivery"]})
+        assert held.result().status_code == 200 and len(held.result().json()["results"]) == 3
+        assert one_more.result().json()["results"][0]["label"] == "shipping"
     fits = app.post("/v1/classify", {"input": ["refund"] * 4})
     assert fits.status_code == 200 and len(fits.json()["results"]) == 4

@@ -53,12 +53,28 @@ def handle_srun_error(_: Request[Any, Any, Any], exc: SrunError) -> Response[Any
 
 def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     if isinstance(exc, ValidationException):
-        return error_response(400, "invalid_request", _validation_message(exc))
+        message = _validation_message(exc)
+        # Litestar names the body "data" (its handler parameter); an empty body is a KeyError.
+        message = "body: a JSON object is required" if message == "'data'" else message
+        message = "body:" + message[5:] if message.startswith("data:") else message
+        return error_response(400, "invalid_request", message)
     status = exc.status_code
     message = exc.detail
     if status == 413:
         message = f"the request body is larger than allowed (--max-request-bytes): {exc.detail}"
     return error_response(status, _HTTP_CODES.get(status, "http_error"), message, dict(exc.headers or {}))
+
+
+def handle_bad_bytes(_: Request[Any, Any, Any], exc: UnicodeDecodeError) -> Response[Any]:
+    """msgspec decodes a request body that is not UTF-8 by raising this (not a DecodeError)."""
+    return error_response(400, "invalid_request", f"body: not valid UTF-8 ({exc.reason} at byte {exc.start})")
+
+
+def handle_recursion(request: Request[Any, Any, Any], exc: RecursionError) -> Response[Any]:
+    """msgspec refuses JSON nested deeper than Python recurses; any other RecursionError is ours."""
+    if "deserializing" in str(exc):
+        return error_response(400, "invalid_request", "body: JSON nested too deeply")
+    return handle_unexpected(request, exc)
 
 
 def handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
@@ -69,5 +85,7 @@ def handle_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     SrunError: handle_srun_error,
     HTTPException: handle_http_error,
+    UnicodeDecodeError: handle_bad_bytes,
+    RecursionError: handle_recursion,
     Exception: handle_unexpected,
 }

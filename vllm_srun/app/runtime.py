@@ -254,7 +254,8 @@ class Runtime:
         else:
             found = self.models.get(name)
             if found is None:
-                raise ModelNotFound(f"model {name!r} is not served here (served: {', '.join(self.models)})")
+                shown = name if len(name) <= 100 else name[:100] + "…"
+                raise ModelNotFound(f"model {shown!r} is not served here (served: {', '.join(self.models)})")
             served = found
         if served.state != "ready" or served.model is None:
             detail = f": {served.reason}" if served.reason else ""

@@ -11,15 +11,25 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import LoadedModel, Plan
 from vllm_srun.plugins.decision_surface import DecisionsRequest, count_questions
-from vllm_srun.plugins.surfaces import ClassifyRequest, EmbeddingsRequest, RerankRequest
+from vllm_srun.plugins.surfaces import (
+    ClassifyRequest,
+    EmbeddingsRequest,
+    RerankDocument,
+    RerankRequest,
+    TextPair,
+)
 from vllm_srun.queue import keys
 
-# Above this many inputs, tokenising moves off the event loop.
+# Above this many inputs, or this much text, tokenising moves off the event loop: a request
+# with one long text (or many windows of it) must not hold up the small ones.
 _THREAD_PLAN_INPUTS = 16
+_THREAD_PLAN_CHARS = 2048
 
 
 @dataclass
@@ -43,15 +53,46 @@ def count_inputs(surface: str, request: Any) -> int:
     if isinstance(request, EmbeddingsRequest):
         return len(request.input) if isinstance(request.input, list) else 1
     if isinstance(request, RerankRequest):
-        return len(request.documents) + 1
+        return len(request.documents)
     return 1
+
+
+def counted_field(request: Any) -> str:
+    if isinstance(request, DecisionsRequest):
+        return "questions"
+    return "documents" if isinstance(request, RerankRequest) else "input"
+
+
+def _text_chars(request: Any) -> int:
+    """How much text a request carries (JSON length for a decision state), to pick where to plan."""
+
+    def chars(value: Any) -> int:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, TextPair):
+            return len(value.text) + len(value.text_pair or "")
+        if isinstance(value, RerankDocument):
+            return len(value.text)
+        if isinstance(value, list):
+            return sum(chars(v) for v in value)
+        return len(msgspec.json.encode(value))
+
+    if isinstance(request, (ClassifyRequest, EmbeddingsRequest)):
+        return chars(request.input)
+    if isinstance(request, RerankRequest):
+        return len(request.query) + chars(request.documents)
+    if isinstance(request, DecisionsRequest):
+        states = request.states or {}
+        return chars(request.state or "") + sum(chars(s.state) for s in states.values())
+    return 0
 
 
 def _check_size(runtime: Runtime, surface: str, request: Any) -> int:
     count = count_inputs(surface, request)
     limit = runtime.settings.max_inputs
     if count > limit:
-        raise RequestTooLarge(f"input: {count} inputs; at most {limit} per request (--max-inputs)")
+        field = counted_field(request)
+        raise RequestTooLarge(f"{field}: {count} {field}; at most {limit} per request (--max-inputs)")
     return count
 
 
@@ -59,6 +100,13 @@ def _admit(runtime: Runtime, name: str, items: int, tokens: int) -> None:
     """All of a request's items, or none: the bounds on queued items and tokens per deployment."""
     queued_items, queued_tokens = runtime.queued.get(name, (0, 0))
     settings = runtime.settings
+    if items > settings.max_queued_items or tokens > settings.max_queued_tokens:
+        # Never admissible, however long the client waits: not a 429 to retry.
+        raise RequestTooLarge(
+            f"input: this request needs {items} items of {tokens} tokens; model {name!r} queues at most "
+            f"{settings.max_queued_items} items and {settings.max_queued_tokens} tokens "
+            "(--max-queued-items, --max-queued-tokens)"
+        )
     if queued_items + items > settings.max_queued_items:
         raise Overloaded(
             f"model {name!r} has {queued_items} items queued; the bound is {settings.max_queued_items}",
@@ -86,7 +134,7 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
             f"model {model.info.name!r} does not serve {surface} (it serves {', '.join(model.info.surfaces)})"
         )
     count = _check_size(runtime, surface, request)
-    if count > _THREAD_PLAN_INPUTS:
+    if count > _THREAD_PLAN_INPUTS or _text_chars(request) > _THREAD_PLAN_CHARS:
         plan = await asyncio.to_thread(_plan, model, surface, request)
     else:
         plan = _plan(model, surface, request)

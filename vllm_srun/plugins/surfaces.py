@@ -41,7 +41,7 @@ class TextPair(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
-    input: str | TextPair | list[str | TextPair]
+    input: str | TextPair | Annotated[list[str | TextPair], msgspec.Meta(min_length=1)]
     model: str | None = None
     options: Options = msgspec.field(default_factory=Options)
 
@@ -49,7 +49,7 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
 class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     """OpenAI-compatible: `input`, `model`, `encoding_format`, `dimensions`, `user`."""
 
-    input: str | list[str]
+    input: str | Annotated[list[str], msgspec.Meta(min_length=1)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -63,7 +63,7 @@ class RerankDocument(msgspec.Struct, forbid_unknown_fields=True):
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     query: str
-    documents: list[str | RerankDocument]
+    documents: Annotated[list[str | RerankDocument], msgspec.Meta(min_length=1)]
     model: str | None = None
     top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_documents: bool = False
