@@ -134,3 +134,73 @@ def test_cancel_and_events_resume(server: Server) -> None:
         resumed = [json.loads(line[5:]) for line in s.iter_lines() if line.startswith("data:")]
     indices = [e["index"] for e in resumed if "index" in e]
     assert indices == [e[2]["index"] for e in results[total // 2 :]]
+
+
+def sse(server: Server, job_id: str, last_event_id: str | None = None) -> list[tuple[str, str]]:
+    """(id, event) of each event the stream sends until it ends."""
+    headers = {"last-event-id": last_event_id} if last_event_id else {}
+    events, event_id = [], ""
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job_id}/events", headers=headers, timeout=30) as s:
+        assert s.status_code == 200
+        for line in s.iter_lines():
+            if line.startswith("id:"):
+                event_id = line[3:].strip()
+            elif line.startswith("event:"):
+                events.append((event_id, line[6:].strip()))
+    return events
+
+
+def test_crafted_job_ids_and_event_ids(server: Server) -> None:
+    job_id = create(server, jsonl([{"input": "refund"}, {"input": "parcel"}])).json()["id"]
+    wait_done(server, job_id)
+    # A job's other keys are not jobs: each is a 404, not a 500 from the wrong Redis type.
+    for suffix in (":results", ":events", ":requests", ":custom_ids", ":chunks"):
+        for path in ("", "/results", "/events"):
+            r = server.get(f"/v1/jobs/{job_id}{suffix}{path}")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", (suffix, path)
+        assert httpx.post(f"{server.url}/v1/jobs/{job_id}{suffix}/cancel").status_code == 404
+    # A malformed Last-Event-ID is refused before the stream starts, naming the header.
+    r = server.get(f"/v1/jobs/{job_id}/events", headers={"last-event-id": "garbage"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("Last-Event-ID:")
+    # Resumed at the final event: the stream still ends with the status, so clients stop.
+    events = sse(server, job_id)
+    assert [e for _, e in events if e != "progress"] == ["result", "result", "status"]
+    assert sse(server, job_id, events[-1][0]) == [(events[-1][0], "status")]
+
+
+def test_job_bodies_with_bad_bytes_or_depth(server: Server) -> None:
+    bad = b'{"input": "\xff"}'
+    r = create(server, b'{"input": "refund"}\n' + bad, "surface=classify&on_error=record")
+    assert r.status_code == 202, r.text
+    data = server.get(f"/v1/jobs/{wait_done(server, r.json()['id'])['id']}/results").json()["data"]
+    assert data[0]["response"]["results"][0]["label"] == "billing"
+    assert data[1]["error"]["message"].startswith("line 2: not JSON")
+    rejected = create(server, bad)
+    assert rejected.status_code == 400 and rejected.json()["error"]["message"].startswith("line 1:")
+    deep = httpx.post(
+        f"{server.url}/v1/jobs",
+        content=b'{"surface": "classify", "requests": [{"input": ' + b"[" * 1500 + b"]" * 1500 + b"}]}",
+    )
+    assert deep.status_code == 400 and "not JSON" in deep.json()["error"]["message"]
+
+
+def test_job_lines_decode_as_the_surfaces_do(server: Server) -> None:
+    # The surface endpoint takes "100" for an int; so does a job line.
+    line = {"input": "refund", "options": {"deadline_ms": "100000"}}
+    assert server.post("/v1/classify", line).status_code == 200
+    created = create(server, jsonl([line, {"input": []}]), "surface=classify&on_error=record")
+    assert created.status_code == 202
+    data = server.get(f"/v1/jobs/{wait_done(server, created.json()['id'])['id']}/results").json()["data"]
+    assert data[0]["response"]["results"][0]["label"] == "billing"
+    # An empty input is refused up front, as the surface endpoint refuses it.
+    assert data[1]["error"]["message"].startswith("line 2: input")
+    assert server.post("/v1/classify", {"input": []}).status_code == 400
+    for custom_id in (0, False, [], 5):
+        r = create(server, jsonl([{"input": "refund", "custom_id": custom_id}]))
+        assert r.status_code == 400 and "custom_id" in r.json()["error"]["message"], custom_id
+    # A JSON body without on_error takes the query's.
+    r = httpx.post(
+        f"{server.url}/v1/jobs?on_error=record",
+        json={"surface": "classify", "requests": [{"input": "refund"}, {"inputs": "x"}]},
+    )
+    assert r.status_code == 202 and wait_done(server, r.json()["id"])["counts"]["failed"] == 1

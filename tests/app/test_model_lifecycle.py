@@ -102,6 +102,10 @@ def test_a_bad_question_fails_alone(start_server: Callable[..., Server], nli: Pa
     assert "choice" in body["answers"]["topic"]
     only_bad = server.post("/v1/decisions", {"state": "hello", "questions": {"bad": questions["bad"]}})
     assert only_bad.status_code == 400
+    # A job line with no question at all is refused up front, naming the line and the field.
+    job = server.post("/v1/jobs", {"surface": "decisions", "requests": [{"state": "hello", "questions": {}}]})
+    assert job.status_code == 400, job.text
+    assert job.json()["error"]["message"] == "requests item 0: questions: must not be empty"
 
 
 @pytest.fixture

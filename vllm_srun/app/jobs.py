@@ -9,6 +9,7 @@ that item's error and the rest run.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -19,7 +20,7 @@ from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.serving import count_inputs
+from vllm_srun.app.serving import count_inputs, counted_field
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.surfaces import request_type
 from vllm_srun.queue.bulk import JobStatus, error_body
@@ -27,13 +28,27 @@ from vllm_srun.queue.bulk import JobStatus, error_body
 OnError = Literal["reject", "record"]
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 MAX_CUSTOM_ID = 256
+# A Redis stream id, as the events stream sends them ("1700000000000-0"; the sequence optional).
+EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+# What msgspec raises on bytes that are not UTF-8, or on JSON nested deeper than it recurses.
+BAD_JSON = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
     surface: str
     requests: list[dict[str, Any]]
     model: str | None = None
-    on_error: OnError = "reject"
+    on_error: OnError | None = None  # None: the query's on_error (default reject)
+
+
+_AT_PATH = re.compile(r"(?s)(.*) - at `\$\.?(.+)`")
+
+
+def _field_first(exc: Exception) -> str:
+    """msgspec's "Expected … - at `$.input`" as the surfaces say it: "input: Expected …"."""
+    message = getattr(exc, "message", None) or str(exc)
+    match = _AT_PATH.fullmatch(message)
+    return f"{match[2]}: {match[1]}" if match else message
 
 
 def _lines(body: bytes) -> list[tuple[int, Any]]:
@@ -43,7 +58,7 @@ def _lines(body: bytes) -> list[tuple[int, Any]]:
             continue
         try:
             out.append((number, msgspec.json.decode(line)))
-        except msgspec.DecodeError as exc:
+        except BAD_JSON as exc:
             out.append((number, exc))
     return out
 
@@ -63,17 +78,27 @@ def _validate(
                 raise InvalidRequest(f"not JSON: {value}")
             if not isinstance(value, dict):
                 raise InvalidRequest("must be a JSON object (a surface request)")
-            custom_id = value.pop("custom_id", None) or ""
+            custom_id = value.pop("custom_id", None)
+            if custom_id is None:
+                custom_id = ""
             if not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID:
                 custom_id = ""
                 raise InvalidRequest(f"custom_id: a string of at most {MAX_CUSTOM_ID} characters")
             if value.get("model") not in (None, model):
                 raise InvalidRequest(f"model: {value['model']!r} differs from the job's model {model!r}")
-            request = msgspec.convert(value, type=kind)
-            if count_inputs(surface, request) > runtime.settings.max_inputs:
-                raise InvalidRequest(f"input: more than {runtime.settings.max_inputs} inputs (--max-inputs)")
+            # Lax, as the surface endpoints decode their bodies: "4" for an int is accepted there,
+            # so a job line must not be refused for it.
+            request = msgspec.convert(value, type=kind, strict=False)
+            count, field = count_inputs(surface, request), counted_field(request)
+            if count == 0:
+                raise InvalidRequest(f"{field}: must not be empty")
+            if count > runtime.settings.max_inputs:
+                raise InvalidRequest(
+                    f"{field}: more than {runtime.settings.max_inputs} {field} (--max-inputs)"
+                )
+            value = request  # stored as decoded: "4" is 4 from here on
         except (InvalidRequest, msgspec.ValidationError) as exc:
-            message = f"{unit} {number}: {getattr(exc, 'message', None) or exc}"
+            message = f"{unit} {number}: {_field_first(exc)}"
             if on_error == "reject":
                 raise InvalidRequest(message) from exc
             errors[index] = error_body("invalid_request", message)
@@ -100,10 +125,13 @@ async def create_job(
         try:
             job = msgspec.json.decode(body, type=JobRequest)
         except msgspec.ValidationError as exc:
-            raise InvalidRequest(str(exc)) from exc
-        except msgspec.DecodeError as exc:
+            raise InvalidRequest(
+                f"{exc} (a JSON body is {{surface, model, requests, on_error}}; "
+                f"send JSONL as {NDJSON_TYPES[0]})"
+            ) from exc
+        except BAD_JSON as exc:
             raise InvalidRequest(f"body: not JSON: {exc}") from exc
-        surface, model, on_error = job.surface, job.model, job.on_error
+        surface, model, on_error = job.surface, job.model, job.on_error or on_error
         entries, unit = list(enumerate(job.requests)), "requests item"
     if surface is None:
         raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
@@ -172,6 +200,10 @@ async def job_events(
 ) -> ServerSentEvent:
     runtime: Runtime = state.runtime
     await runtime.bulk.get(job_id)  # 404 before the stream starts
+    if last_event_id is not None and not EVENT_ID.fullmatch(last_event_id):
+        raise InvalidRequest(
+            f"Last-Event-ID: {last_event_id[:64]!r} is not an event id of this stream (e.g. 1700000000000-0)"
+        )
 
     async def stream() -> AsyncIterator[ServerSentEventMessage]:
         async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0"):

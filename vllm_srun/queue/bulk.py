@@ -12,6 +12,7 @@ therefore never counts or streams an item twice.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +27,9 @@ from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.enqueue import add_job
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
+# What `create` hands out. Anything else names no job: checked before a key is built from it,
+# so a crafted id ("job_…:results") cannot reach another key of the job.
+JOB_ID = re.compile(r"job_[0-9a-f]{32}")
 # Result kinds: done, failed, done from the cache, skipped because the job was cancelled.
 DONE, FAILED, CACHED, SKIPPED = "d", "f", "c", "x"
 # Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
@@ -233,13 +237,16 @@ class BulkStore:
         await self._store_chunk(keys=job_keys, args=argv)
 
     async def raw(self, job_id: str) -> dict[str, str]:
+        if not JOB_ID.fullmatch(job_id):
+            return {}
         fields: dict[bytes, bytes] = await self.redis.hgetall(keys.job_key(job_id))  # type: ignore[misc]
         return {k.decode(): v.decode() for k, v in fields.items()}
 
     async def get(self, job_id: str) -> JobStatus:
         fields = await self.raw(job_id)
         if not fields:
-            raise JobNotFound(f"job {job_id!r} does not exist (or its data has expired)")
+            shown = job_id if len(job_id) <= 64 else job_id[:64] + "…"
+            raise JobNotFound(f"job {shown!r} does not exist (or its data has expired)")
         status = fields["status"]
         expires_at = float(fields["expires_at"])
         if status not in TERMINAL and time.time() > expires_at:
@@ -299,6 +306,9 @@ class BulkStore:
             if not batch:
                 job = await self.get(job_id)
                 if job.status in TERMINAL:
+                    # Resumed at or after the final event (or the job expired): still end with a
+                    # status event, so a client knows not to reconnect.
+                    yield last_id, "status", msgspec.json.encode({"status": job.status})
                     return
 
 

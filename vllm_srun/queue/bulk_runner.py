@@ -131,7 +131,7 @@ def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes,
     for index, raw, custom_id in todo:
         entry = _Planned(index, custom_id)
         try:
-            request = msgspec.json.decode(raw, type=kind)
+            request = msgspec.json.decode(raw, type=kind, strict=False)
             entry.plan = model.plan_surface(surface, request)
             keys.assign_cache_keys(
                 entry.plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics
