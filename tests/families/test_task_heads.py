@@ -558,10 +558,30 @@ def test_bad_window_options_are_refused(th: Any) -> None:
         "options.window.tokens": Options(overflow="window", window=WindowOptions(tokens=129)),
         "options.window.overlap": Options(overflow="window", window=WindowOptions(tokens=10, overlap=8)),
         "options.window:": Options(window=WindowOptions(tokens=10)),
+        # 2 tokens are [CLS] and [SEP]: no text fits, and the message blames tokens, not overlap.
+        "options.window.tokens: 2 leaves 0": Options(overflow="window", window=WindowOptions(tokens=2)),
     }
     for field, options in cases.items():
         with pytest.raises(InvalidRequest, match=field):
             model.plan_surface("classify", ClassifyRequest(input="x", options=options))
+
+
+def test_too_many_windows_fail_that_input_alone(th: Any) -> None:
+    from vllm_srun.families.task_heads.windows import MAX_WINDOWS
+
+    model = th.load("bert-sequence", None)
+    # Windows of 8 text tokens stepping by 1: a text of MAX_WINDOWS + 8 tokens needs one too many.
+    options = Options(overflow="window", window=WindowOptions(tokens=10, overlap=7))
+    words = " ".join(["paris"] * (MAX_WINDOWS + 8))
+    plan = model.plan_surface("classify", ClassifyRequest(input=[words, "paris"], options=options))
+    assert len(plan.items) == 1  # only the short input runs
+    finished = model.finish_surface(plan, [np.zeros(2, dtype=np.float32)])
+    error = finished.results[0].error
+    assert error is not None and error.code == "max_length_exceeded" and str(MAX_WINDOWS + 1) in error.message
+    # One window fewer is within the bound.
+    fits = " ".join(["paris"] * (MAX_WINDOWS + 7))
+    plan = model.plan_surface("classify", ClassifyRequest(input=fits, options=options))
+    assert len(plan.items) == MAX_WINDOWS and all(len(item.token_ids) == 10 for item in plan.items)
 
 
 # Errors ---------------------------------------------------------------------------------------

@@ -181,6 +181,11 @@ class TaskHeadsModel(LoadedModel):
                 f"options.window.tokens: {tokens} exceeds the model's limit of {self.max_tokens} tokens"
             )
         room = tokens - self.encoder.special_tokens(pair=False)
+        if room < 2:
+            raise InvalidRequest(
+                f"options.window.tokens: {tokens} leaves {max(room, 0)} text tokens per window after the "
+                f"{tokens - room} special tokens; at least 2 are needed"
+            )
         if room - overlap < 1:
             raise InvalidRequest(
                 f"options.window.overlap: {overlap} must be smaller than the {room} text tokens a window of "

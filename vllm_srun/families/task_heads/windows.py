@@ -25,6 +25,10 @@ from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encod
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.surfaces import InputInfo
 
+# Windows one input may be split into. Each is a forward row; an overlap close to the window
+# length would otherwise turn a 150 KB text into ~10 million tokens of work.
+MAX_WINDOWS = 1024
+
 
 @dataclass(frozen=True)
 class Overflow:
@@ -112,13 +116,23 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
                 f"of {policy.window_tokens} tokens with overlap {policy.overlap}",
             ),
         )
-    fixed = ranks < 0
-    pieces: list[np.ndarray] = []
-    start = 0
-    while True:
-        pieces.append(np.flatnonzero(fixed | (ranks >= start) & (ranks < start + room)))
-        if start + room >= length:
-            break
-        start += step
+    count = 1 + -(-(length - room) // step)  # windows start at 0, step, ... until one reaches the end
+    if count > MAX_WINDOWS:
+        return Split(
+            [],
+            InputInfo(tokens=n, processed_tokens=0, windows=0),
+            ItemError(
+                "max_length_exceeded",
+                f"input needs {count} windows of {policy.window_tokens} tokens with overlap "
+                f"{policy.overlap}; at most {MAX_WINDOWS} per input (raise options.window.tokens "
+                "or lower options.window.overlap)",
+            ),
+        )
+    # Positions outside the windowed text go in every window; the text's positions are in rank
+    # order, so each window is a slice of them (linear in the window, not in the input).
+    fixed, text = np.flatnonzero(ranks < 0), np.flatnonzero(ranks >= 0)
+    pieces = [
+        np.sort(np.concatenate((fixed, text[start : start + room]))) for start in range(0, count * step, step)
+    ]
     processed = sum(len(p) for p in pieces)
     return Split(pieces, InputInfo(tokens=n, processed_tokens=processed, windows=len(pieces)))
