@@ -137,3 +137,20 @@ async def test_expired_items_answer_deadline_exceeded(model: LoadedModel) -> Non
     await coalescer.close()
     assert isinstance(outcomes[0].result, ItemError) and outcomes[0].result.code == "deadline_exceeded"
     assert isinstance(outcomes[1].result, np.ndarray) and batches.sizes == [1]
+
+
+async def test_a_failing_item_fails_alone(model: LoadedModel) -> None:
+    # A negative term id makes the example engine's bincount raise: that forward fails.
+    bad = WorkItem(token_ids=[1, -1], cache_key="bad")
+    good = items(7)
+    outcomes, batches = await run(
+        model, BatchLimits(max_num_seqs=8, batch_wait_ms=0), ([*good[:3], bad, *good[3:]], INTERACTIVE)
+    )
+    errors = [o.result for o in outcomes if isinstance(o.result, ItemError)]
+    assert len(errors) == 1 and outcomes[3].result is errors[0]
+    assert errors[0].code == "forward_failed"
+    alone, _ = await run(model, BatchLimits(max_num_seqs=8, batch_wait_ms=0), (good, INTERACTIVE))
+    for outcome, expected in zip(outcomes[:3] + outcomes[4:], alone, strict=True):
+        np.testing.assert_array_equal(outcome.result, expected.result)
+    # Successful forwards: 0-7 fail; 0-3 fail, 4-7 run; 0-1 run, 2-3 fail; 2 runs, 3 fails alone.
+    assert sorted(batches.sizes) == [1, 2, 4]

@@ -200,6 +200,16 @@ class Coalescer:
             if len(arrays) != len(items):
                 raise RuntimeError(f"model returned {len(arrays)} results for {len(items)} items")
         except Exception as exc:
+            if len(batch) > 1:
+                # One bad item must not fail the requests it shares a batch with: run each half
+                # again, so only the item that fails fails (2 log n forwards for one culprit).
+                log.warning(
+                    "forward_failed_splitting", model=self.name, batch_size=len(items), error=str(exc)
+                )
+                half = len(batch) // 2
+                await self._forward(loop, batch[:half])
+                await self._forward(loop, batch[half:])
+                return
             log.exception("forward_failed", model=self.name, batch_size=len(items))
             error = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
             for slot in batch:
