@@ -175,6 +175,8 @@ def test_job_bodies_with_bad_bytes_or_depth(server: Server) -> None:
     data = server.get(f"/v1/jobs/{wait_done(server, r.json()['id'])['id']}/results").json()["data"]
     assert data[0]["response"]["results"][0]["label"] == "billing"
     assert data[1]["error"]["message"].startswith("line 2: not JSON")
+    with_bom = create(server, b"\xef\xbb\xbf" + jsonl([{"input": "refund"}]))  # as editors on Windows save
+    assert with_bom.status_code == 202, with_bom.text
     rejected = create(server, bad)
     assert rejected.status_code == 400 and rejected.json()["error"]["message"].startswith("line 1:")
     deep = httpx.post(

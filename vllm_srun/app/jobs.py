@@ -53,7 +53,8 @@ def _field_first(exc: Exception) -> str:
 
 def _lines(body: bytes) -> list[tuple[int, Any]]:
     out = []
-    for number, line in enumerate(body.splitlines(), start=1):
+    # A UTF-8 byte-order mark (editors on Windows write one) is not part of line 1.
+    for number, line in enumerate(body.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -207,6 +208,9 @@ async def job_events(
 
     async def stream() -> AsyncIterator[ServerSentEventMessage]:
         async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0"):
+            if not event:
+                yield ServerSentEventMessage(data=None, comment="keep-alive")
+                continue
             yield ServerSentEventMessage(data=data.decode(), event=event, id=event_id)
 
     return ServerSentEvent(stream())

@@ -291,7 +291,8 @@ class BulkStore:
     async def events(
         self, job_id: str, last_id: str = "0-0", block_ms: int = 2000
     ) -> AsyncIterator[tuple[str, str, bytes]]:
-        """(event id, event name, data) from after `last_id`, until the job's final status."""
+        """(event id, event name, data) from after `last_id`, until the job's final status; an
+        empty event name is a keep-alive."""
         await self.get(job_id)
         key = keys.job_events_key(job_id)
         while True:
@@ -305,11 +306,15 @@ class BulkStore:
                         return
             if not batch:
                 job = await self.get(job_id)
-                if job.status in TERMINAL:
-                    # Resumed at or after the final event (or the job expired): still end with a
-                    # status event, so a client knows not to reconnect.
-                    yield last_id, "status", msgspec.json.encode({"status": job.status})
-                    return
+                if job.status not in TERMINAL:
+                    # Nothing for `block_ms`: an empty event (sent as an SSE comment) keeps the
+                    # connection alive and shows a client that left.
+                    yield last_id, "", b""
+                    continue
+                # Resumed at or after the final event (or the job expired): still end with a
+                # status event, so a client knows not to reconnect.
+                yield last_id, "status", msgspec.json.encode({"status": job.status})
+                return
 
 
 def _optional_float(fields: dict[str, str], name: str) -> float | None:
