@@ -248,3 +248,16 @@ def test_api_key_is_sent_as_bearer(start_server: Callable[..., Server], keywords
     with Client(server.url) as anonymous, pytest.raises(APIError) as refused:
         anonymous.models()
     assert (refused.value.status, refused.value.code) == (401, "unauthorized")
+
+
+def test_job_ids_stay_one_path_segment(client: Client) -> None:
+    # "../../health" must not reach /health, nor "a b?c#d" query job "a b".
+    for job_id in ("../../health", "a b?c#d", "job_x/results"):
+        with pytest.raises(APIError) as error:
+            client.job(job_id)
+        assert error.value.status == 404 and error.value.code in ("job_not_found", "not_found"), job_id
+
+
+def test_jsonl_text_is_sent_as_lines(client: Client) -> None:
+    job = client.submit_job('{"input": "refund"}\n{"input": "parcel"}\n', surface="classify")
+    assert job["counts"]["total"] == 2

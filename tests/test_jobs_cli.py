@@ -148,3 +148,51 @@ def test_progress_bar_redraws_in_place_on_a_terminal() -> None:
     bar.update({"total": 2, "done": 2, "failed": 0, "cached": 0})
     bar.close()
     assert plain.getvalue() == "[####] 2/2 100%\n"
+
+
+def test_a_failed_results_call_leaves_the_output_file_alone(
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keep = tmp_path / "keep.jsonl"
+    keep.write_text('{"kept": true}\n')
+    assert jobs("results", "job_nope", "--url", server.url, "--output", str(keep)) == 2
+    assert jobs("results", "job_x", "--url", f"http://127.0.0.1:{free_port()}", "--output", str(keep)) == 2
+    assert keep.read_text() == '{"kept": true}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.jsonl"]  # no partial file left
+    capsys.readouterr()
+
+
+def test_submit_checks_its_arguments_before_submitting(
+    server: Server, jsonl: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    nowhere = tmp_path / "nodir" / "out.jsonl"
+    assert submit(jsonl, server.url, "--wait", "--output", str(nowhere)) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert submit(jsonl, server.url, "--output", str(tmp_path / "out.jsonl")) == 2  # no --wait
+    assert "--wait" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert submit(empty, server.url) == 2
+    assert "has no requests" in capsys.readouterr().err
+    # None of them reached the server: a job would have printed its id on stdout.
+    assert capsys.readouterr().out == ""
+
+
+def test_results_of_an_unfinished_job_warn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from helpers import RedisProcess
+
+    redis = RedisProcess(tmp_path / "redis.log")
+    # A replica with no worker: the job stays queued.
+    replica = Server([str(write_keywords(tmp_path / "kw")), "--redis", redis.url], tmp_path / "replica.log")
+    try:
+        replica.wait_ready()
+        body = tmp_path / "in.jsonl"
+        body.write_text('{"input": "refund"}\n')
+        assert jobs("submit", str(body), "--model", "kw", "--surface", "classify", "--url", replica.url) == 0
+        job_id = capsys.readouterr().out.strip()
+        assert jobs("results", job_id, "--url", replica.url) == 0
+        captured = capsys.readouterr()
+        assert captured.out == "" and f"warning: job {job_id} is queued: 0 of 1 results" in captured.err
+    finally:
+        replica.stop()
+        redis.stop()

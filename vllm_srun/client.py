@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -67,15 +68,23 @@ class Call:
         return {"params": self.params, "headers": self.headers, "json": self.json, "content": self.content}
 
 
+def _segment(job_id: str) -> str:
+    """A job id as one URL path segment: "../health" or "a b?c" cannot reach another route."""
+    return quote(job_id, safe="")
+
+
 def _body(**fields: Any) -> dict[str, Any]:
     """A request body without the fields left at None, so the server applies its defaults."""
     return {name: value for name, value in fields.items() if value is not None}
 
 
 def submit_call(
-    requests: Iterable[Any] | bytes, surface: str, model: str | None, on_error: str, key: str | None
+    requests: Iterable[Any] | bytes | str, surface: str, model: str | None, on_error: str, key: str | None
 ) -> Call:
-    # Bytes go as they are, so the server's line numbers are those of the caller's file.
+    # Bytes go as they are, so the server's line numbers are those of the caller's file; so
+    # does JSONL text (a str is not an iterable of requests).
+    if isinstance(requests, str):
+        requests = requests.encode()
     if not isinstance(requests, bytes):
         requests = b"".join(msgspec.json.encode(request) + b"\n" for request in requests)
     headers = {"Content-Type": "application/x-ndjson"}
@@ -125,7 +134,7 @@ class EventStream:
         headers = {"Accept": "text/event-stream"}
         if self.last_id:
             headers["Last-Event-ID"] = self.last_id
-        return Call("GET", f"/v1/jobs/{self.job_id}/events", headers=headers)
+        return Call("GET", f"/v1/jobs/{_segment(self.job_id)}/events", headers=headers)
 
     def feed(self, line: str) -> JobEvent | None:
         """The event a blank line completes, else None."""
@@ -241,7 +250,7 @@ class _Methods(Generic[R]):
 
     def submit_job(
         self,
-        requests: Iterable[Any] | bytes,
+        requests: Iterable[Any] | bytes | str,
         *,
         surface: str,
         model: str | None = None,
@@ -250,24 +259,24 @@ class _Methods(Generic[R]):
     ) -> R:
         """POST /v1/jobs as JSONL: one surface request per item (a dict may carry `custom_id`).
 
-        `requests` may also be JSONL bytes, sent unchanged. Returns the job's status; with an
+        `requests` may also be JSONL bytes or text, sent unchanged. Returns the job's status; with an
         `idempotency_key` the server already knows, that key's job.
         """
         return self._send(submit_call(requests, surface, model, on_error, idempotency_key))
 
     def job(self, job_id: str) -> R:
         """GET /v1/jobs/{id}: status, counts and times."""
-        return self._send(Call("GET", f"/v1/jobs/{job_id}"))
+        return self._send(Call("GET", f"/v1/jobs/{_segment(job_id)}"))
 
     def job_results(self, job_id: str, offset: int = 0, limit: int = 1000) -> R:
         """One page of results in input order: `{"data", "offset", "total", "has_more"}`."""
         return self._send(
-            Call("GET", f"/v1/jobs/{job_id}/results", params={"offset": offset, "limit": limit})
+            Call("GET", f"/v1/jobs/{_segment(job_id)}/results", params={"offset": offset, "limit": limit})
         )
 
     def cancel_job(self, job_id: str) -> R:
         """POST /v1/jobs/{id}/cancel: requests not yet run answer `cancelled`."""
-        return self._send(Call("POST", f"/v1/jobs/{job_id}/cancel"))
+        return self._send(Call("POST", f"/v1/jobs/{_segment(job_id)}/cancel"))
 
 
 def _http_options(base_url: str, api_key: str | None, timeout_s: float) -> dict[str, Any]:

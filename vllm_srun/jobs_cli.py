@@ -12,7 +12,6 @@ import os
 import sys
 import time
 from collections.abc import Iterable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -127,13 +126,38 @@ def add_jobs_parser(subparsers: Any) -> argparse.ArgumentParser:
     return jobs
 
 
-def _write_results(results: Iterable[dict[str, Any]], output: Path | None) -> int:
+def _check_output(output: Path | None) -> None:
+    """Refuse an output path that cannot be written before any work is done."""
+    if output is not None and not output.parent.is_dir():
+        raise OSError(f"--output {str(output)!r}: the directory {str(output.parent)!r} does not exist")
+    if output is not None and output.is_dir():
+        raise OSError(f"--output {str(output)!r} is a directory")
+
+
+def _dump(results: Iterable[dict[str, Any]], stream: TextIO) -> int:
     count = 0
-    target: Any = output.open("w", encoding="utf-8") if output else nullcontext(sys.stdout)
-    with target as stream:
-        for result in results:
-            stream.write(json.dumps(result, separators=(",", ":")) + "\n")
-            count += 1
+    for result in results:
+        stream.write(json.dumps(result, separators=(",", ":")) + "\n")
+        count += 1
+    return count
+
+
+def _write_results(results: Iterable[dict[str, Any]], output: Path | None) -> int:
+    """Results as JSONL on stdout, or into `output` only once all of them have arrived (written
+    beside it, then renamed), so a failure leaves an existing file as it was."""
+    if output is None:
+        return _dump(results, sys.stdout)
+    _check_output(output)
+    if output.exists() and not output.is_file():  # /dev/null, a FIFO: written as it is
+        with output.open("w", encoding="utf-8") as stream:
+            return _dump(results, stream)
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        with partial.open("w", encoding="utf-8") as stream:
+            count = _dump(results, stream)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
     return count
 
 
@@ -142,8 +166,14 @@ def _print_json(value: Any) -> None:
 
 
 def _submit(client: Any, args: argparse.Namespace) -> int:
+    if args.output is not None and not args.wait:
+        raise OSError("--output: results are written only with --wait (or use `jobs results ID --output`)")
+    _check_output(args.output)
+    body = args.file.read_bytes()
+    if not body.strip():
+        raise OSError(f"{str(args.file)!r} has no requests")
     job = client.submit_job(
-        args.file.read_bytes(),  # as bytes: the server's line numbers are the file's
+        body,  # as bytes: the server's line numbers are the file's
         surface=args.surface,
         model=args.model,
         on_error=args.on_error,
@@ -156,8 +186,13 @@ def _submit(client: Any, args: argparse.Namespace) -> int:
     bar = ProgressBar(sys.stderr)
     try:
         final = client.wait_job(job["id"], on_progress=bar.update)
+    except KeyboardInterrupt:  # Ctrl-C stops the waiting, not the job
+        final = None
     finally:
         bar.close()
+    if final is None:
+        print(f"interrupted; job {job['id']} goes on (`vllm-srun jobs status {job['id']}`)", file=sys.stderr)
+        return 130
     _write_results(client.iter_job_results(job["id"]), args.output)
     if final["status"] != "completed":
         print(f"error: job {job['id']} ended {final['status']}", file=sys.stderr)
@@ -178,7 +213,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             if args.jobs_command == "status":
                 _print_json(client.job(args.id))
             elif args.jobs_command == "results":
-                _write_results(client.iter_job_results(args.id), args.output)
+                status = client.job(args.id)
+                written = _write_results(client.iter_job_results(args.id), args.output)
+                if written < status["counts"]["total"]:
+                    print(
+                        f"warning: job {args.id} is {status['status']}: {written} of "
+                        f"{status['counts']['total']} results so far",
+                        file=sys.stderr,
+                    )
             elif args.jobs_command == "cancel":
                 _print_json(client.cancel_job(args.id))
             return 0
