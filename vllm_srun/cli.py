@@ -7,6 +7,7 @@ import asyncio
 import importlib
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,35 @@ from typing import Any
 from vllm_srun.errors import SrunError
 
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
+# Left in a directory `vllm-srun fixture` wrote, so writing there again may replace it.
+FIXTURE_MARKER = ".vllm-srun-fixture"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+# How long a stopping server waits for open connections (an event stream never closes by itself).
+GRACEFUL_STOP_S = 5
+
+
+def _number(kind: type[int] | type[float], *, low: float, high: float | None = None) -> Any:
+    """An argparse type: a number in [low, high], refused with the range otherwise."""
+    bounds = f">= {low}" if high is None else f"between {low} and {high}"
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is out of range: must be {bounds}")
+        return value
+
+    parse.__name__ = kind.__name__  # what argparse shows in "invalid <name> value"
+    return parse
+
+
+POSITIVE = _number(int, low=1)
+NON_NEGATIVE = _number(int, low=0)
+PORT = _number(int, low=0, high=65535)
+SECONDS = _number(float, low=0.001)
+MILLISECONDS = _number(float, low=0)
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -59,21 +89,26 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="download a repository missing from the Hugging Face cache",
     )
-    add("--max-num-seqs", type=int, default=64, help="most rows in one forward")
-    add("--max-num-batched-tokens", type=int, default=16384, help="most tokens in one forward")
+    add("--max-num-seqs", type=POSITIVE, default=64, help="most rows in one forward")
+    add("--max-num-batched-tokens", type=POSITIVE, default=16384, help="most tokens in one forward")
     add(
-        "--batch-wait-ms", type=float, default=2.0, help="longest wait for more items when the device is idle"
+        "--batch-wait-ms",
+        type=MILLISECONDS,
+        default=2.0,
+        help="longest wait for more items when the device is idle",
     )
-    add("--job-timeout-s", type=float, default=300.0, help="a queue job running longer is retried elsewhere")
-    add("--job-ttl-s", type=int, default=86400, help="how long bulk jobs and their results live")
-    add("--cache-ttl-s", type=int, default=3600, help="how long results stay in the cache")
+    add(
+        "--job-timeout-s", type=SECONDS, default=300.0, help="a queue job running longer is retried elsewhere"
+    )
+    add("--job-ttl-s", type=POSITIVE, default=86400, help="how long bulk jobs and their results live")
+    add("--cache-ttl-s", type=POSITIVE, default=3600, help="how long results stay in the cache")
     add(
         "--intra-op-threads",
-        type=int,
+        type=POSITIVE,
         default=None,
         help="threads per CPU forward (default: every core; idle threads sleep)",
     )
-    add("--log-level", default="info", help="debug, info, warning, error")
+    add("--log-level", default="info", choices=LOG_LEVELS, help="how much to log")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,27 +120,30 @@ def build_parser() -> argparse.ArgumentParser:
     add = serve.add_argument
     add("--redis", default=None, help="Redis URL; makes this process an app replica only")
     add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    add("--port", type=int, default=8000, help="port to bind")
-    add("--max-request-bytes", type=int, default=4 * 1024 * 1024, help="largest request body")
-    add("--max-inputs", type=int, default=2048, help="most inputs in one request")
+    add("--port", type=PORT, default=8000, help="port to bind")
+    add("--max-request-bytes", type=POSITIVE, default=4 * 1024 * 1024, help="largest request body")
+    add("--max-inputs", type=POSITIVE, default=2048, help="most inputs in one request")
     add(
         "--local-cache-mb",
-        type=int,
+        type=NON_NEGATIVE,
         default=64,
         help="recent results kept in this process in front of the Redis cache (0: none)",
     )
-    add("--max-queued-items", type=int, default=100_000, help="bound on queued items per model")
-    add("--max-queued-tokens", type=int, default=10_000_000, help="bound on queued tokens per model")
-    add("--request-timeout-s", type=float, default=60.0, help="longest wait for a result")
-    add("--max-job-requests", type=int, default=1_000_000, help="most requests in one bulk job")
-    add("--max-job-bytes", type=int, default=512 * 1024 * 1024, help="largest bulk job body in bytes")
+    add("--max-queued-items", type=POSITIVE, default=100_000, help="bound on queued items per model")
+    add("--max-queued-tokens", type=POSITIVE, default=10_000_000, help="bound on queued tokens per model")
+    add("--request-timeout-s", type=SECONDS, default=60.0, help="longest wait for a result")
+    add("--max-job-requests", type=POSITIVE, default=1_000_000, help="most requests in one bulk job")
+    add("--max-job-bytes", type=POSITIVE, default=512 * 1024 * 1024, help="largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
     worker.add_argument("--redis", required=True, help="Redis URL shared with the app replicas")
     worker.add_argument(
-        "--metrics-port", type=int, default=None, help="serve this worker's metrics on a port"
+        "--metrics-port",
+        type=PORT,
+        default=None,
+        help="serve this worker's metrics on a port (0: not served)",
     )
 
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
@@ -123,10 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="check a router.yaml's endpoints against what they serve")
     check.add_argument("config", type=Path, help="the router configuration")
     check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
-    check.add_argument("--timeout-s", type=float, default=5.0, help="per-endpoint timeout")
+    check.add_argument("--timeout-s", type=SECONDS, default=5.0, help="per-endpoint timeout")
 
-    bench = sub.add_parser("bench", help="run the benchmark (from the repository root; see --help there)")
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="arguments for python -m bench")
+    # Listed for --help only: main() hands everything after "bench" to the bench's own parser.
+    sub.add_parser("bench", help="run the benchmark from the repository root (vllm-srun bench --help)")
 
     from vllm_srun.jobs_cli import add_jobs_parser
 
@@ -182,6 +220,8 @@ def _check_redis(url: str) -> None:
 
     try:
         redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
+    except ValueError as exc:  # redis-py's message lists the schemes it takes
+        raise ConfigError(f"--redis {url!r}: {exc}") from exc
     except (redis.RedisError, OSError) as exc:
         raise ConfigError(f"cannot reach Redis at {describe_url(url)}: {exc}") from exc
 
@@ -232,12 +272,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_config=None,
             access_log=False,
             lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
         )
+        # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
+        # start. The default one would end the process before `finally` stops Redis.
+        signal.signal(signal.SIGTERM, _raise_stopped)
         uvicorn.Server(config).run()
         return 0
+    except _Stopped:
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
+        return 130
     finally:
         if embedded_redis is not None:
             embedded_redis.stop()
+
+
+class _Stopped(Exception):
+    """SIGTERM, after uvicorn's graceful shutdown."""
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    raise _Stopped
 
 
 async def _run_worker(args: argparse.Namespace) -> int:
@@ -304,9 +360,24 @@ def _stats(plugins: Any, metrics_port: int | None) -> Any:
     return Stats(loggers)
 
 
+def _check_port_free(port: int) -> None:
+    """Fail before the models load, not after, when --metrics-port is taken."""
+    import socket
+
+    from vllm_srun.errors import ConfigError
+
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {port}: {exc.strerror or exc}") from exc
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     _cpu_threads(args)
     _check_redis(args.redis)
+    if args.metrics_port:
+        _check_port_free(args.metrics_port)
     try:  # the event loop the server gets from uvicorn when uvloop is installed
         import uvloop
     except ImportError:
@@ -360,16 +431,26 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     from vllm_srun.errors import ConfigError
     from vllm_srun.plugins.registry import load_plugins
 
+    out: Path = args.out  # "" parses as ".": refused below unless the current directory is empty
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{str(out)!r} is not a directory")
+    if out.exists() and any(out.iterdir()):
+        if not (out / FIXTURE_MARKER).is_file():
+            raise ConfigError(f"{str(out)!r} exists and is not empty: give a new or empty directory")
+        shutil.rmtree(out)  # a fixture this command wrote before: replaced whole, no stale files
     family = load_plugins().family(args.family)
     if not family.fixture_writer:
         raise ConfigError(f"family {args.family!r} has no fixture writer")
     module_name, _, attr = family.fixture_writer.partition(":")
     writer = getattr(importlib.import_module(module_name), attr)
     try:
-        out = writer(args.out, variant=args.variant, onnx=args.onnx)
+        written = writer(out, variant=args.variant, onnx=args.onnx)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    print(out)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {str(out)!r}: {exc.strerror or exc}") from exc
+    (Path(written) / FIXTURE_MARKER).write_text("written by `vllm-srun fixture`; rewritten in place\n")
+    print(written)
     return 0
 
 
@@ -384,7 +465,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def cmd_bench(bench_args: list[str]) -> int:
     """`python -m bench` from a checkout: the bench lives beside the package, not in it."""
     sys.path.insert(0, os.getcwd())
     try:
@@ -395,7 +476,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"run `vllm-srun bench` from the repository root (bench/ not found: {exc})"
         ) from exc
-    result: int = bench_main(args.bench_args)
+    result: int = bench_main(bench_args[1:] if bench_args[:1] == ["--"] else bench_args)
     return result
 
 
@@ -413,16 +494,18 @@ COMMANDS = {
     "fixture": cmd_fixture,
     "check-config": cmd_check_config,
     "jobs": cmd_jobs,
-    "bench": cmd_bench,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from vllm_srun.logs import configure
-
-    configure(getattr(args, "log_level", "warning") if args.command in ("serve", "worker") else "warning")
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["bench"]:  # every option after it is the bench's (--quick, --texts N, ...)
+            return cmd_bench(argv[1:])
+        args = build_parser().parse_args(argv)
+        from vllm_srun.logs import configure
+
+        configure(getattr(args, "log_level", "warning") if args.command in ("serve", "worker") else "warning")
         return COMMANDS[args.command](args)
     except SrunError as exc:
         print(f"error: {exc.message}", file=sys.stderr)

@@ -112,9 +112,14 @@ def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettin
 
 def router_deployments(path: Path) -> list[Deployment]:
     """The `model_runtime` deployments of a router configuration."""
-    raw = _load_yaml(path)
-    catalog = ((raw or {}).get("global") or {}).get("model_catalog") or {}
-    entries = catalog.get("deployments")
+    raw = _load_yaml(path) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a router configuration is a mapping, not {type(raw).__name__}")
+    catalog = raw.get("global") or {}
+    catalog = catalog.get("model_catalog") if isinstance(catalog, dict) else None
+    if not isinstance(catalog or {}, dict):
+        raise ConfigError(f"{path}: global.model_catalog must be a mapping")
+    entries = (catalog or {}).get("deployments")
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: global.model_catalog.deployments must be a list")
     deployments = [_convert(e, Deployment, path) for e in entries if isinstance(e, dict)]

@@ -34,6 +34,13 @@ GROUPS: dict[str, tuple[str, type[Plugin]]] = {
     "stat_loggers": ("vllm_srun.stat_loggers", StatLoggerBase),
 }
 
+_SINGULAR = {
+    "families": "family",
+    "engines": "engine",
+    "accelerators": "accelerator",
+    "stat_loggers": "stat logger",
+}
+
 
 @dataclass(frozen=True)
 class PluginEntry:
@@ -79,7 +86,7 @@ class Plugins:
         if name not in entries:
             known = ", ".join(sorted(entries)) or "none"
             raise ConfigError(
-                f"no {group[:-1].replace('_', ' ')} named {name!r} is installed (known: {known})"
+                f"no {_SINGULAR.get(group, group)} named {name!r} is installed (known: {known})"
             )
         return entries[name].plugin
 

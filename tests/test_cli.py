@@ -1,0 +1,164 @@
+"""The command line on careless input and on stop signals: one `error:` line, no traceback,
+nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import REPO, RedisProcess, Server
+
+from vllm_srun.cli import FIXTURE_MARKER, main
+
+
+def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The one-line error `argv` ends with; exit status 2 either way argparse or we refuse."""
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert status == 2, err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--port", "99999"),
+        ("--port", "-1"),
+        ("--max-num-seqs", "0"),
+        ("--max-num-batched-tokens", "-3"),
+        ("--batch-wait-ms", "-1"),
+        ("--request-timeout-s", "0"),
+        ("--max-inputs", "0"),
+        ("--local-cache-mb", "-1"),
+        ("--log-level", "bogus"),
+        ("--max-queued-items", "many"),
+    ],
+)
+def test_serve_refuses_nonsense_numbers(
+    capsys: pytest.CaptureFixture[str], keywords: Path, flag: str, value: str
+) -> None:
+    line = refused(capsys, ["serve", str(keywords), flag, value])
+    assert flag in line
+
+
+def test_redis_urls_with_a_bad_scheme(capsys: pytest.CaptureFixture[str], keywords: Path) -> None:
+    for command in ("serve", "worker"):
+        line = refused(capsys, [command, str(keywords), "--redis", "nonsense://x"])
+        assert line.startswith("error: --redis 'nonsense://x'") and "redis://" in line
+
+
+def test_worker_metrics_port_taken(
+    capsys: pytest.CaptureFixture[str], keywords: Path, redis_proc: RedisProcess
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused(
+            capsys, ["worker", str(keywords), "--redis", redis_proc.url, "--metrics-port", str(port)]
+        )
+    assert line.startswith(f"error: --metrics-port {port}:")
+
+
+def test_fixture_never_writes_over_other_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert "exists and is not empty" in refused(
+        capsys, ["fixture", str(mine), "--family", "example_keywords"]
+    )
+    assert (mine / "notes.txt").read_text() == "keep me"
+    (tmp_path / "file").write_text("x")
+    assert "is not a directory" in refused(
+        capsys, ["fixture", str(tmp_path / "file"), "--family", "example_keywords"]
+    )
+    assert "no family named 'nope'" in refused(capsys, ["fixture", str(tmp_path / "new"), "--family", "nope"])
+
+
+def test_fixture_rewrites_its_own_output_whole(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out = tmp_path / "pkg"
+    assert main(["fixture", str(out), "--family", "task_heads", "--variant", "bert-embedding"]) == 0
+    assert (out / "modules.json").exists() and (out / FIXTURE_MARKER).exists()
+    # Again, as a different variant: the embedding model's files do not linger.
+    assert main(["fixture", str(out), "--family", "task_heads", "--variant", "bert-sequence"]) == 0
+    assert not (out / "modules.json").exists()
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForSequenceClassification"]
+    capsys.readouterr()
+
+
+def test_bench_takes_its_own_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    for argv in (["bench", "--help"], ["bench", "--", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+        assert "--quick" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--texts", "zero"])
+    assert exc.value.code == 2 and "--texts" in capsys.readouterr().err
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _redis_dir(pid: int) -> Path:
+    # Redis rewrites its command line, but it works in the --dir it was given.
+    for child in _children(pid):
+        cwd = Path(os.readlink(f"/proc/{child}/cwd"))
+        if cwd.name.startswith("vllm-srun-redis-"):
+            return cwd
+    raise AssertionError("serve has no redis-server child")
+
+
+@pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_serve_stops_its_redis_on_a_signal(
+    start_server: Callable[..., Server], keywords: Path, sig: int, status: int
+) -> None:
+    server = start_server(str(keywords))
+    redis_dir = _redis_dir(server.proc.pid)
+    assert redis_dir.is_dir()
+    server.proc.send_signal(sig)
+    assert server.proc.wait(timeout=15) == status, server.log()
+    assert not redis_dir.exists(), "the embedded Redis's directory was left behind"
+    assert "Traceback" not in server.log()
+
+
+def test_an_open_event_stream_neither_starves_nor_blocks_a_stop(
+    start_server: Callable[..., Server], keywords: Path, redis_proc: RedisProcess
+) -> None:
+    # A replica with no worker: the job stays queued, so its stream has nothing to send.
+    server = start_server(str(keywords), "--redis", redis_proc.url)
+    job = httpx.post(
+        f"{server.url}/v1/jobs?surface=classify&model=keywords",
+        content=b'{"input": "refund"}\n',
+        headers={"content-type": "application/x-ndjson"},
+    ).json()
+    with httpx.stream("GET", f"{server.url}/v1/jobs/{job['id']}/events", timeout=10) as stream:
+        lines = stream.iter_lines()
+        assert next(line for line in lines if line) == ": keep-alive"
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=20) == 0, server.log()
+    assert time.monotonic() - started < 15
