@@ -262,6 +262,37 @@ def test_external_data_is_refused(tmp_path: Path, fixture_dir: Any) -> None:
         OnnxRuntimeEngine().read(_spec(fixture_dir("bert-embedding"), dst), "float32")
 
 
+def test_external_data_in_a_constant_is_refused(tmp_path: Path, fixture_dir: Any) -> None:
+    """A Constant's value pointing at a file next to the server would be read and answered."""
+    from onnx import TensorProto, helper
+
+    secret = TensorProto(name="secret", data_type=TensorProto.FLOAT, dims=[32])
+    secret.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "secret.txt"), ("length", "128")):
+        entry = secret.external_data.add()
+        entry.key, entry.value = key, value
+    model = _graph()
+    model.graph.node.append(helper.make_node("Constant", [], ["leak"], value=secret))
+    path = tmp_path / "leak.onnx"
+    onnx.save_model(model, str(path))
+    with pytest.raises(ConfigError, match=r"external data.*'secret'"):
+        OnnxRuntimeEngine().read(_spec(fixture_dir("bert-embedding"), path), "float32")
+    # Inside a subgraph too.
+    inner = helper.make_graph([helper.make_node("Constant", [], ["c"], value=secret)], "inner", [], [])
+    model = _graph()
+    model.graph.node.append(helper.make_node("Loop", ["", ""], ["o"], body=inner))
+    onnx.save_model(model, str(path))
+    with pytest.raises(ConfigError, match="external data"):
+        OnnxRuntimeEngine().read(_spec(fixture_dir("bert-embedding"), path), "float32")
+
+
+def test_a_file_that_is_not_onnx_names_itself(tmp_path: Path, fixture_dir: Any) -> None:
+    path = tmp_path / "garbage.onnx"
+    path.write_bytes(b"\xff" * 64)
+    with pytest.raises(ConfigError, match=r"garbage\.onnx: not an ONNX graph"):
+        OnnxRuntimeEngine().read(_spec(fixture_dir("bert-embedding"), path), "float32")
+
+
 def test_unknown_graph_inputs_are_refused(tmp_path: Path, fixture_dir: Any) -> None:
     path = tmp_path / "pixels.onnx"
     onnx.save_model(_graph(input_name="pixel_values"), str(path))

@@ -7,8 +7,9 @@ Operators of a model-local function are allowed when the function's own body pas
 check needs the `onnx` package; without it onnxruntime itself refuses unregistered domains,
 since the engine registers no custom-operator library.
 
-External data is refused too: the family hashes one graph file, and weights in a side file
-would be loaded without being verified.
+External data is refused too, wherever a tensor sits (initializers, sparse initializers, and
+constants in node attributes): the family hashes one graph file, weights in a side file would
+be loaded without being verified, and a path in a graph could name any file the server reads.
 """
 
 from __future__ import annotations
@@ -37,20 +38,42 @@ def _nodes(graph: Any) -> Iterator[Any]:
             yield from _nodes(sub)
 
 
-def _initializers(graph: Any) -> Iterator[Any]:
+def _tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph carries: initializers, sparse ones, and constants in node attributes
+    (a Constant's `value` may point to external data as well as an initializer can)."""
     yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
     for node in graph.node:
-        for sub in _subgraphs(node):
-            yield from _initializers(sub)
+        yield from _attribute_tensors(node)
+
+
+def _attribute_tensors(node: Any) -> Iterator[Any]:
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t
+        yield from attribute.tensors
+        sparse = [attribute.sparse_tensor] if attribute.HasField("sparse_tensor") else []
+        for tensor in [*sparse, *attribute.sparse_tensors]:
+            yield from (tensor.values, tensor.indices)
+        if attribute.HasField("g"):
+            yield from _tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _tensors(graph)
 
 
 def check_graph(data: bytes, where: str) -> None:
     """Raise ConfigError when the graph at `where` uses custom operators or external data."""
     try:
         import onnx
-    except ImportError:
-        return
-    model = onnx.load_model_from_string(data)
+    except ImportError:  # the `onnx` extra installs it; without it nothing is checked, so refuse
+        raise ConfigError(
+            f"{where}: the onnx package is needed to check a graph before it runs (pip install onnx)"
+        ) from None
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # protobuf's DecodeError and friends
+        raise ConfigError(f"{where}: not an ONNX graph ({type(exc).__name__}: {exc})") from exc
     local = {(f.domain, f.name) for f in model.functions}
     nodes: list[Any] = list(_nodes(model.graph))
     for function in model.functions:
@@ -67,7 +90,15 @@ def check_graph(data: bytes, where: str) -> None:
             f"{where}: the ONNX graph uses custom operators {custom}; only standard ONNX and "
             "onnxruntime contrib (com.microsoft) operators are run"
         )
-    external = [t.name for t in _initializers(model.graph) if t.data_location == onnx.TensorProto.EXTERNAL]
+    tensors = list(_tensors(model.graph))
+    for function in model.functions:
+        for node in function.node:
+            tensors.extend(_attribute_tensors(node))
+    external = [
+        t.name or "(unnamed)"
+        for t in tensors
+        if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data)
+    ]
     if external:
         raise ConfigError(
             f"{where}: the ONNX graph keeps {len(external)} tensors in external data (e.g. {external[0]!r}); "
