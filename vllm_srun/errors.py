@@ -86,3 +86,10 @@ class PackageError(ConfigError):
     """A model package that is malformed or unsafe to load."""
 
     code = "package_error"
+
+
+def model_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a failure of a model's own code, to be contained as that model's (or that
+    input's) error: any Exception, and the panics of Rust extensions such as `tokenizers`, which
+    pyo3 raises as `PanicException`, a BaseException. Interrupts and exits are not."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"

@@ -265,3 +265,54 @@ def test_models_file_rejects_unknown_keys(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2 and "devcie" in result.stderr
+
+
+def _panicking_tokenizer(out: Path, pattern: str) -> Path:
+    """A bert-sequence package whose tokenizer's pre-tokenizer regex gives up (a Rust panic,
+    raised in Python as a BaseException) on some texts."""
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    write_fixture(out, variant="bert-sequence")
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    tokenizer["pre_tokenizer"] = {
+        "type": "Split",
+        "pattern": {"Regex": pattern},
+        "behavior": "Isolated",
+        "invert": False,
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer))
+    return out
+
+
+def test_a_panicking_tokenizer_fails_its_model_or_its_request_alone(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    # Panics on the warm-up texts: that model fails; the others are served.
+    warm = _panicking_tokenizer(tmp_path / "warm", r"((.)|(.))+\d{5}")
+    # Panics only on long runs of "a": serves, and that one request fails.
+    runs = _panicking_tokenizer(tmp_path / "runs", r"(a|a)+$")
+    server = start_server(str(write_keywords(tmp_path / "kw")), str(warm), str(runs), ready=False)
+    server.wait_ready(path="/health/live")
+    body = wait_states(server, {"kw": "ready", "warm": "failed", "runs": "ready"})
+    assert server.post("/v1/classify", {"model": "kw", "input": "refund"}).status_code == 200
+    reason = server.get("/v1/models").json()["data"]
+    assert "PanicException" in next(m for m in reason if m["id"] == "warm")["reason"], body
+    bad = server.post("/v1/classify", {"model": "runs", "input": ["fine text", "a" * 30 + "b"]})
+    assert bad.status_code == 400 and bad.json()["error"]["message"].startswith(
+        "input: the model's tokenizer"
+    )
+    assert server.post("/v1/classify", {"model": "runs", "input": "fine text"}).status_code == 200
+
+
+def test_a_package_that_breaks_detection_fails_alone(
+    start_server: Callable[..., Server], tmp_path: Path
+) -> None:
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    broken = write_fixture(tmp_path / "broken", variant="bert-embedding")
+    (broken / "1_Pooling" / "config.json").write_text("[]")  # a list where a mapping belongs
+    server = start_server(str(write_keywords(tmp_path / "kw")), str(broken), ready=False)
+    server.wait_ready(path="/health/live")
+    wait_states(server, {"kw": "ready", "broken": "failed"})
+    reason = next(m for m in server.get("/v1/models").json()["data"] if m["id"] == "broken")["reason"]
+    assert reason.startswith("AttributeError"), reason

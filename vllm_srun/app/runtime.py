@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError
+from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.registry import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
@@ -112,6 +112,12 @@ def prepare_all(
         except SrunError as exc:
             log.error("model_refused", model=name_of(model_settings.options), reason=exc.message)
             failed.append((name_of(model_settings.options), model_settings, exc.message))
+        except BaseException as exc:  # a broken package must not stop the other models
+            if not model_failure(exc):
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+            log.exception("model_refused", model=name_of(model_settings.options), reason=reason)
+            failed.append((name_of(model_settings.options), model_settings, reason))
     if not prepared:
         raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
     names = [p.name for p, _ in prepared] + [name for name, _, _ in failed]
@@ -146,7 +152,9 @@ async def bring_up(
     except SrunError as exc:
         served.state, served.reason = "failed", exc.message
         log.error("model_failed", model=served.name, reason=exc.message)
-    except Exception as exc:  # a model's own failure to load is its state, not the server's
+    except BaseException as exc:  # a model's own failure to load is its state, not the server's
+        if not model_failure(exc):
+            raise
         served.state, served.reason = "failed", f"{type(exc).__name__}: {exc}"
         log.exception("model_failed", model=served.name)
 

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
+from vllm_srun.errors import InvalidRequest, Overloaded, RequestTooLarge, SrunError, UnsupportedSurface
 from vllm_srun.plugins.base import LoadedModel, Plan
 from vllm_srun.plugins.decision_surface import DecisionsRequest, count_questions
 from vllm_srun.plugins.surfaces import (
@@ -174,6 +174,15 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
 
 
 def _plan(model: LoadedModel, surface: str, request: Any) -> Plan:
-    plan = model.plan_surface(surface, request)
+    try:
+        plan = model.plan_surface(surface, request)
+    except SrunError:
+        raise
+    except BaseException as exc:
+        if type(exc).__name__ != "PanicException":
+            raise  # a bug: the 500 handler logs it
+        # A Rust panic (a tokenizer's regex giving up on this text) is not an Exception and
+        # would escape every handler; answer it as this request's error.
+        raise InvalidRequest(f"input: the model's tokenizer failed on it ({exc})") from None
     keys.assign_cache_keys(plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics)
     return plan

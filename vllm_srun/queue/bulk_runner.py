@@ -140,6 +140,10 @@ def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes,
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:
             entry.error = error_body("invalid_request", str(exc))
+        except BaseException as exc:  # a tokenizer panic on this line fails this line only
+            if type(exc).__name__ != "PanicException":
+                raise
+            entry.error = error_body("invalid_request", f"input: the model's tokenizer failed on it ({exc})")
         out.append(entry)
     return out
 
