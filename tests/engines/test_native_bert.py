@@ -131,6 +131,14 @@ def test_unexpected_or_misshapen_tensor_is_refused(nt: Any, tmp_path: Path) -> N
         _load_with(nt, path, lambda host: host.update({"bert.encoder.layer.0.extra.weight": torch.zeros(2)}))
     with pytest.raises(PackageError, match=r"classifier\.weight.*shape"):
         _load_with(nt, path, lambda host: host.update({"classifier.weight": torch.zeros(7, 32)}))
+    # Same shape, not floating point: copying would cast it into weights without a word.
+    for dtype in (torch.int32, torch.bool):
+        with pytest.raises(PackageError, match=r"classifier\.bias.*expected a floating-point"):
+            _load_with(
+                nt,
+                path,
+                lambda host, d=dtype: host.update({"classifier.bias": host["classifier.bias"].to(d)}),
+            )
 
 
 def test_unknown_architecture_lists_known_ones(tmp_path: Path) -> None:

@@ -720,3 +720,14 @@ def test_minilm_embeddings_match_sentence_transformers_recipe(th: Any, helpers: 
         for d, e in zip(out.data, expected, strict=True)
     ]
     assert min(cosines) >= 0.99999, min(cosines)
+
+
+def test_token_ids_past_the_vocabulary_are_refused_at_load(th: Any, tmp_path: Path) -> None:
+
+    path = tmp_path / "big-ids"
+    shutil.copytree(th.package("bert-sequence"), path)
+    config = json.loads((path / "config.json").read_text())
+    config["vocab_size"] -= 1  # the tokenizer's last id no longer has an embedding row
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PackageError, match=r"tokenizer\.json .* token ids; config\.json's vocab_size"):
+        th.load_path(path, None)

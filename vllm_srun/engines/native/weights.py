@@ -107,6 +107,9 @@ def load_named(
                 raise PackageError(
                     f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
                 )
+            if tensor.dtype.is_floating_point != dest.dtype.is_floating_point:
+                # copy_ would cast an int or bool tensor into weights without a word.
+                raise PackageError(f"tensor {name!r} is {tensor.dtype}, expected a floating-point tensor")
             dest.copy_(tensor)
             del wanted[(pname, shard)]
             loaded.add(name)

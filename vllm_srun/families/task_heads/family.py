@@ -87,10 +87,18 @@ class TaskHeadsFamily(ModelFamily):
             max_tokens=verification.max_tokens or layout.max_tokens,
             licence=verification.licence,
         )
+        encoder = TextEncoder(package.read_bytes("tokenizer.json"))
+        vocab = layout.config.get("vocab_size")
+        ids = encoder.tokenizer.get_vocab_size(with_added_tokens=True)
+        if isinstance(vocab, int) and ids > vocab:
+            # An id past the embedding table fails every batch it is in, at forward time.
+            raise PackageError(
+                f"tokenizer.json of {package.name!r} has {ids} token ids; config.json's vocab_size is {vocab}"
+            )
         return TaskHeadsModel(
             info,
             engine_model,
-            encoder=TextEncoder(package.read_bytes("tokenizer.json")),
+            encoder=encoder,
             labels=labels,
             pooling=layout.pooling,
             normalize=layout.normalize,
