@@ -221,3 +221,30 @@ def test_in_place_activations_equal_the_plain_ones(name: str) -> None:
     target = x.clone()
     result = activation(name, in_place=True)(target)
     assert torch.equal(result, expected) and torch.equal(target, expected)
+
+
+def test_a_config_that_cannot_build_the_model_names_the_file(nt: Any, tmp_path: Path) -> None:
+    path = nt.save(nt.randomize(transformers.BertForSequenceClassification(bert_config())), tmp_path)
+    engine, spec = NativeEngine(), nt.spec_from_dir(path)
+    host = engine.read(spec, "float32")
+    for change, message in (
+        ({"hidden_size": None}, r"config\.json has no 'hidden_size'"),
+        ({"num_attention_heads": 0}, r"config\.json does not describe a valid BertForSequenceClassification"),
+        ({"intermediate_size": -4}, r"config\.json does not describe a valid"),
+    ):
+        config = {k: v for k, v in spec.config.items() if k not in change or change[k] is not None}
+        config.update({k: v for k, v in change.items() if v is not None})
+        broken = ModelSpec(
+            family=spec.family, architecture=spec.architecture, config=config, weight_files=spec.weight_files
+        )
+        with pytest.raises(PackageError, match=message):
+            engine.load(broken, Device("cpu"), "float32", host)
+
+
+def test_an_unreadable_weight_file_is_named(nt: Any, tmp_path: Path) -> None:
+    path = nt.save(nt.randomize(transformers.BertForSequenceClassification(bert_config())), tmp_path)
+    spec = nt.spec_from_dir(path)
+    weights = spec.weight_files[0]
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    with pytest.raises(PackageError, match=rf"{weights.name} is not a readable safetensors file"):
+        NativeEngine().read(spec, "float32")

@@ -77,7 +77,7 @@ class ModelPackage:
     def read_json(self, relative: str) -> Any:
         try:
             return json.loads(self.read_bytes(relative))
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise PackageError(f"{relative!r} in {str(self.root)!r} is not valid JSON: {exc}") from exc
 
     def digests(self, relatives: list[str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from vllm_srun.errors import ConfigError
+from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.registry import Plugins
@@ -45,6 +45,17 @@ class Placement:
     dtype: str
 
 
+def _config_problem(package: ModelPackage) -> str:
+    """Why config.json may have kept every family from recognising the package, if it says."""
+    try:
+        config = package.read_json("config.json")
+    except PackageError as exc:
+        return "" if not package.exists("config.json") else f"; {exc.message}"
+    if not isinstance(config, dict):
+        return f"; config.json is a JSON {type(config).__name__}, not an object"
+    return ""
+
+
 def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = None) -> ModelFamily:
     """The family named (trusted: describe and verify refuse what it cannot read), else the one
     family that recognises the package."""
@@ -53,7 +64,10 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
     matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
     if not matches:
         known = ", ".join(sorted(plugins.of("families"))) or "none"
-        raise ConfigError(f"no installed family recognises {str(package.root)!r} (families: {known})")
+        raise ConfigError(
+            f"no installed family recognises {str(package.root)!r} (families: {known})"
+            + _config_problem(package)
+        )
     top = max(m.specificity for m in matches)
     matches = [m for m in matches if m.specificity == top]
     if len(matches) > 1:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from vllm_srun.errors import ConfigError
+from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
 from vllm_srun.tuning import THREADS_ENV
@@ -75,8 +75,18 @@ class NativeEngine(Engine):
         cls = resolve_model(spec.architecture)
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
-        with torch.device("meta"):
-            module = cls(spec.config)
+        try:
+            with torch.device("meta"):
+                module = cls(spec.config)
+        except ConfigError:
+            raise
+        except KeyError as exc:
+            raise PackageError(
+                f"config.json has no {exc.args[0]!r}, which {spec.architecture} needs"
+            ) from exc
+        except (TypeError, ValueError, ZeroDivisionError, RuntimeError) as exc:
+            # A size that is not a positive integer, heads that do not divide, ...
+            raise PackageError(f"config.json does not describe a valid {spec.architecture}: {exc}") from exc
         weights_dtype = "float32" if dtype == "int8" else dtype
         module = module.to(torch_dtype(weights_dtype)).to_empty(device=torch_device(device))
         module.load_weights(tensors)

@@ -39,7 +39,11 @@ def read_safetensors(files: Iterable[Path], dtype: str) -> dict[str, torch.Tenso
     target = torch_dtype(dtype)
     tensors: dict[str, torch.Tensor] = {}
     for path in files:
-        with safe_open(str(path), framework="pt", device="cpu") as handle:
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as exc:  # SafetensorError on a truncated, empty or foreign file
+            raise PackageError(f"{path.name} is not a readable safetensors file: {exc}") from exc
+        with handle:
             for name in handle.keys():
                 if name in tensors:
                     raise PackageError(f"tensor {name!r} appears in more than one weight file ({path.name})")
