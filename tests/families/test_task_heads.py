@@ -731,3 +731,20 @@ def test_token_ids_past_the_vocabulary_are_refused_at_load(th: Any, tmp_path: Pa
     (path / "config.json").write_text(json.dumps(config))
     with pytest.raises(PackageError, match=r"tokenizer\.json .* token ids; config\.json's vocab_size"):
         th.load_path(path, None)
+
+
+def test_an_onnx_only_package_runs_on_onnxruntime_by_default(th: Any, tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.registry.loader import ModelOptions, load_model
+
+    path = tmp_path / "onnx-only"
+    shutil.copytree(th.package("bert-embedding"), path)
+    (path / "model.safetensors").unlink()
+    loaded, placement = load_model(load_plugins(), ModelOptions(ref=str(path)), with_engine=True)
+    assert placement.engine == "onnxruntime"
+    out = th.roundtrip(loaded, "embeddings", EmbeddingsRequest(input="hello"))
+    reference = th.roundtrip(
+        th.load("bert-embedding", "native"), "embeddings", EmbeddingsRequest(input="hello")
+    )
+    np.testing.assert_allclose(out.data[0].embedding, reference.data[0].embedding, atol=1e-4)

@@ -85,6 +85,11 @@ def test_embeddings_compare_by_cosine() -> None:
     assert mismatch is not None and "cosine" in mismatch
     assert compare({"label": "a"}, {"label": "b"}) == "$.label: expected 'a', got 'b'"
     assert compare({"x": 1}, {}) == "$.x: missing from the response"
+    # NaN outputs (broken weights) are named as such, not as a mismatch of nan with nan.
+    nan = compare({"score": float("nan")}, {"score": float("nan")})
+    assert nan is not None and "NaN or infinite" in nan
+    nan_vector = compare({"embedding": [1.0, 0.0]}, {"embedding": [float("nan"), 0.0]}, path="$.data[0]")
+    assert nan_vector is not None and "NaN or infinite" in nan_vector
 
 
 def test_without_records_determinism_leaves_it_unverified(tmp_path: Path) -> None:

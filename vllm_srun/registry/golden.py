@@ -84,6 +84,8 @@ def compare(expected: Any, actual: Any, *, atol: float = DEFAULT_ATOL, path: str
             got = len(actual) if isinstance(actual, list | tuple) else type(actual).__name__
             return f"{path}: expected {len(expected)} entries, got {got}"
         vector = path.endswith(".embedding") and all(_is_number(v) for v in (*expected, *actual))
+        if vector and not all(math.isfinite(v) for v in actual):
+            return f"{path}: the model answers NaN or infinite values (check the weights)"
         if vector and expected:
             similarity = _cosine(expected, actual)
             return None if similarity >= 1 - atol else f"{path}: cosine {similarity:.6f} < {1 - atol}"
@@ -93,7 +95,9 @@ def compare(expected: Any, actual: Any, *, atol: float = DEFAULT_ATOL, path: str
                 return mismatch
         return None
     if _is_number(expected) and _is_number(actual):
-        close = math.isfinite(actual) and abs(float(actual) - float(expected)) <= atol
+        if not math.isfinite(actual):
+            return f"{path}: the model answers {actual} (NaN or infinite outputs: check the weights)"
+        close = abs(float(actual) - float(expected)) <= atol
         return None if close else f"{path}: expected {expected}, got {actual} (atol {atol})"
     return None if expected == actual else f"{path}: expected {expected!r}, got {actual!r}"
 

@@ -54,6 +54,8 @@ class NativeEngine(Engine):
             return f"architecture {spec.architecture!r} is not registered (known: {known})"
         if device.accelerator not in ACCELERATORS:
             return f"accelerator {device.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+        if not spec.weight_files:  # an ONNX-only package: `auto` goes on to an engine that runs it
+            return "the package has no safetensors weights"
         return None
 
     def read(self, spec: ModelSpec, dtype: str) -> dict[str, torch.Tensor]:
