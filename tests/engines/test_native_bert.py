@@ -150,10 +150,14 @@ def test_unknown_architecture_lists_known_ones(tmp_path: Path) -> None:
 
 
 def test_supports_refuses_other_accelerators_and_missing_torch(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = ModelSpec(family="test", architecture="BertModel", config={})
+    spec = ModelSpec(
+        family="test", architecture="BertModel", config={}, weight_files=(Path("model.safetensors"),)
+    )
     engine = NativeEngine()
     assert engine.supports(spec, Device("cpu")) is None
     assert "example_host" in (engine.supports(spec, Device("example_host")) or "")
+    onnx_only = ModelSpec(family="test", architecture="BertModel", config={})
+    assert engine.supports(onnx_only, Device("cpu")) == "the package has no safetensors weights"
     monkeypatch.setitem(sys.modules, "torch", None)
     assert engine.supports(spec, Device("cpu")) == "torch is not installed"
 
