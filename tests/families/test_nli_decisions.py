@@ -211,3 +211,15 @@ def test_long_states_follow_options_overflow(packages: dict[str, Path]) -> None:
     body, plan, _ = serve(model, request)
     assert "choice" in body["answers"]["c"]
     assert max(len(item.token_ids) for item in plan.items) == 128
+
+
+def test_window_options_are_refused_not_ignored(packages: dict[str, Path]) -> None:
+    from vllm_srun.errors import InvalidRequest
+
+    model = load(packages["bert"])
+    for options, field in (
+        ({"overflow": "window"}, "options.overflow"),
+        ({"window": {"tokens": 64}}, "options.window"),
+    ):
+        with pytest.raises(InvalidRequest, match=field):
+            serve(model, {"state": "s", "questions": {"c": CHOICE}, "options": options})

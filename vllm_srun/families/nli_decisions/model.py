@@ -67,6 +67,8 @@ class NliDecisionModel(DecisionModel):
     def plan(self, state: DecisionState, question: Question, options: Options) -> list[WorkItem]:
         if options.overflow == "window":
             raise InvalidRequest("options.overflow: 'window' is not supported by /v1/decisions")
+        if options.window is not None:  # as task_heads refuses it: never silently ignored
+            raise InvalidRequest("options.window: applies only with options.overflow 'window'")
         pairs = [(state.text, h) for h in templates.hypotheses(question)]
         encodings = self.plain.encode_batch(pairs, add_special_tokens=True)
         longest = max(len(e.ids) for e in encodings)
