@@ -115,11 +115,11 @@ def router_deployments(path: Path) -> list[Deployment]:
     raw = _load_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a router configuration is a mapping, not {type(raw).__name__}")
-    catalog = raw.get("global") or {}
-    catalog = catalog.get("model_catalog") if isinstance(catalog, dict) else None
-    if not isinstance(catalog or {}, dict):
+    section = raw.get("global")
+    catalog = (section.get("model_catalog") if isinstance(section, dict) else None) or {}
+    if not isinstance(catalog, dict):
         raise ConfigError(f"{path}: global.model_catalog must be a mapping")
-    entries = (catalog or {}).get("deployments")
+    entries = catalog.get("deployments")
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: global.model_catalog.deployments must be a list")
     deployments = [_convert(e, Deployment, path) for e in entries if isinstance(e, dict)]

@@ -88,8 +88,13 @@ class PackageError(ConfigError):
     code = "package_error"
 
 
+def rust_panic(exc: BaseException) -> bool:
+    """A panic in a Rust extension such as `tokenizers`: pyo3 raises it as `PanicException`, a
+    BaseException that `except Exception` misses (its class is importable only once one fired)."""
+    return type(exc).__name__ == "PanicException"
+
+
 def model_failure(exc: BaseException) -> bool:
     """Whether `exc` is a failure of a model's own code, to be contained as that model's (or that
-    input's) error: any Exception, and the panics of Rust extensions such as `tokenizers`, which
-    pyo3 raises as `PanicException`, a BaseException. Interrupts and exits are not."""
-    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+    input's) error: any Exception, and Rust panics. Interrupts and exits are not."""
+    return isinstance(exc, Exception) or rust_panic(exc)

@@ -18,11 +18,9 @@ async def respond(request: Request[Any, Any, Any], state: State, surface: str, d
     timing = Timing()
     # The metrics label: only a served model's name (a client's unknown name would add series
     # for good); a request that names none is labelled by the model it runs on, if only one.
-    model = (
-        data.model
-        if data.model is not None
-        else (next(iter(runtime.models)) if len(runtime.models) == 1 else None)
-    )
+    model = data.model
+    if model is None and len(runtime.models) == 1:
+        model = next(iter(runtime.models))
     request.scope["state"]["srun_model"] = model if model in runtime.models else ""
     work = asyncio.ensure_future(serve_surface(runtime, surface, data, timing))
     gone = asyncio.ensure_future(_disconnected(request))

@@ -14,8 +14,7 @@ from typing import Any
 import msgspec
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import InvalidRequest, Overloaded, RequestTooLarge, SrunError, UnsupportedSurface
-from vllm_srun.plugins.base import LoadedModel, Plan
+from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.decision_surface import DecisionsRequest, count_questions
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
@@ -135,9 +134,9 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
         )
     count = _check_size(runtime, surface, request)
     if count > _THREAD_PLAN_INPUTS or _text_chars(request) > _THREAD_PLAN_CHARS:
-        plan = await asyncio.to_thread(_plan, model, surface, request)
+        plan = await asyncio.to_thread(keys.plan_with_keys, model, surface, request)
     else:
-        plan = _plan(model, surface, request)
+        plan = keys.plan_with_keys(model, surface, request)
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None
@@ -171,18 +170,3 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
         }
     timing.total_s = time.perf_counter() - started
     return body
-
-
-def _plan(model: LoadedModel, surface: str, request: Any) -> Plan:
-    try:
-        plan = model.plan_surface(surface, request)
-    except SrunError:
-        raise
-    except BaseException as exc:
-        if type(exc).__name__ != "PanicException":
-            raise  # a bug: the 500 handler logs it
-        # A Rust panic (a tokenizer's regex giving up on this text) is not an Exception and
-        # would escape every handler; answer it as this request's error.
-        raise InvalidRequest(f"input: the model's tokenizer failed on it ({exc})") from None
-    keys.assign_cache_keys(plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics)
-    return plan

@@ -132,18 +132,11 @@ def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes,
         entry = _Planned(index, custom_id)
         try:
             request = msgspec.json.decode(raw, type=kind, strict=False)
-            entry.plan = model.plan_surface(surface, request)
-            keys.assign_cache_keys(
-                entry.plan.items, model_sha256=model.info.model_sha256, numerics=model.info.numerics
-            )
+            entry.plan = keys.plan_with_keys(model, surface, request)
         except SrunError as exc:
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:
             entry.error = error_body("invalid_request", str(exc))
-        except BaseException as exc:  # a tokenizer panic on this line fails this line only
-            if type(exc).__name__ != "PanicException":
-                raise
-            entry.error = error_body("invalid_request", f"input: the model's tokenizer failed on it ({exc})")
         out.append(entry)
     return out
 

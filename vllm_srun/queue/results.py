@@ -71,13 +71,14 @@ class LocalResults:
 
     def put(self, deployment: str, cache_key: str, raw: bytes) -> None:
         """Keep an encoded array result (errors are never cached, here or in Redis)."""
-        if not cache_key or raw[:1] != _ARRAY or _cost(cache_key, raw) > self.max_bytes:
+        cost = _cost(cache_key, raw)
+        if not cache_key or raw[:1] != _ARRAY or cost > self.max_bytes:
             return
         key = (deployment, cache_key)
         if key in self._entries:
             self._drop(key)
         self._entries[key] = (time.monotonic(), raw)
-        self.bytes += _cost(cache_key, raw)
+        self.bytes += cost
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
