@@ -51,7 +51,7 @@ class Ceiling:
     """One model loaded in-process; `batch(texts)` is one plan → run → finish."""
 
     def __init__(self, model_path: str) -> None:
-        from vllm_srun.plugins.registry import load_plugins
+        from vllm_srun.plugins.discovery import load_plugins
         from vllm_srun.plugins.surfaces import EmbeddingsRequest
         from vllm_srun.registry.loader import ModelOptions, load_model
 

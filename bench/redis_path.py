@@ -27,7 +27,7 @@ def texts(n: int) -> list[str]:
 
 
 def direct(package: Path, inputs: list[str]) -> list[float]:
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.plugins.surfaces import ClassifyRequest
     from vllm_srun.registry.loader import ModelOptions, load_model
 

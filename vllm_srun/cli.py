@@ -237,7 +237,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_srun.app.main import create_app
     from vllm_srun.app.runtime import ServerSettings
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
     _cpu_threads(args)
@@ -305,7 +305,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
         make_worker,
         prepare_all,
     )
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
 
     settings = ServerSettings(
         models=_model_settings(args),
@@ -387,7 +387,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_plugins(args: argparse.Namespace) -> int:
     from vllm_srun.accelerators._torch import torch_or_none
-    from vllm_srun.plugins.registry import GROUPS, load_plugins
+    from vllm_srun.plugins.discovery import GROUPS, load_plugins
 
     torch_or_none()  # loaded here so that torch-based accelerators report what they find
     described = load_plugins().describe()
@@ -406,7 +406,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.registry.tables import describe_tables, load_tables
 
     tables = load_tables(e.plugin for e in load_plugins().of("families").values())
@@ -429,7 +429,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_fixture(args: argparse.Namespace) -> int:
     from vllm_srun.errors import ConfigError
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
 
     out: Path = args.out  # "" parses as ".": refused below unless the current directory is empty
     if out.exists() and not out.is_dir():

@@ -735,7 +735,7 @@ def test_token_ids_past_the_vocabulary_are_refused_at_load(th: Any, tmp_path: Pa
 
 def test_an_onnx_only_package_runs_on_onnxruntime_by_default(th: Any, tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime")
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.registry.loader import ModelOptions, load_model
 
     path = tmp_path / "onnx-only"

@@ -13,7 +13,7 @@ import pytest
 from helpers import Server, write_keywords
 
 from vllm_srun.errors import ConfigError
-from vllm_srun.plugins.registry import load_plugins
+from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.registry.approximate import Approximation, check_approximation
 from vllm_srun.registry.loader import ModelOptions, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from vllm_srun.errors import ConfigError
+from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.package import ModelPackage
-from vllm_srun.plugins.registry import load_plugins
 from vllm_srun.registry.loader import detect_family
 
 

@@ -21,7 +21,7 @@ import structlog
 
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
-from vllm_srun.plugins.registry import Plugins, load_plugins
+from vllm_srun.plugins.discovery import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
 from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient

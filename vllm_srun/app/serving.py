@@ -23,7 +23,7 @@ from vllm_srun.plugins.surfaces import (
     RerankRequest,
     TextPair,
 )
-from vllm_srun.queue import keys
+from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
 # with one long text (or many windows of it) must not hold up the small ones.
@@ -134,9 +134,9 @@ async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Ti
         )
     count = _check_size(runtime, surface, request)
     if count > _THREAD_PLAN_INPUTS or _text_chars(request) > _THREAD_PLAN_CHARS:
-        plan = await asyncio.to_thread(keys.plan_with_keys, model, surface, request)
+        plan = await asyncio.to_thread(plan_with_keys, model, surface, request)
     else:
-        plan = keys.plan_with_keys(model, surface, request)
+        plan = plan_with_keys(model, surface, request)
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None

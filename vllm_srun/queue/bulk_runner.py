@@ -34,6 +34,7 @@ from vllm_srun.queue.bulk import (
     result_line,
 )
 from vllm_srun.queue.coalescer import BULK, Coalescer
+from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.results import decode_result, encode_result
 
 log = structlog.get_logger("vllm_srun.bulk")
@@ -132,7 +133,7 @@ def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes,
         entry = _Planned(index, custom_id)
         try:
             request = msgspec.json.decode(raw, type=kind, strict=False)
-            entry.plan = keys.plan_with_keys(model, surface, request)
+            entry.plan = plan_with_keys(model, surface, request)
         except SrunError as exc:
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:

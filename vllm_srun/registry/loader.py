@@ -12,8 +12,8 @@ import structlog
 
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
+from vllm_srun.plugins.discovery import Plugins
 from vllm_srun.plugins.package import ModelPackage
-from vllm_srun.plugins.registry import Plugins
 from vllm_srun.registry.resolve import Resolved, resolve
 from vllm_srun.registry.tables import Tables, check_identity, load_tables
 

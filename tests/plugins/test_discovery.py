@@ -84,7 +84,7 @@ def test_allow_list_loads_only_named_plugins(tmp_path: Path) -> None:
 
 
 def test_loading_is_idempotent() -> None:
-    from vllm_srun.plugins.registry import load_plugins
+    from vllm_srun.plugins.discovery import load_plugins
 
     first = load_plugins()
     assert load_plugins() is first

@@ -1,0 +1,37 @@
+"""Every default setting, defined once.
+
+The command line, `--models` files, router configs, the app, the worker and the queue classes
+read their defaults from here, so a default changes in one place. This module imports nothing
+of the project: any layer may read it.
+"""
+
+from __future__ import annotations
+
+# Batching, per deployment (`--max-num-seqs`, `--max-num-batched-tokens`, `--batch-wait-ms`).
+MAX_NUM_SEQS = 64
+MAX_NUM_BATCHED_TOKENS = 16384
+BATCH_WAIT_MS = 2.0
+
+# Requests.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+MAX_INPUTS = 2048
+REQUEST_TIMEOUT_S = 60.0
+
+# Admission, per deployment and replica.
+MAX_QUEUED_ITEMS = 100_000
+MAX_QUEUED_TOKENS = 10_000_000
+
+# Result cache: the shared Redis entries and this process's copy in front of them.
+CACHE_TTL_S = 3600
+LOCAL_CACHE_MB = 64
+
+# Queue jobs and bulk jobs.
+JOB_TIMEOUT_S = 300.0
+JOB_TTL_S = 86400
+MAX_JOB_REQUESTS = 1_000_000
+MAX_JOB_BYTES = 512 * 1024 * 1024
+BULK_CHUNK_SIZE = 256
+
+# A model whose package states no token limit (no max_position_embeddings, no
+# sentence-transformers max_seq_length) reads at most this many tokens: BERT's.
+FALLBACK_MAX_TOKENS = 512
