@@ -12,6 +12,10 @@ MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 16384
 BATCH_WAIT_MS = 2.0
 
+# Where `serve` listens: this machine only, unless told otherwise.
+HOST = "127.0.0.1"
+PORT = 8000
+
 # Requests.
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_INPUTS = 2048
@@ -31,6 +35,14 @@ JOB_TTL_S = 86400
 MAX_JOB_REQUESTS = 1_000_000
 MAX_JOB_BYTES = 512 * 1024 * 1024
 BULK_CHUNK_SIZE = 256
+
+# CPU forwards: intra-op threads (None: one per core) and how much lower than the event loop
+# the forward threads run (a nice increment; 0: the same).
+INTRA_OP_THREADS: int | None = None
+FORWARD_NICE = 10
+
+# `check-config`: how long to wait for each endpoint's /v1/models.
+CHECK_TIMEOUT_S = 5.0
 
 # A model whose package states no token limit (no max_position_embeddings, no
 # sentence-transformers max_seq_length) reads at most this many tokens: BERT's.
