@@ -1,8 +1,10 @@
 """Model lists from files: `--models FILE` (ours, strict) and a router's `--config router.yaml`.
 
 A `--models` file is ours, so an unknown key is an error naming it. A router configuration
-belongs to the router: of it we read `global.model_catalog.deployments`, serve the entries
+belongs to the router: of it we read `global.model_catalog.deployments` (`CatalogDeployment`:
+the router's description of a deployment, not the one a worker serves), serve the entries
 with `provider: model_runtime` and no `endpoint`, and check the ones with an `endpoint`.
+Every default comes from `vllm_srun.defaults`, as the command line's do.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import httpx
 import msgspec
 import yaml
 
+from vllm_srun import defaults
 from vllm_srun.app.runtime import ModelSettings
 from vllm_srun.errors import ConfigError
 from vllm_srun.queue.coalescer import BatchLimits
@@ -24,9 +27,11 @@ PROVIDER = "model_runtime"
 
 
 class Batching(msgspec.Struct, forbid_unknown_fields=True):
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 16384
-    batch_wait_ms: float = 2.0
+    """A model's `batching:` section; what it leaves out is `vllm_srun.defaults`'."""
+
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
+    batch_wait_ms: float = defaults.BATCH_WAIT_MS
 
 
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
@@ -35,9 +40,9 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     model: str
     name: str | None = None
     family: str | None = None
-    engine: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
+    engine: str = defaults.ENGINE
+    device: str = defaults.DEVICE
+    dtype: str = defaults.DTYPE
     max_speed: bool = False
     batching: Batching = msgspec.field(default_factory=Batching)
 
@@ -46,17 +51,22 @@ class ModelsFile(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelEntry]
 
 
-class Deployment(msgspec.Struct):
-    """A router deployment; keys we do not use are the router's business and are ignored."""
+class CatalogDeployment(msgspec.Struct):
+    """One entry of the router's `model_catalog.deployments`: where the router sends a model.
+
+    The router's record, read to decide what to serve or check; what a device worker serves
+    is `vllm_srun.queue.worker.Deployment`. Keys we do not use are the router's business and
+    are ignored.
+    """
 
     name: str
     provider: str = ""
     artifact: str | None = None
     model: str | None = None
     endpoint: str | None = None
-    device: str = "auto"
-    engine: str = "auto"
-    dtype: str = "auto"
+    device: str = defaults.DEVICE
+    engine: str = defaults.ENGINE
+    dtype: str = defaults.DTYPE
     family: str | None = None
     max_speed: bool = False
     batching: Batching = msgspec.field(default_factory=Batching)
@@ -110,7 +120,7 @@ def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettin
     return [settings_of(e, allow_download=allow_download) for e in parsed.models]
 
 
-def router_deployments(path: Path) -> list[Deployment]:
+def router_deployments(path: Path) -> list[CatalogDeployment]:
     """The `model_runtime` deployments of a router configuration."""
     raw = _load_yaml(path) or {}
     if not isinstance(raw, dict):
@@ -122,7 +132,7 @@ def router_deployments(path: Path) -> list[Deployment]:
     entries = catalog.get("deployments")
     if not isinstance(entries, list):
         raise ConfigError(f"{path}: global.model_catalog.deployments must be a list")
-    deployments = [_convert(e, Deployment, path) for e in entries if isinstance(e, dict)]
+    deployments = [_convert(e, CatalogDeployment, path) for e in entries if isinstance(e, dict)]
     return [d for d in deployments if d.provider == PROVIDER]
 
 
@@ -156,7 +166,9 @@ class Check:
     detail: str
 
 
-def check_endpoints(path: Path, *, timeout_s: float = 5.0, api_key: str | None = None) -> list[Check]:
+def check_endpoints(
+    path: Path, *, timeout_s: float = defaults.CHECK_TIMEOUT_S, api_key: str | None = None
+) -> list[Check]:
     """For each deployment with an endpoint: is its model served there, on its device?"""
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     checks = []
@@ -175,7 +187,7 @@ def check_endpoints(path: Path, *, timeout_s: float = 5.0, api_key: str | None =
     return checks
 
 
-def _judge(d: Deployment, served: dict[str, dict[str, Any]]) -> Check:
+def _judge(d: CatalogDeployment, served: dict[str, dict[str, Any]]) -> Check:
     assert d.endpoint is not None
     available = ", ".join(
         f"{name} on {m.get('device', '?')} ({m.get('state', '?')})" for name, m in served.items()

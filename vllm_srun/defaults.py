@@ -7,6 +7,11 @@ of the project: any layer may read it.
 
 from __future__ import annotations
 
+# Placement, per model (`--engine`, `--device`, `--dtype`): chosen by auto_priority and device.
+ENGINE = "auto"
+DEVICE = "auto"
+DTYPE = "auto"
+
 # Batching, per deployment (`--max-num-seqs`, `--max-num-batched-tokens`, `--batch-wait-ms`).
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 16384

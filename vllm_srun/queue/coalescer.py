@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import structlog
 
+from vllm_srun import defaults
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
 from vllm_srun.plugins.stats import Stats
 
@@ -32,9 +33,11 @@ BULK = 1
 
 @dataclass(frozen=True, kw_only=True)
 class BatchLimits:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 16384
-    batch_wait_ms: float = 2.0
+    """One deployment's batch bounds: rows and tokens per forward, and the idle wait for more."""
+
+    max_num_seqs: int = defaults.MAX_NUM_SEQS
+    max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
+    batch_wait_ms: float = defaults.BATCH_WAIT_MS
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.nli_decisions.model import NliDecisionModel
 from vllm_srun.plugins.base import (
@@ -97,7 +98,7 @@ def read_layout(package: ModelPackage) -> NliLayout:
 
 
 def _max_tokens(package: ModelPackage, layout: NliLayout) -> int:
-    positions = int(layout.config.get("max_position_embeddings") or 512)
+    positions = int(layout.config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
     if layout.tokenizer_config is not None:
         data = package.read_json(layout.tokenizer_config)
         limit = data.get("model_max_length") if isinstance(data, dict) else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.plugins.package import ModelPackage
 
@@ -45,7 +46,7 @@ class Layout:
     pooling_config: str | None = None
     pooling: str | None = None
     normalize: bool = False
-    max_tokens: int = 512
+    max_tokens: int = defaults.FALLBACK_MAX_TOKENS
 
     def files(self) -> list[str]:
         """Every file `load` or an engine reads, in a stable order."""
@@ -120,7 +121,7 @@ def _weight_files(package: ModelPackage, *, has_onnx: bool) -> tuple[str, ...]:
 
 def _max_tokens(package: ModelPackage, config: dict[str, Any], tokenizer_config: str | None) -> int:
     """The tokenizer's model_max_length when it is a real limit, never above the positions."""
-    positions = int(config.get("max_position_embeddings") or 512)
+    positions = int(config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
     if tokenizer_config is not None:
         data = package.read_json(tokenizer_config)
         limit = data.get("model_max_length") if isinstance(data, dict) else None
