@@ -19,9 +19,6 @@ class SrunError(Exception):
         self.message = message
         self.headers = headers or {}
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
-
 
 class InvalidRequest(SrunError):
     code = "invalid_request"

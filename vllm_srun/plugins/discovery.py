@@ -98,10 +98,6 @@ class Plugins:
         plugin: Engine = self.get("engines", name)
         return plugin
 
-    def accelerator(self, name: str) -> Accelerator:
-        plugin: Accelerator = self.get("accelerators", name)
-        return plugin
-
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             group: [entry.describe() for _, entry in sorted(self.of(group).items())] for group in GROUPS
