@@ -64,7 +64,7 @@ class BertAddNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         # In place on the dense output, which nothing else holds: one [tokens, hidden] tensor
-        # fewer per block, bitwise the same sum (MiniLM forward +1.4% and +2.6% in two paired runs).
+        # fewer per block, bitwise the same sum.
         return self.LayerNorm(self.dense(x).add_(residual))
 
 

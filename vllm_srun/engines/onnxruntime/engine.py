@@ -31,9 +31,9 @@ class OnnxRuntimeEngine(Engine):
     """CPU inference of `spec.extra["onnx"]` graphs with onnxruntime's CPUExecutionProvider."""
 
     name = "onnxruntime"
-    # Not chosen automatically. Measured on the 2-core dev machine with all-MiniLM-L6-v2, it
-    # beat the native engine on tiny batches but lost on batches of 8-64 texts, where padding
-    # to the longest row costs more than the native engine's packed rows; name it to use it.
+    # Not chosen automatically: it pads every row to the longest in the batch, which costs more
+    # than the native engine's packed rows once batches hold more than a few texts; name it to
+    # use it.
     auto_priority = None
     dtypes = ("float32",)
 
