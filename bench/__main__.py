@@ -41,9 +41,14 @@ ADJACENT_SINGLE = 256  # and, around c1, the single-text pass on the first 256
 def same_threads(threads: int | None) -> None:
     """Give this process (the ceiling, then the peer) the thread settings `vllm-srun serve`
     gives its forwards, before torch is imported: the same function sets them for both."""
-    from vllm_srun.tuning import configure_cpu_threads
+    from vllm_srun.tuning import configure_cpu_threads, set_intra_op_threads
 
-    configure_cpu_threads(threads)
+    count = configure_cpu_threads(threads)
+    try:
+        import torch  # noqa: F401  (after the policy, as the server's engine imports it)
+    except ImportError:
+        return
+    set_intra_op_threads(count)
 
 
 def default_model() -> str | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, RedisProcess, Server
+from helpers import REPO, RedisProcess, Server, start_worker
 
 from vllm_srun.cli import FIXTURE_MARKER, main
 
@@ -162,3 +162,20 @@ def test_an_open_event_stream_neither_starves_nor_blocks_a_stop(
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(timeout=20) == 0, server.log()
     assert time.monotonic() - started < 15
+
+
+def test_a_worker_serves_a_replica_and_stops_on_sigterm(
+    start_server: Callable[..., Server], keywords: Path, redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    # The worker starts through the same path as serve's embedded worker (Serving).
+    worker = start_worker(tmp_path, keywords, redis_proc.url, "--intra-op-threads", "1")
+    try:
+        assert "worker ready: keywords" in worker.log()
+        app = start_server(str(keywords), "--redis", redis_proc.url)
+        answer = httpx.post(f"{app.url}/v1/classify", json={"input": "refund"}, timeout=30)
+        assert answer.status_code == 200, answer.text
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(timeout=20) == 0, worker.log()
+        assert "Traceback" not in worker.log()
+    finally:
+        worker.stop()

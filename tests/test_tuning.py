@@ -1,4 +1,5 @@
-"""Forward threads give way to the event loop: a lower priority for them alone."""
+"""Forward threads give way to the event loop: a lower priority for them alone; and they run
+with the intra-op thread count the settings give, handed over as a setting."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from helpers import write_keywords
 
-from vllm_srun.tuning import FORWARD_NICE_ENV, lower_forward_priority
+from vllm_srun.app.runtime import Executors, ServedModel
+from vllm_srun.plugins.discovery import load_plugins
+from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.registry.loader import ModelOptions, load_model
+from vllm_srun.tuning import FORWARD_NICE_ENV, configure_cpu_threads, lower_forward_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
 
@@ -45,3 +52,42 @@ def test_zero_negative_or_malformed_settings_change_nothing(
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     monkeypatch.setenv(FORWARD_NICE_ENV, value)
     assert nice_of_a_forward_thread() == (base, base)
+
+
+def forward_threads(tmp_path: Path, intra_op_threads: int | None) -> int:
+    """torch's thread count inside the forward executor the runtime makes for a cpu model."""
+    torch = pytest.importorskip("torch")
+    loaded, placement = load_model(
+        load_plugins(),
+        ModelOptions(ref=str(write_keywords(tmp_path / "kw")), engine="example_counts"),
+        with_engine=True,
+    )
+    served = ServedModel("kw", BatchLimits(), model=loaded, placement=placement)
+    executors = Executors(intra_op_threads)
+    before = torch.get_num_threads()
+    try:
+        return int(executors.deployment(served).executor.submit(torch.get_num_threads).result())
+    finally:
+        executors.shutdown()
+        torch.set_num_threads(before)  # the count is the process's: leave it as other tests found it
+
+
+def test_forwards_run_with_the_intra_op_threads_setting(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    wanted = 2 if torch.get_num_threads() == 1 else 1
+    assert forward_threads(tmp_path, wanted) == wanted
+
+
+def test_without_the_setting_the_thread_count_is_left_alone(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    assert forward_threads(tmp_path, None) == torch.get_num_threads()
+
+
+def test_configure_cpu_threads_gives_every_core_by_default_and_idle_threads_sleep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert configure_cpu_threads(None) == (os.cpu_count() or 1)
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the environment's own choice stands
+    assert configure_cpu_threads(3) == 3 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

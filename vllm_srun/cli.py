@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_srun import defaults
 from vllm_srun.errors import SrunError
 
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
@@ -69,9 +70,9 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="router.yaml: serve its model_runtime deployments",
     )
-    add("--engine", default="auto", help="engine plugin name, or auto (by auto_priority)")
-    add("--device", default="auto", help="device such as cpu, cuda:0, or auto")
-    add("--dtype", default="auto", help="auto (float32 on CPU), float32, bfloat16")
+    add("--engine", default=defaults.ENGINE, help="engine plugin name, or auto (by auto_priority)")
+    add("--device", default=defaults.DEVICE, help="device such as cpu, cuda:0, or auto")
+    add("--dtype", default=defaults.DTYPE, help="auto (float32 on CPU), float32, bfloat16")
     add("--family", default=None, help="model family, when several recognise the package")
     add(
         "--served-model-name",
@@ -89,23 +90,41 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="download a repository missing from the Hugging Face cache",
     )
-    add("--max-num-seqs", type=POSITIVE, default=64, help="most rows in one forward")
-    add("--max-num-batched-tokens", type=POSITIVE, default=16384, help="most tokens in one forward")
+    add("--max-num-seqs", type=POSITIVE, default=defaults.MAX_NUM_SEQS, help="most rows in one forward")
+    add(
+        "--max-num-batched-tokens",
+        type=POSITIVE,
+        default=defaults.MAX_NUM_BATCHED_TOKENS,
+        help="most tokens in one forward",
+    )
     add(
         "--batch-wait-ms",
         type=MILLISECONDS,
-        default=2.0,
+        default=defaults.BATCH_WAIT_MS,
         help="longest wait for more items when the device is idle",
     )
     add(
-        "--job-timeout-s", type=SECONDS, default=300.0, help="a queue job running longer is retried elsewhere"
+        "--job-timeout-s",
+        type=SECONDS,
+        default=defaults.JOB_TIMEOUT_S,
+        help="a queue job running longer is retried elsewhere",
     )
-    add("--job-ttl-s", type=POSITIVE, default=86400, help="how long bulk jobs and their results live")
-    add("--cache-ttl-s", type=POSITIVE, default=3600, help="how long results stay in the cache")
+    add(
+        "--job-ttl-s",
+        type=POSITIVE,
+        default=defaults.JOB_TTL_S,
+        help="how long bulk jobs and their results live",
+    )
+    add(
+        "--cache-ttl-s",
+        type=POSITIVE,
+        default=defaults.CACHE_TTL_S,
+        help="how long results stay in the cache",
+    )
     add(
         "--intra-op-threads",
         type=POSITIVE,
-        default=None,
+        default=defaults.INTRA_OP_THREADS,
         help="threads per CPU forward (default: every core; idle threads sleep)",
     )
     add("--log-level", default="info", choices=LOG_LEVELS, help="how much to log")
@@ -119,21 +138,46 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(serve)
     add = serve.add_argument
     add("--redis", default=None, help="Redis URL; makes this process an app replica only")
-    add("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    add("--port", type=PORT, default=8000, help="port to bind")
-    add("--max-request-bytes", type=POSITIVE, default=4 * 1024 * 1024, help="largest request body")
-    add("--max-inputs", type=POSITIVE, default=2048, help="most inputs in one request")
+    add("--host", default=defaults.HOST, help=f"address to bind (default {defaults.HOST})")
+    add("--port", type=PORT, default=defaults.PORT, help="port to bind")
+    add("--max-request-bytes", type=POSITIVE, default=defaults.MAX_REQUEST_BYTES, help="largest request body")
+    add("--max-inputs", type=POSITIVE, default=defaults.MAX_INPUTS, help="most inputs in one request")
     add(
         "--local-cache-mb",
         type=NON_NEGATIVE,
-        default=64,
+        default=defaults.LOCAL_CACHE_MB,
         help="recent results kept in this process in front of the Redis cache (0: none)",
     )
-    add("--max-queued-items", type=POSITIVE, default=100_000, help="bound on queued items per model")
-    add("--max-queued-tokens", type=POSITIVE, default=10_000_000, help="bound on queued tokens per model")
-    add("--request-timeout-s", type=SECONDS, default=60.0, help="longest wait for a result")
-    add("--max-job-requests", type=POSITIVE, default=1_000_000, help="most requests in one bulk job")
-    add("--max-job-bytes", type=POSITIVE, default=512 * 1024 * 1024, help="largest bulk job body in bytes")
+    add(
+        "--max-queued-items",
+        type=POSITIVE,
+        default=defaults.MAX_QUEUED_ITEMS,
+        help="bound on queued items per model",
+    )
+    add(
+        "--max-queued-tokens",
+        type=POSITIVE,
+        default=defaults.MAX_QUEUED_TOKENS,
+        help="bound on queued tokens per model",
+    )
+    add(
+        "--request-timeout-s",
+        type=SECONDS,
+        default=defaults.REQUEST_TIMEOUT_S,
+        help="longest wait for a result",
+    )
+    add(
+        "--max-job-requests",
+        type=POSITIVE,
+        default=defaults.MAX_JOB_REQUESTS,
+        help="most requests in one bulk job",
+    )
+    add(
+        "--max-job-bytes",
+        type=POSITIVE,
+        default=defaults.MAX_JOB_BYTES,
+        help="largest bulk job body in bytes",
+    )
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
@@ -161,7 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-config", help="check a router.yaml's endpoints against what they serve")
     check.add_argument("config", type=Path, help="the router configuration")
     check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
-    check.add_argument("--timeout-s", type=SECONDS, default=5.0, help="per-endpoint timeout")
+    check.add_argument(
+        "--timeout-s", type=SECONDS, default=defaults.CHECK_TIMEOUT_S, help="per-endpoint timeout"
+    )
 
     # Listed for --help only: main() hands everything after "bench" to the bench's own parser.
     sub.add_parser("bench", help="run the benchmark from the repository root (vllm-srun bench --help)")
@@ -226,10 +272,24 @@ def _check_redis(url: str) -> None:
         raise ConfigError(f"cannot reach Redis at {describe_url(url)}: {exc}") from exc
 
 
-def _cpu_threads(args: argparse.Namespace) -> None:
+def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServerSettings fields `serve` and `worker` both take from their options.
+
+    In the order a start needs: the CPU thread policy before any engine imports torch, then
+    the plugins, then the models (a wrong one refuses the start before Redis is touched).
+    """
+    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.tuning import configure_cpu_threads
 
-    configure_cpu_threads(args.intra_op_threads)
+    threads = configure_cpu_threads(args.intra_op_threads)
+    load_plugins()
+    return {
+        "models": _model_settings(args),
+        "job_timeout_s": args.job_timeout_s,
+        "job_ttl_s": args.job_ttl_s,
+        "cache_ttl_s": args.cache_ttl_s,
+        "intra_op_threads": threads,
+    }
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -237,19 +297,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_srun.app.main import create_app
     from vllm_srun.app.runtime import ServerSettings
-    from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
-    _cpu_threads(args)
-    load_plugins()
-    models = _model_settings(args)
+    shared = _shared_settings(args)
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
         if embedded_redis is None:
             _check_redis(url)
         settings = ServerSettings(
-            models=models,
+            **shared,
             redis_url=url,
             embedded=embedded_redis is not None,
             max_request_bytes=args.max_request_bytes,
@@ -258,10 +315,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queued_items=args.max_queued_items,
             max_queued_tokens=args.max_queued_tokens,
             request_timeout_s=args.request_timeout_s,
-            cache_ttl_s=args.cache_ttl_s,
             api_key=args.api_key,
-            job_timeout_s=args.job_timeout_s,
-            job_ttl_s=args.job_ttl_s,
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
         )
@@ -296,42 +350,20 @@ def _raise_stopped(signum: int, frame: Any) -> None:
     raise _Stopped
 
 
-async def _run_worker(args: argparse.Namespace) -> int:
-    from vllm_srun.app.runtime import (
-        Executors,
-        ServedModel,
-        ServerSettings,
-        bring_up,
-        make_worker,
-        prepare_all,
-    )
+async def _run_worker(settings: Any, metrics_port: int | None) -> int:
+    """Serve `settings.models` from this process's devices until SIGINT or SIGTERM."""
+    from vllm_srun.app.runtime import Serving
     from vllm_srun.plugins.discovery import load_plugins
 
-    settings = ServerSettings(
-        models=_model_settings(args),
-        redis_url=args.redis,
-        embedded=False,
-        job_timeout_s=args.job_timeout_s,
-        job_ttl_s=args.job_ttl_s,
-        cache_ttl_s=args.cache_ttl_s,
-    )
     plugins = load_plugins()
-    prepared, _ = prepare_all(plugins, settings.models, with_engine=True)
-    executors = Executors()
-    worker = make_worker(settings, _stats(plugins, args.metrics_port))
-    await worker.start()
-    served = []
-    for p, model_settings in prepared:
-        entry = ServedModel(p.name, model_settings.limits, placement=p.placement)
-        await bring_up(entry, p, lambda s: worker.add(executors.deployment(s)))  # add() is async
-        served.append(entry)
-    ready = [s.name for s in served if s.state == "ready"]
+    serving = Serving.prepare(plugins, settings, with_device=True)
+    await serving.start(_stats(plugins, metrics_port))
+    await serving.loaded()
+    ready = serving.ready()
     if not ready:
-        await worker.close()
-        print(
-            "error: no model could be served: " + "; ".join(f"{s.name}: {s.reason}" for s in served),
-            file=sys.stderr,
-        )
+        await serving.close()
+        reasons = "; ".join(f"{name}: {s.reason}" for name, s in serving.models.items())
+        print(f"error: no model could be served: {reasons}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -339,8 +371,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     print(f"worker ready: {', '.join(ready)}", file=sys.stderr, flush=True)
     await stop.wait()
-    await worker.close()
-    executors.shutdown()
+    await serving.close()
     return 0
 
 
@@ -374,15 +405,17 @@ def _check_port_free(port: int) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    _cpu_threads(args)
+    from vllm_srun.app.runtime import ServerSettings
+
     _check_redis(args.redis)
     if args.metrics_port:
         _check_port_free(args.metrics_port)
+    settings = ServerSettings(**_shared_settings(args), redis_url=args.redis, embedded=False)
     try:  # the event loop the server gets from uvicorn when uvloop is installed
         import uvloop
     except ImportError:
-        return asyncio.run(_run_worker(args))
-    return uvloop.run(_run_worker(args))
+        return asyncio.run(_run_worker(settings, args.metrics_port))
+    return uvloop.run(_run_worker(settings, args.metrics_port))
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:

@@ -1,46 +1,72 @@
-"""Process settings for CPU forwards, applied before any engine imports torch.
+"""Process and thread settings for CPU forwards.
 
-Measured on this 2-core machine, MiniLM, batches of 32 (README: Tuning). With the other core
-busy: 2 OpenMP threads spinning (the default wait policy) fell to 18 texts/s and 860 ms for
-one text; 2 threads that sleep when idle (PASSIVE) gave 70 texts/s, 1 thread 72. Idle machine:
-2 PASSIVE threads 138 texts/s, 1 thread 74. So: every core, and idle threads sleep.
+Two choices, measured in `bench/` (README: Tuning): idle OpenMP threads sleep instead of
+spinning, because a spinning pool starves everything else on a busy machine (the event loop,
+Redis, other forwards) while gaining nothing once the work is in flight; and CPU forwards use
+every core by default, because a sleeping pool costs little when another core is busy and
+gains a lot when it is idle.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
-# Read by the native engine when it loads a model on the cpu.
-THREADS_ENV = "VLLM_SRUN_INTRA_OP_THREADS"
+from vllm_srun import defaults
+
 # How much lower than the event loop the forward threads run (a nice increment; 0: the same).
 FORWARD_NICE_ENV = "VLLM_SRUN_FORWARD_NICE"
-DEFAULT_FORWARD_NICE = 10
 
 
 def default_threads() -> int:
     return os.cpu_count() or 1
 
 
-def configure_cpu_threads(threads: int | None = None) -> int:
-    """Set the intra-op thread count for CPU forwards of this process; returns it."""
-    count = threads or default_threads()
-    os.environ[THREADS_ENV] = str(count)
+def configure_cpu_threads(threads: int | None = defaults.INTRA_OP_THREADS) -> int:
+    """The intra-op thread count for this process's CPU forwards (`threads`, or every core).
+
+    Call it before any engine imports torch: it makes idle OpenMP threads sleep
+    (`OMP_WAIT_POLICY=PASSIVE`, unless the environment says otherwise), which the OpenMP
+    runtime reads once, when it starts. The count it returns is a setting to hand on
+    (`ServerSettings.intra_op_threads`); `start_forward_thread` applies it.
+    """
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return count
+    return threads or default_threads()
+
+
+def set_intra_op_threads(threads: int) -> None:
+    """Give torch's CPU forwards `threads` threads, where torch is already loaded.
+
+    Only the native engine imports torch; an engine that does not (onnxruntime sizes its own
+    pool) is left alone, and nothing here imports torch into a process that has none.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+
+
+def start_forward_thread(intra_op_threads: int | None = None) -> None:
+    """The initializer of a forward executor: a lower priority, and the thread count when given.
+
+    The executor's thread starts on its first forward, after the engine has loaded the model,
+    so torch is there to be told.
+    """
+    lower_forward_priority()
+    if intra_op_threads is not None:
+        set_intra_op_threads(intra_op_threads)
 
 
 def lower_forward_priority() -> None:
     """Run the calling thread, and the OpenMP threads it will start, at a lower priority.
 
-    The initializer of the forward executors. Forwards keep every core busy; the event loop
-    (HTTP, Redis, cache hits) and the Redis server then wait for a scheduler slice behind them,
-    several milliseconds on a loaded 2-core machine. On Linux the nice value is per thread and
-    inherited by the threads a thread starts, so only forward work gives way; raising one's own
-    nice value needs no privilege. Elsewhere, or if refused, nothing changes.
+    Forwards keep every core busy; the event loop (HTTP, Redis, cache hits) and the Redis
+    server then wait for a scheduler slice behind them. On Linux the nice value is per thread
+    and inherited by the threads a thread starts, so only forward work gives way; raising
+    one's own nice value needs no privilege. Elsewhere, or if refused, nothing changes.
     """
     try:
-        increment = int(os.environ.get(FORWARD_NICE_ENV, DEFAULT_FORWARD_NICE))
+        increment = int(os.environ.get(FORWARD_NICE_ENV, defaults.FORWARD_NICE))
     except ValueError:  # a malformed setting must not break the executor: run at normal priority
         return
     if increment <= 0 or not hasattr(os, "setpriority"):

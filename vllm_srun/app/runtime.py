@@ -14,11 +14,13 @@ import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins, load_plugins
@@ -31,7 +33,7 @@ from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
-from vllm_srun.tuning import lower_forward_priority
+from vllm_srun.tuning import start_forward_thread
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -46,24 +48,27 @@ class ModelSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class ServerSettings:
-    """Everything `serve` was told. Unknown keys are impossible: this is a typed record."""
+    """Everything `serve` or `worker` was told. Unknown keys are impossible: this is a typed
+    record, and what it leaves out is `vllm_srun.defaults`'."""
 
     models: tuple[ModelSettings, ...]
     redis_url: str
     embedded: bool
-    max_request_bytes: int = 4 * 1024 * 1024
-    max_inputs: int = 2048
-    max_queued_items: int = 100_000
-    max_queued_tokens: int = 10_000_000
-    request_timeout_s: float = 60.0
-    cache_ttl_s: int = 3600
-    local_cache_mb: int = 64
+    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
+    max_inputs: int = defaults.MAX_INPUTS
+    max_queued_items: int = defaults.MAX_QUEUED_ITEMS
+    max_queued_tokens: int = defaults.MAX_QUEUED_TOKENS
+    request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
+    cache_ttl_s: int = defaults.CACHE_TTL_S
+    local_cache_mb: int = defaults.LOCAL_CACHE_MB
     api_key: str | None = None
-    job_timeout_s: float = 300.0
-    job_ttl_s: int = 86400
-    max_job_requests: int = 1_000_000
-    max_job_bytes: int = 512 * 1024 * 1024
-    bulk_chunk_size: int = 256
+    job_timeout_s: float = defaults.JOB_TIMEOUT_S
+    job_ttl_s: int = defaults.JOB_TTL_S
+    max_job_requests: int = defaults.MAX_JOB_REQUESTS
+    max_job_bytes: int = defaults.MAX_JOB_BYTES
+    bulk_chunk_size: int = defaults.BULK_CHUNK_SIZE
+    # Threads per CPU forward, handed to each forward executor (None: torch's own choice).
+    intra_op_threads: int | None = defaults.INTRA_OP_THREADS
 
 
 @dataclass
@@ -162,7 +167,8 @@ async def bring_up(
 class Executors:
     """One single-thread executor per device: one forward at a time on each device."""
 
-    def __init__(self) -> None:
+    def __init__(self, intra_op_threads: int | None = None) -> None:
+        self.intra_op_threads = intra_op_threads
         self._by_device: dict[str, ThreadPoolExecutor] = {}
 
     def deployment(self, served: ServedModel) -> Deployment:
@@ -170,7 +176,9 @@ class Executors:
         device = served.placement.device
         if device not in self._by_device:
             self._by_device[device] = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"forward-{device}", initializer=lower_forward_priority
+                max_workers=1,
+                thread_name_prefix=f"forward-{device}",
+                initializer=partial(start_forward_thread, self.intra_op_threads),
             )
         return Deployment(model=served.model, limits=served.limits, executor=self._by_device[device])
 
@@ -192,49 +200,57 @@ def make_worker(settings: ServerSettings, stats: Stats) -> DeviceWorker:
 
 
 @dataclass
-class Runtime:
+class Serving:
+    """A process's models and, where it runs forwards (`with_device`), its device worker.
+
+    The one start path of `serve` (embedded: the app and a device worker; as a replica: the
+    models without engines) and of `worker` (a device worker alone). `prepare` reads only small
+    files, so a wrong setting refuses the start before anything connects; `start` starts the
+    device worker and brings the models up, one after another, in the background; `loaded`
+    waits for that.
+    """
+
     settings: ServerSettings
-    plugins: Plugins
-    stats: Stats
-    queue: QueueClient
-    models: dict[str, ServedModel] = field(default_factory=dict)
+    with_device: bool
+    models: dict[str, ServedModel]
+    prepared: list[Prepared]
     worker: DeviceWorker | None = None
-    # Items and tokens this replica has in the queue, per deployment (the admission bound).
-    queued: dict[str, tuple[int, int]] = field(default_factory=dict)
-    bulk: BulkStore = field(init=False)
-    executors: Executors = field(default_factory=Executors)
+    executors: Executors = field(init=False)
     _loading: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
-        self.bulk = BulkStore(
-            self.queue.redis, ttl_s=self.settings.job_ttl_s, chunk_size=self.settings.bulk_chunk_size
-        )
+        self.executors = Executors(self.settings.intra_op_threads)
 
     @classmethod
-    async def start(cls, settings: ServerSettings) -> Runtime:
-        plugins = load_plugins()
-        prepared, failed = prepare_all(plugins, settings.models, with_engine=settings.embedded)
-        stats = Stats(sinks(plugins))
-        queue = QueueClient(
-            settings.redis_url,
-            result_ttl_s=settings.cache_ttl_s,
-            local_cache_bytes=settings.local_cache_mb << 20,
-        )
-        runtime = cls(settings=settings, plugins=plugins, stats=stats, queue=queue)
-        await queue.start()
-        for name, model_settings, reason in failed:
-            runtime.models[name] = ServedModel(name, model_settings.limits, state="failed", reason=reason)
+    def prepare(cls, plugins: Plugins, settings: ServerSettings, *, with_device: bool) -> Serving:
+        prepared, failed = prepare_all(plugins, settings.models, with_engine=with_device)
+        models = {
+            name: ServedModel(name, model_settings.limits, state="failed", reason=reason)
+            for name, model_settings, reason in failed
+        }
         for p, model_settings in prepared:
-            runtime.models[p.name] = ServedModel(p.name, model_settings.limits, placement=p.placement)
-        if settings.embedded:
-            runtime.worker = make_worker(settings, stats)
-            await runtime.worker.start()
-        runtime._loading = asyncio.get_running_loop().create_task(runtime._bring_up_all(prepared))
-        return runtime
+            models[p.name] = ServedModel(p.name, model_settings.limits, placement=p.placement)
+        return cls(
+            settings=settings, with_device=with_device, models=models, prepared=[p for p, _ in prepared]
+        )
 
-    async def _bring_up_all(self, prepared: list[tuple[Prepared, ModelSettings]]) -> None:
-        # One at a time: loading two models at once only splits the same two cores.
-        for p, _ in prepared:
+    async def start(self, stats: Stats) -> None:
+        if self.with_device:
+            self.worker = make_worker(self.settings, stats)
+            await self.worker.start()
+        self._loading = asyncio.get_running_loop().create_task(self._bring_up_all())
+
+    async def loaded(self) -> None:
+        """Every model ready or failed."""
+        if self._loading is not None:
+            await asyncio.shield(self._loading)
+
+    def ready(self) -> list[str]:
+        return [name for name, served in self.models.items() if served.state == "ready"]
+
+    async def _bring_up_all(self) -> None:
+        # One at a time: models loading side by side would only split the same cores.
+        for p in self.prepared:
             await bring_up(self.models[p.name], p, self._serve if self.worker else _nothing)
 
     async def _serve(self, served: ServedModel) -> None:
@@ -248,8 +264,49 @@ class Runtime:
                 await self._loading
         if self.worker is not None:
             await self.worker.close()
-        await self.queue.close()
         self.executors.shutdown()
+
+
+@dataclass
+class Runtime:
+    """The app's resources: the queue client, bulk jobs, admission counts and `serving`."""
+
+    settings: ServerSettings
+    plugins: Plugins
+    stats: Stats
+    queue: QueueClient
+    serving: Serving
+    # Items and tokens this replica has in the queue, per deployment (the admission bound).
+    queued: dict[str, tuple[int, int]] = field(default_factory=dict)
+    bulk: BulkStore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bulk = BulkStore(
+            self.queue.redis, ttl_s=self.settings.job_ttl_s, chunk_size=self.settings.bulk_chunk_size
+        )
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        return self.serving.models
+
+    @classmethod
+    async def start(cls, settings: ServerSettings) -> Runtime:
+        plugins = load_plugins()
+        stats = Stats(sinks(plugins))
+        serving = Serving.prepare(plugins, settings, with_device=settings.embedded)
+        queue = QueueClient(
+            settings.redis_url,
+            result_ttl_s=settings.cache_ttl_s,
+            local_cache_bytes=settings.local_cache_mb << 20,
+        )
+        runtime = cls(settings=settings, plugins=plugins, stats=stats, queue=queue, serving=serving)
+        await queue.start()
+        await serving.start(stats)
+        return runtime
+
+    async def close(self) -> None:
+        await self.serving.close()
+        await self.queue.close()
 
     def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:
         """The model a request names (the only model when it names none), if it is ready."""
