@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
@@ -29,9 +30,9 @@ class ModelOptions:
     ref: str
     name: str | None = None
     family: str | None = None
-    engine: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
+    engine: str = defaults.ENGINE
+    device: str = defaults.DEVICE
+    dtype: str = defaults.DTYPE
     allow_download: bool = False
     max_speed: bool = False
 
