@@ -5,7 +5,12 @@ config.json with labels, random weights saved as safetensors, a real `tokenizer.
 with the `tokenizers` library, and for embedders the sentence-transformers `modules.json` and
 `1_Pooling/config.json`. With `onnx=True` it also exports `onnx/model.onnx`.
 
-This is a development tool: it imports torch and transformers (the family never does).
+With `weights=False` the package is written without torch: the same tokenizer and config.json,
+and a `model.safetensors` that holds no tensors. The family never reads weights, so such a
+package detects, verifies, loads and plans like the full one; an engine cannot run it.
+
+This is a development tool: it imports transformers for the configs, and torch for the weights
+(the family imports neither).
 """
 
 from __future__ import annotations
@@ -185,9 +190,8 @@ def _config(backbone: str, vocab_size: int, ids: dict[str, int]) -> Any:
     )
 
 
-def _model(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> Any:
-    import transformers
-
+def _name_head(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> str:
+    """Write the head into `config` (labels, problem type, architecture); return the class name."""
     prefix = "Bert" if backbone == "bert" else "ModernBert"
     if labels is not None:
         config.id2label = dict(enumerate(labels))
@@ -196,11 +200,26 @@ def _model(backbone: str, head: str, labels: list[str] | None, config: Any, mult
     if multilabel:
         config.problem_type = "multi_label_classification"
     suffix = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}.get(head, "Model")
-    cls = getattr(transformers, prefix + suffix)
     config.architectures = [prefix + suffix]
-    model = cls(config)
+    return prefix + suffix
+
+
+def _model(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> Any:
+    """The Transformers model of that head, with random weights from torch's current seed."""
+    import transformers
+
+    architecture = _name_head(backbone, head, labels, config, multilabel)
+    model = getattr(transformers, architecture)(config)
     model.eval()
     return model
+
+
+def _write_empty_safetensors(path: Path) -> None:
+    """A valid safetensors file with no tensors: an 8-byte little-endian header length, then the
+    JSON header, padded to a multiple of 8 as the format's reference writer does."""
+    header = json.dumps({"__metadata__": {"format": "pt"}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
 
 
 def _export_onnx(model: Any, path: Path, *, bert: bool, hidden: bool) -> None:
@@ -247,12 +266,14 @@ def _export_onnx(model: Any, path: Path, *, bert: bool, hidden: bool) -> None:
         )
 
 
-def write_fixture(out: Path, *, variant: str, onnx: bool = False) -> Path:
-    """Write the package `variant` (one of `VARIANTS`) into `out` and return `out`."""
-    import torch
+def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool = True) -> Path:
+    """Write the package `variant` (one of `VARIANTS`) into `out` and return `out`.
 
+    `weights=False` needs no torch and writes a weights file without tensors (see above)."""
     if variant not in _VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
+    if onnx and not weights:
+        raise ValueError("an ONNX graph is exported from the weights: onnx=True needs weights=True")
     backbone, tok_kind, head, labels_key, pooling = _VARIANTS[variant]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,11 +285,20 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False) -> Path:
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}, indent=2))
 
-    torch.manual_seed(SEED)
     config = _config(backbone, vocab_size, ids)
     labels = LABELS[labels_key] if labels_key else None
-    model = _model(backbone, head, labels, config, multilabel=labels_key == "multilabel")
-    model.save_pretrained(str(out), safe_serialization=True)
+    multilabel = labels_key == "multilabel"
+    model = None
+    if weights:
+        import torch
+
+        torch.manual_seed(SEED)
+        model = _model(backbone, head, labels, config, multilabel=multilabel)
+        model.save_pretrained(str(out), safe_serialization=True)
+    else:
+        _name_head(backbone, head, labels, config, multilabel=multilabel)
+        config.save_pretrained(str(out))
+        _write_empty_safetensors(out / "model.safetensors")
     if backbone == "modernbert":
         # Hub ModernBERT configs spell the layer pattern and rope thetas this way; keep both forms.
         data = json.loads((out / "config.json").read_text())
@@ -291,6 +321,6 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False) -> Path:
             "pooling_mode_lasttoken": pooling == "last",
         }
         (out / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
-    if onnx:
+    if model is not None and onnx:
         _export_onnx(model, out / "onnx" / "model.onnx", bert=backbone == "bert", hidden=head == "model")
     return out

