@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
+from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.families.nli_decisions import templates
 from vllm_srun.plugins.base import EngineModel, ModelInfo, WorkItem
@@ -56,7 +57,7 @@ class NliDecisionModel(DecisionModel):
         uses_type_ids: bool,
     ) -> None:
         super().__init__(info, engine_model)
-        self.max_tokens = info.max_tokens or 512
+        self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         # Two tokenizers, as truncation is tokenizer state and planning runs on several threads.
         self.plain = _tokenizer(tokenizer_json, truncate_to=None)
         self.truncating = _tokenizer(tokenizer_json, truncate_to=self.max_tokens)

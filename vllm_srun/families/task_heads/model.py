@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import finish
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN
@@ -46,6 +47,16 @@ class PlannedInput:
     items: list[int]
 
 
+class SurfaceOptions(TypedDict, total=False):
+    """The request fields finish needs beyond `Options`, by surface: embeddings' `dimensions` and
+    `encoding_format`, rerank's `top_n` and `return_documents`. Absent means the default."""
+
+    dimensions: int | None
+    encoding_format: str
+    top_n: int | None
+    return_documents: bool
+
+
 @dataclass(eq=False)
 class PlanState:
     """What finish needs from plan: kept on the replica that planned, never serialised."""
@@ -55,7 +66,7 @@ class PlanState:
     options: Options
     inputs: list[PlannedInput]
     query: PlannedInput | None = None  # rerank by embedding cosine: the query's own input
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: SurfaceOptions = field(default_factory=SurfaceOptions)
 
 
 def _type_runs(types: np.ndarray) -> str:
@@ -92,7 +103,7 @@ class TaskHeadsModel(LoadedModel):
         self.pooling = pooling
         self.normalize = normalize
         self.uses_type_ids = uses_type_ids
-        self.max_tokens = info.max_tokens or 512
+        self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         self.heads = {head.name: head for head in info.heads}
 
     # Planning -------------------------------------------------------------------------------
@@ -133,7 +144,9 @@ class TaskHeadsModel(LoadedModel):
                 f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}"
             )
         plan = self._plan("embeddings", head, request.options, [(t, None) for t in texts])
-        plan.state.extra.update(dimensions=request.dimensions, encoding_format=request.encoding_format)
+        plan.state.extra = SurfaceOptions(
+            dimensions=request.dimensions, encoding_format=request.encoding_format
+        )
         return plan
 
     def _plan_rerank(self, request: RerankRequest) -> Plan:
@@ -151,7 +164,7 @@ class TaskHeadsModel(LoadedModel):
             plan = self._plan("rerank", head, request.options, [(request.query, d) for d in documents])
             for planned, document in zip(plan.state.inputs, documents, strict=True):
                 planned.text = document
-        plan.state.extra.update(top_n=request.top_n, return_documents=request.return_documents)
+        plan.state.extra = SurfaceOptions(top_n=request.top_n, return_documents=request.return_documents)
         return plan
 
     def _head(self, surface: str, options: Options) -> HeadInfo:
@@ -229,9 +242,12 @@ class TaskHeadsModel(LoadedModel):
     # Finishing ------------------------------------------------------------------------------
 
     def finish_surface(self, plan: Plan, results: Sequence[Result]) -> Any:
+        # Never a fall-through to some surface's response: a plan this model did not make is a bug.
+        if plan.surface not in ("classify", "embeddings", "rerank") or not isinstance(plan.state, PlanState):
+            raise UnsupportedSurface(f"model {self.info.name!r} cannot finish a {plan.surface!r} plan")
         if len(results) != len(plan.items):
             raise ValueError(f"{len(results)} results for {len(plan.items)} work items")
-        state: PlanState = plan.state
+        state = plan.state
         rows = [self._rows(planned, results, state.output) for planned in state.inputs]
         if plan.surface == "classify":
             return finish.classify(self, state, rows)
