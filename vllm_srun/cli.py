@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +49,16 @@ SECONDS = _number(float, low=0.001)
 MILLISECONDS = _number(float, low=0)
 
 
+def _setting(parser: argparse.ArgumentParser, flag: str, kind: Any, help: str) -> None:
+    """An option whose default is the `vllm_srun.defaults` constant of its name: --max-inputs
+    defaults to MAX_INPUTS, so the command line cannot hold a default of its own."""
+    default = getattr(defaults, flag.removeprefix("--").replace("-", "_").upper())
+    parser.add_argument(flag, type=kind, default=default, help=help)
+
+
 def _model_args(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
+    setting = partial(_setting, parser)
     add(
         "models",
         nargs="*",
@@ -70,9 +79,9 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="router.yaml: serve its model_runtime deployments",
     )
-    add("--engine", default=defaults.ENGINE, help="engine plugin name, or auto (by auto_priority)")
-    add("--device", default=defaults.DEVICE, help="device such as cpu, cuda:0, or auto")
-    add("--dtype", default=defaults.DTYPE, help="auto (float32 on CPU), float32, bfloat16")
+    setting("--engine", str, "engine plugin name, or auto (by auto_priority)")
+    setting("--device", str, "device such as cpu, cuda:0, or auto")
+    setting("--dtype", str, "auto (float32 on CPU), float32, bfloat16")
     add("--family", default=None, help="model family, when several recognise the package")
     add(
         "--served-model-name",
@@ -90,42 +99,14 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="download a repository missing from the Hugging Face cache",
     )
-    add("--max-num-seqs", type=POSITIVE, default=defaults.MAX_NUM_SEQS, help="most rows in one forward")
-    add(
-        "--max-num-batched-tokens",
-        type=POSITIVE,
-        default=defaults.MAX_NUM_BATCHED_TOKENS,
-        help="most tokens in one forward",
-    )
-    add(
-        "--batch-wait-ms",
-        type=MILLISECONDS,
-        default=defaults.BATCH_WAIT_MS,
-        help="longest wait for more items when the device is idle",
-    )
-    add(
-        "--job-timeout-s",
-        type=SECONDS,
-        default=defaults.JOB_TIMEOUT_S,
-        help="a queue job running longer is retried elsewhere",
-    )
-    add(
-        "--job-ttl-s",
-        type=POSITIVE,
-        default=defaults.JOB_TTL_S,
-        help="how long bulk jobs and their results live",
-    )
-    add(
-        "--cache-ttl-s",
-        type=POSITIVE,
-        default=defaults.CACHE_TTL_S,
-        help="how long results stay in the cache",
-    )
-    add(
-        "--intra-op-threads",
-        type=POSITIVE,
-        default=defaults.INTRA_OP_THREADS,
-        help="threads per CPU forward (default: every core; idle threads sleep)",
+    setting("--max-num-seqs", POSITIVE, "most rows in one forward")
+    setting("--max-num-batched-tokens", POSITIVE, "most tokens in one forward")
+    setting("--batch-wait-ms", MILLISECONDS, "longest wait for more items when the device is idle")
+    setting("--job-timeout-s", SECONDS, "a queue job running longer is retried elsewhere")
+    setting("--job-ttl-s", POSITIVE, "how long bulk jobs and their results live")
+    setting("--cache-ttl-s", POSITIVE, "how long results stay in the cache")
+    setting(
+        "--intra-op-threads", POSITIVE, "threads per CPU forward (default: every core; idle threads sleep)"
     )
     add("--log-level", default="info", choices=LOG_LEVELS, help="how much to log")
 
@@ -138,46 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(serve)
     add = serve.add_argument
     add("--redis", default=None, help="Redis URL; makes this process an app replica only")
-    add("--host", default=defaults.HOST, help=f"address to bind (default {defaults.HOST})")
-    add("--port", type=PORT, default=defaults.PORT, help="port to bind")
-    add("--max-request-bytes", type=POSITIVE, default=defaults.MAX_REQUEST_BYTES, help="largest request body")
-    add("--max-inputs", type=POSITIVE, default=defaults.MAX_INPUTS, help="most inputs in one request")
-    add(
+    setting = partial(_setting, serve)
+    setting("--host", str, f"address to bind (default {defaults.HOST})")
+    setting("--port", PORT, "port to bind")
+    setting("--max-request-bytes", POSITIVE, "largest request body")
+    setting("--max-inputs", POSITIVE, "most inputs in one request")
+    setting(
         "--local-cache-mb",
-        type=NON_NEGATIVE,
-        default=defaults.LOCAL_CACHE_MB,
-        help="recent results kept in this process in front of the Redis cache (0: none)",
+        NON_NEGATIVE,
+        "recent results kept in this process in front of the Redis cache (0: none)",
     )
-    add(
-        "--max-queued-items",
-        type=POSITIVE,
-        default=defaults.MAX_QUEUED_ITEMS,
-        help="bound on queued items per model",
-    )
-    add(
-        "--max-queued-tokens",
-        type=POSITIVE,
-        default=defaults.MAX_QUEUED_TOKENS,
-        help="bound on queued tokens per model",
-    )
-    add(
-        "--request-timeout-s",
-        type=SECONDS,
-        default=defaults.REQUEST_TIMEOUT_S,
-        help="longest wait for a result",
-    )
-    add(
-        "--max-job-requests",
-        type=POSITIVE,
-        default=defaults.MAX_JOB_REQUESTS,
-        help="most requests in one bulk job",
-    )
-    add(
-        "--max-job-bytes",
-        type=POSITIVE,
-        default=defaults.MAX_JOB_BYTES,
-        help="largest bulk job body in bytes",
-    )
+    setting("--max-queued-items", POSITIVE, "bound on queued items per model")
+    setting("--max-queued-tokens", POSITIVE, "bound on queued tokens per model")
+    setting("--request-timeout-s", SECONDS, "longest wait for a result")
+    setting("--max-job-requests", POSITIVE, "most requests in one bulk job")
+    setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
