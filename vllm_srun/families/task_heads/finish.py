@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vllm_srun.families.task_heads import heads as H
+from vllm_srun.families.task_heads import heads
 from vllm_srun.families.task_heads.spans import token_readout
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.surfaces import (
@@ -45,7 +45,7 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
         result = ClassifyResult(index=index, input=planned.split.info)
         if isinstance(rows, ItemError):
             result.error = _error(rows)
-        elif head.kind == H.TOKEN:
+        elif head.kind == heads.TOKEN:
             result.spans, result.tokens = token_readout(
                 planned.text,
                 planned.enc,
@@ -55,17 +55,17 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
                 threshold=options.threshold,
                 return_tokens=options.return_tokens,
             )
-        elif head.kind == H.RELEVANCE:
-            relevance = H.relevance(rows)
+        elif head.kind == heads.RELEVANCE:
+            relevance = heads.relevance(rows)
             result.label, result.score = labels[-1], relevance.score
         else:
-            logits = H.max_logits(rows)
-            probs = H.sigmoid(logits) if head.kind == H.SCORES else H.softmax(logits)
+            logits = heads.max_logits(rows)
+            probs = heads.sigmoid(logits) if head.kind == heads.SCORES else heads.softmax(logits)
             best = int(probs.argmax())
             result.label, result.score = labels[best], float(probs[best])
             result.probabilities = probs.tolist()
-            if head.kind == H.SCORES:
-                threshold = options.threshold if options.threshold is not None else H.DEFAULT_THRESHOLD
+            if head.kind == heads.SCORES:
+                threshold = options.threshold if options.threshold is not None else heads.DEFAULT_THRESHOLD
                 result.selected = [label for label, p in zip(labels, probs, strict=True) if p >= threshold]
         results.append(result)
     return ClassifyResponse(model=model.info.name, head=head.name, labels=list(labels), results=results)
@@ -81,7 +81,7 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
         if isinstance(rows, ItemError):
             item.error = _error(rows)
         else:
-            vector = H.pooled(rows, normalize=model.normalize, dimensions=dimensions)
+            vector = heads.pooled(rows, normalize=model.normalize, dimensions=dimensions)
             dimension = int(vector.shape[0])
             # OpenAI's base64 format: the float32 little-endian bytes of the vector.
             item.embedding = (
@@ -110,7 +110,7 @@ def rerank(
     query_vector = None
     if isinstance(query, list):
         # Cosine of the embeddings, whatever the model's own normalisation.
-        query_vector = _unit(H.pooled(query, normalize=True, dimensions=None))
+        query_vector = _unit(heads.pooled(query, normalize=True, dimensions=None))
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         result = RerankResult(index=index, input=planned.split.info)
         if state.extra.get("return_documents"):
@@ -122,10 +122,10 @@ def rerank(
             continue
         assert isinstance(rows, list)
         if query_vector is not None:
-            vector = _unit(H.pooled(rows, normalize=True, dimensions=None))
+            vector = _unit(heads.pooled(rows, normalize=True, dimensions=None))
             result.relevance_score = float(np.dot(query_vector, vector))
         else:
-            relevance = H.relevance(rows)
+            relevance = heads.relevance(rows)
             result.relevance_score, result.logit = relevance.score, relevance.logit
         scored.append((result.relevance_score, result))
     # Stable sort: equal scores keep document order. Failed documents come last.

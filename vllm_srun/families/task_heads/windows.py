@@ -25,8 +25,9 @@ from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encod
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.surfaces import InputInfo
 
-# Windows one input may be split into. Each is a forward row; an overlap close to the window
-# length would otherwise turn a 150 KB text into ~10 million tokens of work.
+# Windows one input may be split into. Each window is a forward row, so the work of an input
+# grows with its length times window.tokens / (window.tokens - overlap): without a bound, an
+# overlap close to the window length would turn one long text into thousands of forwards.
 MAX_WINDOWS = 1024
 
 
