@@ -34,6 +34,7 @@ PROBE = textwrap.dedent(
     from vllm_srun import cli, config
     from vllm_srun.app.runtime import ModelSettings, ServerSettings
     from vllm_srun.families.task_heads.layout import Layout
+    from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
     from vllm_srun.queue.coalescer import BatchLimits
 
     def model(settings: ModelSettings) -> dict:
@@ -57,6 +58,7 @@ PROBE = textwrap.dedent(
         "batch-limits": vars(BatchLimits()),
         "model-settings": vars(ModelSettings(options=None).limits),
         "layout-max-tokens": next(f.default for f in dataclasses.fields(Layout) if f.name == "max_tokens"),
+        "checkpoint-max-tokens": checkpoint_max_tokens(ModelPackage(models_file.parent), {}, None),
         "check-endpoints-timeout": inspect.signature(config.check_endpoints).parameters["timeout_s"].default,
     }
     print(json.dumps(out, default=str))
@@ -159,6 +161,7 @@ def test_a_package_without_a_token_limit_falls_back_to_the_default(
 ) -> None:
     stand_ins, out = seen
     assert out["layout-max-tokens"] == stand_ins["FALLBACK_MAX_TOKENS"]
+    assert out["checkpoint-max-tokens"] == stand_ins["FALLBACK_MAX_TOKENS"]
 
 
 def test_the_probe_sees_every_constant_it_replaces() -> None:

@@ -12,10 +12,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.plugins.base import ModelSpec
 
 _CHUNK = 1 << 20
+# Hugging Face writes 1e30 for "no limit"; anything this large is not a real limit.
+_NO_LIMIT = 1_000_000
 
 
 def sha256_file(path: Path) -> str:
@@ -104,3 +107,18 @@ def checkpoint_spec(
         weight_files=tuple(package.path(name) for name in weights),
         extra=extra,
     )
+
+
+def checkpoint_max_tokens(
+    package: ModelPackage, config: Mapping[str, Any], tokenizer_config: str | None
+) -> int:
+    """The most tokens a Hugging Face checkpoint reads: the tokenizer's model_max_length when
+    it is a real limit, never above the positions (`defaults.FALLBACK_MAX_TOKENS` when
+    config.json states none)."""
+    positions = int(config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
+    if tokenizer_config is not None:
+        data = package.read_json(tokenizer_config)
+        limit = data.get("model_max_length") if isinstance(data, dict) else None
+        if isinstance(limit, int | float) and 0 < limit < _NO_LIMIT:
+            return min(int(limit), positions)
+    return positions

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.nli_decisions.model import NliDecisionModel
 from vllm_srun.plugins.base import (
@@ -23,12 +22,10 @@ from vllm_srun.plugins.base import (
     ModelSpec,
     Verification,
 )
-from vllm_srun.plugins.package import ModelPackage, checkpoint_spec, combined_sha256
+from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens, checkpoint_spec, combined_sha256
 
 MODEL_TYPES = ("bert", "modernbert")
 ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
-# Hugging Face writes 1e30 for "no limit"; anything this large is not a real limit.
-_NO_LIMIT = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,16 +94,6 @@ def read_layout(package: ModelPackage) -> NliLayout:
     )
 
 
-def _max_tokens(package: ModelPackage, layout: NliLayout) -> int:
-    positions = int(layout.config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
-    if layout.tokenizer_config is not None:
-        data = package.read_json(layout.tokenizer_config)
-        limit = data.get("model_max_length") if isinstance(data, dict) else None
-        if isinstance(limit, int | float) and 0 < limit < _NO_LIMIT:
-            return min(int(limit), positions)
-    return positions
-
-
 class NliDecisionsFamily(ModelFamily):
     """NLI cross-encoders (BERT, ModernBERT) answering `/v1/decisions` questions."""
 
@@ -128,7 +115,9 @@ class NliDecisionsFamily(ModelFamily):
         layout = read_layout(package)
         files = package.digests(layout.files())
         return Verification(
-            model_sha256=combined_sha256(files), files=files, max_tokens=_max_tokens(package, layout)
+            model_sha256=combined_sha256(files),
+            files=files,
+            max_tokens=checkpoint_max_tokens(package, layout.config, layout.tokenizer_config),
         )
 
     def describe(self, package: ModelPackage) -> ModelSpec:
@@ -153,7 +142,8 @@ class NliDecisionsFamily(ModelFamily):
             model_sha256=verification.model_sha256,
             numerics=numerics,
             heads=[HeadInfo(name="nli", kind="nli", labels=layout.labels)],
-            max_tokens=verification.max_tokens or _max_tokens(package, layout),
+            max_tokens=verification.max_tokens
+            or checkpoint_max_tokens(package, layout.config, layout.tokenizer_config),
             licence=verification.licence,
         )
         return NliDecisionModel(

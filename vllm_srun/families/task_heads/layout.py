@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
-from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
 
 MODEL_TYPES = ("bert", "modernbert")
 ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
@@ -28,8 +28,6 @@ _POOLING_KEYS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
 }
 _POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last", "last": "last"}
-# HF writes 1e30 for "no limit"; anything this large is not a real limit.
-_NO_LIMIT = 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +98,7 @@ def read_layout(package: ModelPackage) -> Layout:
         weight_files=weights,
         onnx=onnx,
         tokenizer_config=tokenizer_config,
-        max_tokens=_max_tokens(package, config, tokenizer_config),
+        max_tokens=checkpoint_max_tokens(package, config, tokenizer_config),
         **layout,
     )
 
@@ -117,17 +115,6 @@ def _weight_files(package: ModelPackage, *, has_onnx: bool) -> tuple[str, ...]:
             "load; convert it to model.safetensors (safetensors.torch.save_file) or add onnx/model.onnx"
         )
     raise PackageError(f"{package.name!r} has no weights (*.safetensors or onnx/model.onnx)")
-
-
-def _max_tokens(package: ModelPackage, config: dict[str, Any], tokenizer_config: str | None) -> int:
-    """The tokenizer's model_max_length when it is a real limit, never above the positions."""
-    positions = int(config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
-    if tokenizer_config is not None:
-        data = package.read_json(tokenizer_config)
-        limit = data.get("model_max_length") if isinstance(data, dict) else None
-        if isinstance(limit, int | float) and 0 < limit < _NO_LIMIT:
-            return min(int(limit), positions)
-    return positions
 
 
 def _sentence_transformers(package: ModelPackage) -> dict[str, Any]:
