@@ -67,6 +67,25 @@ def test_surfaces_sync(client: Client) -> None:
     assert client.health() == {"status": "ready", "models": {"kw": "ready"}}
 
 
+def test_every_surface_method_posts_to_its_descriptor_route(client: Client) -> None:
+    # The keyword model serves no decisions: a 422 shows the route exists and took the body
+    # (a wrong path would be a 404, a wrong body shape a 400).
+    question = {"q": {"type": "noul", "instructions": "Is it about a parcel?"}}
+    with pytest.raises(APIError) as refused:
+        client.decisions("Where is my parcel?", question, model="kw")
+    assert (refused.value.status, refused.value.code) == (422, "unsupported_surface")
+    with pytest.raises(APIError) as by_name:
+        client.surface("decisions", {"state": "x", "questions": question})
+    assert by_name.value.status == 422
+    # A name without a descriptor is posted to /v1/{name}: the decisions alias, here.
+    with pytest.raises(APIError) as alias:
+        client.surface("systemone", {"state": "x", "questions": question})
+    assert alias.value.status == 422
+    with pytest.raises(APIError) as unknown:
+        client.surface("bundle", {"input": "x"})
+    assert unknown.value.status == 404
+
+
 async def test_surfaces_async(server: Server) -> None:
     async with AsyncClient(server.url) as client:
         body = await client.classify(TEXTS)

@@ -21,6 +21,8 @@ from urllib.parse import quote
 import httpx
 import msgspec
 
+from vllm_srun.plugins.surfaces import CLASSIFY, DECISIONS, EMBEDDINGS, REGISTRY, RERANK
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # A dropped event stream is resumed this many times in a row before the error is raised; any
@@ -207,7 +209,7 @@ class _Methods(Generic[R]):
 
     def classify(self, input: Any, *, model: str | None = None, options: dict[str, Any] | None = None) -> R:
         """POST /v1/classify: `input` is a text, a `{"text", "text_pair"}` pair, or a list of them."""
-        return self._send(Call("POST", "/v1/classify", json=_body(input=input, model=model, options=options)))
+        return self._send(Call("POST", CLASSIFY.path, json=_body(input=input, model=model, options=options)))
 
     def embeddings(
         self,
@@ -220,7 +222,7 @@ class _Methods(Generic[R]):
     ) -> R:
         """POST /v1/embeddings (OpenAI-compatible)."""
         fields = {"encoding_format": encoding_format, "dimensions": dimensions, "options": options}
-        return self._send(Call("POST", "/v1/embeddings", json=_body(input=input, model=model, **fields)))
+        return self._send(Call("POST", EMBEDDINGS.path, json=_body(input=input, model=model, **fields)))
 
     def rerank(
         self,
@@ -234,11 +236,30 @@ class _Methods(Generic[R]):
     ) -> R:
         """POST /v1/rerank: `documents` are texts or `{"text"}` objects."""
         fields = {"model": model, "top_n": top_n, "return_documents": return_documents, "options": options}
-        return self._send(Call("POST", "/v1/rerank", json=_body(query=query, documents=documents, **fields)))
+        return self._send(Call("POST", RERANK.path, json=_body(query=query, documents=documents, **fields)))
+
+    def decisions(
+        self,
+        state: str | dict[str, Any] | None,
+        questions: dict[str, Any],
+        *,
+        states: dict[str, Any] | None = None,
+        model: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> R:
+        """POST /v1/decisions: `questions` ({id: {type, instructions, …}}) about `state`, and
+        about each of `states` ({name: {state, questions}})."""
+        fields = {"states": states, "model": model, "options": options}
+        return self._send(
+            Call("POST", DECISIONS.path, json=_body(state=state, questions=questions, **fields))
+        )
 
     def surface(self, name: str, body: dict[str, Any]) -> R:
-        """POST /v1/{name} with `body` as is: any surface, including those without a method here."""
-        return self._send(Call("POST", f"/v1/{name}", json=body))
+        """POST `body` as is to surface `name`'s own route: any surface, including those without
+        a method here. A name this client has no descriptor for (a newer server's) is posted to
+        /v1/{name}."""
+        path = REGISTRY.get(name).path if name in REGISTRY.names() else f"/v1/{name}"
+        return self._send(Call("POST", path, json=body))
 
     def models(self) -> R:
         """GET /v1/models: served models and installed plugins."""

@@ -1,7 +1,8 @@
 """`vllm-srun jobs`: submit bulk jobs to a running server, follow them, fetch their results.
 
 This module imports nothing heavy at import time (the client and httpx load when a command
-runs), so registering the parser costs `vllm-srun serve` nothing.
+runs; the surface descriptors are msgspec Structs), so registering the parser costs
+`vllm-srun serve` nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
+
+from vllm_srun.plugins.surfaces import REGISTRY
 
 URL_ENV = "VLLM_SRUN_URL"
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
@@ -95,7 +98,9 @@ def add_jobs_parser(subparsers: Any) -> argparse.ArgumentParser:
     submit = sub.add_parser("submit", parents=[common], help="submit a JSONL file of surface requests")
     submit.add_argument("file", type=Path, metavar="FILE.jsonl", help="one surface request per line")
     submit.add_argument("--model", required=True, help="served model name")
-    submit.add_argument("--surface", required=True, help="classify, embeddings or rerank")
+    # The server refuses a surface it does not take in bulk; the help lists those it does.
+    bulk = ", ".join(surface.name for surface in REGISTRY if surface.bulk)
+    submit.add_argument("--surface", required=True, help=f"one of: {bulk}")
     submit.add_argument(
         "--on-error",
         choices=("reject", "record"),

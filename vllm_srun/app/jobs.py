@@ -20,9 +20,8 @@ from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.serving import count_inputs, counted_field
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.surfaces import request_type
+from vllm_srun.plugins.surfaces import REGISTRY, Surface
 from vllm_srun.queue.bulk import JobStatus, error_body
 
 OnError = Literal["reject", "record"]
@@ -65,10 +64,14 @@ def _lines(body: bytes) -> list[tuple[int, Any]]:
 
 
 def _validate(
-    runtime: Runtime, surface: str, model: str, entries: list[tuple[int, Any]], on_error: OnError, unit: str
+    runtime: Runtime,
+    surface: Surface[Any],
+    model: str,
+    entries: list[tuple[int, Any]],
+    on_error: OnError,
+    unit: str,
 ) -> tuple[list[bytes], list[str], dict[int, bytes]]:
     """(request JSON, custom ids, recorded errors by index); raises on the first bad line to reject."""
-    kind = request_type(surface)
     requests: list[bytes] = []
     custom_ids: list[str] = []
     errors: dict[int, bytes] = {}
@@ -89,8 +92,8 @@ def _validate(
                 raise InvalidRequest(f"model: {value['model']!r} differs from the job's model {model!r}")
             # Lax, as the surface endpoints decode their bodies: "4" for an int is accepted there,
             # so a job line must not be refused for it.
-            request = msgspec.convert(value, type=kind, strict=False)
-            count, field = count_inputs(surface, request), counted_field(request)
+            request = surface.decode(value)
+            count, field = surface.count(request), surface.counted_field
             if count == 0:
                 raise InvalidRequest(f"{field}: must not be empty")
             if count > runtime.settings.max_inputs:
@@ -136,7 +139,8 @@ async def create_job(
         entries, unit = list(enumerate(job.requests)), "requests item"
     if surface is None:
         raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
-    request_type(surface)  # an unknown surface name is a bad request, whatever the model serves
+    # An unknown surface, or one bulk jobs do not take, is a bad request whatever the model serves.
+    described = REGISTRY.for_jobs(surface)
     _, loaded = runtime.model_for(model)
     name = loaded.info.name
     if surface not in loaded.info.surfaces:
@@ -145,7 +149,7 @@ async def create_job(
         raise RequestTooLarge(
             f"requests: {len(entries)}; at most {runtime.settings.max_job_requests} per job"
         )
-    requests, custom_ids, errors = _validate(runtime, surface, name, entries, on_error, unit)
+    requests, custom_ids, errors = _validate(runtime, described, name, entries, on_error, unit)
     status, created = await runtime.bulk.create(
         deployment=name,
         surface=surface,

@@ -7,45 +7,66 @@ text) and makes sure every response carries `Server-Timing`.
 from __future__ import annotations
 
 import hmac
+import importlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import structlog
 from litestar import Litestar, Request, get
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from vllm_srun import __version__
-from vllm_srun.app.classify import classify
-from vllm_srun.app.decisions import decisions, systemone
-from vllm_srun.app.embeddings import embeddings
+from vllm_srun import __version__, defaults
 from vllm_srun.app.errors import EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models
-from vllm_srun.app.rerank import rerank
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.errors import SrunError, Unauthorized
+from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
 log = structlog.get_logger("vllm_srun.http")
 
-ROUTES = [classify, embeddings, rerank, decisions, systemone, list_models, health, live, metrics]
-SURFACE_PATHS = {
-    "/v1/classify": "classify",
-    "/v1/embeddings": "embeddings",
-    "/v1/rerank": "rerank",
-    "/v1/decisions": "decisions",
-    "/v1/systemone": "decisions",
-}
+
+def surface_routes(registry: SurfaceRegistry = REGISTRY) -> list[HTTPRouteHandler]:
+    """The controller of every route of every surface, each checked to be mounted where its
+    descriptor says (a controller at another path would serve, and count, the wrong route)."""
+    handlers = []
+    for surface in registry:
+        for route in surface.routes:
+            module, _, attribute = route.handler.partition(":")
+            handler = getattr(importlib.import_module(module), attribute)
+            if not isinstance(handler, HTTPRouteHandler) or set(handler.paths) != {route.path}:
+                raise TypeError(f"{route.handler} is not a route handler at {route.path} ({surface.name})")
+            handlers.append(handler)
+    return handlers
 
 
-def _edge(app: ASGIApp) -> ASGIApp:
+# The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
+# body limit that is a setting, so `create_app` adds both.
+OWN_ROUTES = [list_models, health, live, metrics]
+
+
+def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:
+    """The metrics label of each surface route: its surface's name (/v1/systemone counts as
+    decisions)."""
+    return {path: surface.name for path, surface in registry.by_path().items()}
+
+
+def _edge(surface_of_path: dict[str, str]) -> Callable[[ASGIApp], ASGIApp]:
+    """The request edge, labelling requests on a surface route by `surface_of_path`."""
+    return partial(_edge_middleware, surface_of_path=surface_of_path)
+
+
+def _edge_middleware(app: ASGIApp, *, surface_of_path: dict[str, str]) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
@@ -68,14 +89,14 @@ def _edge(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, timed_send)
         finally:
             latency_s = time.perf_counter() - started
-            surface = SURFACE_PATHS.get(scope["path"])
+            surface = surface_of_path.get(scope["path"])
             runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
             if surface and runtime is not None:
                 # The model is known once the body decoded; a malformed request counts under "".
                 model = scope.get("state", {}).get("srun_model", "")
                 runtime.stats.record_request(model=model, surface=surface, status=status, latency_s=latency_s)
-            # One line per request costs ~5% of the event loop at a few hundred requests/s:
-            # errors always, successes with --log-level debug.
+            # A log line per request is a real share of the event loop under load: errors
+            # always, successes only with --log-level debug.
             (log.info if status >= 400 else log.debug)(
                 "request",
                 method=scope["method"],
@@ -104,8 +125,10 @@ async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
 
-def create_app(settings: ServerSettings | None = None) -> Litestar:
-    """The app. Without settings it has routes but no runtime: enough for the OpenAPI document."""
+def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegistry = REGISTRY) -> Litestar:
+    """The app. Without settings it has routes but no runtime: enough for the OpenAPI document.
+
+    It mounts every route of every surface in `surfaces` (by default all of them)."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -125,13 +148,13 @@ def create_app(settings: ServerSettings | None = None) -> Litestar:
 
     max_job_bytes = settings.max_job_bytes if settings else ServerSettings.max_job_bytes
     return Litestar(
-        route_handlers=[*ROUTES, *job_routes(max_job_bytes), openapi_document],
+        route_handlers=[*surface_routes(surfaces), *OWN_ROUTES, *job_routes(max_job_bytes), openapi_document],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[_edge],
+        middleware=[_edge(surface_paths(surfaces))],
         guards=[_api_key_guard],
         state=State({}),
-        request_max_body_size=settings.max_request_bytes if settings else 4 * 1024 * 1024,
+        request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
         openapi_config=OpenAPIConfig(title="vllm-srun", version=__version__, path="/docs"),
         logging_config=None,
         debug=False,

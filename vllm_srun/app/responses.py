@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Request, Response
@@ -11,9 +12,19 @@ from litestar.datastructures import State
 
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, serve_surface
+from vllm_srun.plugins.surfaces import Surface, SurfaceRequest
 
 
-async def respond(request: Request[Any, Any, Any], state: State, surface: str, data: Any) -> Response[Any]:
+async def respond(
+    request: Request[Any, Any, Any],
+    state: State,
+    surface: Surface[Any],
+    data: SurfaceRequest,
+    *,
+    shape: Callable[[Any], Any] | None = None,
+) -> Response[Any]:
+    """Serve `data` on `surface` and answer it; `shape` turns the surface's response body into
+    a route's own (an adapter route in another API's shape), by default it is sent as is."""
     runtime: Runtime = state.runtime
     timing = Timing()
     # The metrics label: only a served model's name (a client's unknown name would add series
@@ -36,7 +47,8 @@ async def respond(request: Request[Any, Any, Any], state: State, surface: str, d
         return Response(
             {"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499
         )
-    return Response(work.result(), headers={"Server-Timing": timing.header()})
+    body = work.result() if shape is None else shape(work.result())
+    return Response(body, headers={"Server-Timing": timing.header()})
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

@@ -11,18 +11,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.decision_surface import DecisionsRequest, count_questions
-from vllm_srun.plugins.surfaces import (
-    ClassifyRequest,
-    EmbeddingsRequest,
-    RerankDocument,
-    RerankRequest,
-    TextPair,
-)
+from vllm_srun.plugins.surfaces import Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
@@ -44,53 +35,11 @@ class Timing:
         return ", ".join(f"{name};dur={value * 1000:.3f}" for name, value in zip(parts, values, strict=True))
 
 
-def count_inputs(surface: str, request: Any) -> int:
-    if isinstance(request, DecisionsRequest):
-        return count_questions(request)
-    if isinstance(request, ClassifyRequest):
-        return len(request.input) if isinstance(request.input, list) else 1
-    if isinstance(request, EmbeddingsRequest):
-        return len(request.input) if isinstance(request.input, list) else 1
-    if isinstance(request, RerankRequest):
-        return len(request.documents)
-    return 1
-
-
-def counted_field(request: Any) -> str:
-    if isinstance(request, DecisionsRequest):
-        return "questions"
-    return "documents" if isinstance(request, RerankRequest) else "input"
-
-
-def _text_chars(request: Any) -> int:
-    """How much text a request carries (JSON length for a decision state), to pick where to plan."""
-
-    def chars(value: Any) -> int:
-        if isinstance(value, str):
-            return len(value)
-        if isinstance(value, TextPair):
-            return len(value.text) + len(value.text_pair or "")
-        if isinstance(value, RerankDocument):
-            return len(value.text)
-        if isinstance(value, list):
-            return sum(chars(v) for v in value)
-        return len(msgspec.json.encode(value))
-
-    if isinstance(request, (ClassifyRequest, EmbeddingsRequest)):
-        return chars(request.input)
-    if isinstance(request, RerankRequest):
-        return len(request.query) + chars(request.documents)
-    if isinstance(request, DecisionsRequest):
-        states = request.states or {}
-        return chars(request.state or "") + sum(chars(s.state) for s in states.values())
-    return 0
-
-
-def _check_size(runtime: Runtime, surface: str, request: Any) -> int:
-    count = count_inputs(surface, request)
+def _check_size(runtime: Runtime, surface: Surface[Any], request: Any) -> int:
+    count = surface.count(request)
     limit = runtime.settings.max_inputs
     if count > limit:
-        field = counted_field(request)
+        field = surface.counted_field
         raise RequestTooLarge(f"{field}: {count} {field}; at most {limit} per request (--max-inputs)")
     return count
 
@@ -124,19 +73,22 @@ def _release(runtime: Runtime, name: str, items: int, tokens: int) -> None:
     runtime.queued[name] = (queued_items - items, queued_tokens - tokens)
 
 
-async def serve_surface(runtime: Runtime, surface: str, request: Any, timing: Timing) -> Any:
+async def serve_surface(
+    runtime: Runtime, surface: Surface[Any], request: SurfaceRequest, timing: Timing
+) -> Any:
     """The response Struct for `request` on `surface`; raises SrunError subclasses."""
     started = time.perf_counter()
     served, model = runtime.model_for(request.model)
-    if surface not in model.info.surfaces:
+    if surface.name not in model.info.surfaces:
         raise UnsupportedSurface(
-            f"model {model.info.name!r} does not serve {surface} (it serves {', '.join(model.info.surfaces)})"
+            f"model {model.info.name!r} does not serve {surface.name} "
+            f"(it serves {', '.join(model.info.surfaces)})"
         )
     count = _check_size(runtime, surface, request)
-    if count > _THREAD_PLAN_INPUTS or _text_chars(request) > _THREAD_PLAN_CHARS:
-        plan = await asyncio.to_thread(plan_with_keys, model, surface, request)
+    if count > _THREAD_PLAN_INPUTS or surface.text_chars(request) > _THREAD_PLAN_CHARS:
+        plan = await asyncio.to_thread(plan_with_keys, model, surface.name, request)
     else:
-        plan = plan_with_keys(model, surface, request)
+        plan = plan_with_keys(model, surface.name, request)
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None

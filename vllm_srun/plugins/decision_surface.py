@@ -17,8 +17,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from vllm_srun.plugins.surfaces import ErrorBody, Options
+from vllm_srun.plugins.bodies import ErrorBody, Options
 
+# The question types. `choice` picks one of several keyed options. `noul` (read "no/yes") is a
+# yes/no question: its answer is one number, `noul` = P(true), the probability that the
+# instructions hold of the state; its optional criteria describe what "true" and "false" mean.
+# `score` rates the state on levels 1..n and answers their expected value.
 QuestionType = Literal["choice", "noul", "score"]
 QUESTION_TYPES: tuple[str, ...] = ("choice", "noul", "score")
 

@@ -1,4 +1,5 @@
-"""`DecisionModel`: a LoadedModel that answers `/v1/decisions` (and its alias `/v1/systemone`).
+"""`DecisionModel`: a LoadedModel that answers the decisions surface (`/v1/decisions`, and
+`/v1/systemone`, the upstream runtime's name for it).
 
 The base owns the surface: it validates questions (a bad one fails alone with
 `invalid_question`), asks the family to `plan` each valid question into work items, hands
@@ -42,9 +43,9 @@ from vllm_srun.plugins.decision_surface import (
     parse_question,
     parse_state,
 )
-from vllm_srun.plugins.surfaces import ErrorBody, Options
+from vllm_srun.plugins.surfaces import DECISIONS, ErrorBody, Options
 
-SURFACE = "decisions"
+SURFACE = DECISIONS.name
 INVALID_QUESTION = "invalid_question"
 ANSWERED = "answered"
 # Bounds the forward work one request can ask for (255 choices x many questions adds up fast).
@@ -202,7 +203,9 @@ class DecisionModel(LoadedModel):
     # -- finishing --------------------------------------------------------------------------
 
     def finish_surface(self, plan: Plan, results: Sequence[Result]) -> DecisionsResponse:
-        state: _PlanState = plan.state
+        if plan.surface != SURFACE or not isinstance(plan.state, _PlanState):
+            raise UnsupportedSurface(f"model {self.info.name!r} cannot finish a {plan.surface!r} plan")
+        state = plan.state
         top: dict[str, DecisionAnswer] = {}
         named: dict[str, StateAnswers] = {}
         for entry in state.entries:

@@ -1,38 +1,35 @@
-"""Request and response bodies of the HTTP surfaces.
+"""The HTTP surfaces: each one's request and response bodies, and its descriptor.
 
-They live on the plugin side because families plan from requests and finish into responses;
-the app only decodes and encodes them. Requests reject unknown fields, so a misspelled
-option is an error naming it instead of being ignored.
+A *surface* is one kind of work a model can do for a request (classify, embeddings, rerank,
+decisions). Its `Surface` descriptor says everything the app, bulk jobs, admission, the client
+and golden checks need to know about it: its request and response types, the routes that reach
+it, whether bulk jobs take it, and how it counts inputs for the request-size limit. `REGISTRY`
+holds them all; nothing else lists the surfaces.
+
+The bodies live on the plugin side because families plan from requests and finish into
+responses; the app only decodes and encodes them. Requests reject unknown fields, so a
+misspelled option is an error naming it instead of being ignored.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
 from vllm_srun.errors import InvalidRequest
-
-SURFACES = ("classify", "embeddings", "rerank", "decisions")
-
-Overflow = Literal["reject", "truncate", "window"]
-
-
-class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
-    tokens: Annotated[int, msgspec.Meta(ge=2)]
-    overlap: Annotated[int, msgspec.Meta(ge=0)] = 0
-
-
-class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Options every surface takes; a family ignores those that do not apply to it."""
-
-    return_meta: bool = False
-    overflow: Overflow = "reject"
-    window: WindowOptions | None = None
-    threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
-    return_tokens: bool = False
-    head: str | None = None
-    deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+from vllm_srun.plugins.bodies import ErrorBody as ErrorBody
+from vllm_srun.plugins.bodies import Options as Options
+from vllm_srun.plugins.bodies import Overflow as Overflow
+from vllm_srun.plugins.bodies import WindowOptions as WindowOptions
+from vllm_srun.plugins.decision_surface import (
+    DecisionsRequest,
+    DecisionsResponse,
+    StateValue,
+    count_questions,
+)
 
 
 class TextPair(msgspec.Struct, forbid_unknown_fields=True):
@@ -76,11 +73,6 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
 def _always(value: str) -> Any:
     """A default that omit_defaults still writes out (msgspec skips only plain defaults)."""
     return msgspec.field(default_factory=lambda: value)
-
-
-class ErrorBody(msgspec.Struct):
-    code: str
-    message: str
 
 
 class InputInfo(msgspec.Struct):
@@ -163,16 +155,184 @@ def texts_of(value: str | TextPair | list[str | TextPair]) -> list[TextPair]:
     return [TextPair(text=v) if isinstance(v, str) else v for v in values]
 
 
+# -- descriptors ----------------------------------------------------------------------------
+
+
+class SurfaceRequest(Protocol):
+    """What every surface request has: the model it names and the common options."""
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def options(self) -> Options: ...
+
+
+RequestT = TypeVar("RequestT", bound=SurfaceRequest)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One HTTP path that reaches a surface, and its controller as `"module:attribute"`.
+
+    The controller is named, not imported, so this layer never imports the app (which imports
+    it); the app imports each controller when it builds its routes and checks that it is
+    mounted at `path`. A route in another API's shape (OpenAI, TEI, Cohere, the upstream
+    runtime) is a controller that adapts its body onto the surface's request and response.
+    """
+
+    path: str
+    handler: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Surface(Generic[RequestT]):
+    """One surface. `routes[0]` is its own route; any further ones are aliases or adapters.
+
+    `count(request)` is how many inputs a request carries, checked against `--max-inputs`;
+    `counted_field` names them in that 413. `text_chars(request)` is how much text it
+    carries, which decides whether planning (tokenising) runs off the event loop.
+    """
+
+    name: str
+    request_type: type[RequestT]
+    response_type: type[Any]
+    routes: tuple[Route, ...]
+    bulk: bool
+    counted_field: str
+    count: Callable[[RequestT], int]
+    text_chars: Callable[[RequestT], int]
+
+    @property
+    def path(self) -> str:
+        return self.routes[0].path
+
+    def decode(self, value: Any) -> RequestT:
+        """A request from decoded JSON, as laxly as the routes decode their bodies ("4" is 4)."""
+        return msgspec.convert(value, type=self.request_type, strict=False)
+
+
+class SurfaceRegistry:
+    """Surfaces by name, in registration order; an unknown name is a 400 naming the known ones."""
+
+    def __init__(self, *surfaces: Surface[Any]) -> None:
+        self._by_name: dict[str, Surface[Any]] = {}
+        paths: set[str] = set()
+        for surface in surfaces:
+            if surface.name in self._by_name:
+                raise ValueError(f"surface {surface.name!r} is registered twice")
+            taken = paths.intersection(route.path for route in surface.routes)
+            if not surface.routes or taken:
+                raise ValueError(f"surface {surface.name!r}: no route, or a path already taken: {taken}")
+            paths.update(route.path for route in surface.routes)
+            self._by_name[surface.name] = surface
+
+    def __iter__(self) -> Iterator[Surface[Any]]:
+        return iter(self._by_name.values())
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def get(self, name: str) -> Surface[Any]:
+        surface = self._by_name.get(name)
+        if surface is None:
+            raise InvalidRequest(f"surface: {name!r} is not one of {', '.join(self._by_name)}")
+        return surface
+
+    def for_jobs(self, name: str) -> Surface[Any]:
+        """The surface bulk jobs may run under `name`; a 400 if unknown or not taken in bulk."""
+        surface = self.get(name)
+        if not surface.bulk:
+            bulk = ", ".join(s.name for s in self if s.bulk)
+            raise InvalidRequest(f"surface: {name!r} does not take bulk jobs (those that do: {bulk})")
+        return surface
+
+    def by_path(self) -> dict[str, Surface[Any]]:
+        """Every route's path and the surface it reaches (the metrics label of a request)."""
+        return {route.path: surface for surface in self for route in surface.routes}
+
+
+def _chars(value: str | TextPair | RerankDocument | list[Any]) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, TextPair):
+        return len(value.text) + len(value.text_pair or "")
+    if isinstance(value, RerankDocument):
+        return len(value.text)
+    return sum(_chars(v) for v in value)
+
+
+def _state_chars(state: StateValue | None) -> int:
+    """A text state's length, or an object state's JSON length."""
+    if state is None:
+        return 0
+    return len(state) if isinstance(state, str) else len(msgspec.json.encode(state))
+
+
+def _decision_chars(request: DecisionsRequest) -> int:
+    return _state_chars(request.state) + sum(_state_chars(s.state) for s in (request.states or {}).values())
+
+
+def _one_or_list(value: object) -> int:
+    return len(value) if isinstance(value, list) else 1
+
+
+_APP = "vllm_srun.app.routes"
+
+CLASSIFY: Surface[ClassifyRequest] = Surface(
+    name="classify",
+    request_type=ClassifyRequest,
+    response_type=ClassifyResponse,
+    routes=(Route("/v1/classify", f"{_APP}.classify:classify"),),
+    bulk=True,
+    counted_field="input",
+    count=lambda r: _one_or_list(r.input),
+    text_chars=lambda r: _chars(r.input),
+)
+
+EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
+    name="embeddings",
+    request_type=EmbeddingsRequest,
+    response_type=EmbeddingsResponse,
+    routes=(Route("/v1/embeddings", f"{_APP}.embeddings:embeddings"),),
+    bulk=True,
+    counted_field="input",
+    count=lambda r: _one_or_list(r.input),
+    text_chars=lambda r: _chars(r.input),
+)
+
+RERANK: Surface[RerankRequest] = Surface(
+    name="rerank",
+    request_type=RerankRequest,
+    response_type=RerankResponse,
+    routes=(Route("/v1/rerank", f"{_APP}.rerank:rerank"),),
+    bulk=True,
+    counted_field="documents",
+    count=lambda r: len(r.documents),
+    text_chars=lambda r: len(r.query) + _chars(r.documents),
+)
+
+DECISIONS: Surface[DecisionsRequest] = Surface(
+    name="decisions",
+    request_type=DecisionsRequest,
+    response_type=DecisionsResponse,
+    routes=(
+        Route("/v1/decisions", f"{_APP}.decisions:decisions"),
+        # "systemone" is the upstream runtime's name for its decisions endpoint: the same
+        # surface under the path that runtime's clients already call.
+        Route("/v1/systemone", f"{_APP}.decisions:systemone"),
+    ),
+    bulk=True,
+    counted_field="questions",
+    count=count_questions,
+    text_chars=_decision_chars,
+)
+
+# Every surface, in one place: the app mounts their routes, jobs decode their lines, the
+# client posts to their paths and golden checks decode their recorded requests from here.
+REGISTRY = SurfaceRegistry(CLASSIFY, EMBEDDINGS, RERANK, DECISIONS)
+
+
 def request_type(surface: str) -> type[Any]:
     """The request Struct of a surface (for bulk job lines and recorded golden requests)."""
-    from vllm_srun.plugins.decision_surface import DecisionsRequest  # it imports this module
-
-    types: dict[str, type[Any]] = {
-        "classify": ClassifyRequest,
-        "embeddings": EmbeddingsRequest,
-        "rerank": RerankRequest,
-        "decisions": DecisionsRequest,
-    }
-    if surface not in types:
-        raise InvalidRequest(f"surface: {surface!r} is not one of {', '.join(types)}")
-    return types[surface]
+    return REGISTRY.get(surface).request_type

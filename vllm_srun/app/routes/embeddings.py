@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
-from vllm_srun.plugins.surfaces import EmbeddingsRequest, EmbeddingsResponse
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
 
 
 @post("/v1/embeddings", status_code=200, summary="Embed texts (OpenAI-compatible)")
 async def embeddings(
-    request: Request, data: JSONBody[EmbeddingsRequest], state: State
+    request: Request[Any, Any, Any], data: JSONBody[EmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
-    return await respond(request, state, "embeddings", data)
+    return await respond(request, state, EMBEDDINGS, data)

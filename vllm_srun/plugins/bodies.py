@@ -1,0 +1,38 @@
+"""Pieces every surface's bodies share: the request `options`, and the error of one item.
+
+They sit apart from the surfaces' own bodies so that each surface module (`surfaces`,
+`decision_surface`) can import them, and `surfaces` can import every surface's request
+type to describe it, without an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Overflow = Literal["reject", "truncate", "window"]
+
+
+class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
+    tokens: Annotated[int, msgspec.Meta(ge=2)]
+    overlap: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Options every surface takes; a family ignores those that do not apply to it."""
+
+    return_meta: bool = False
+    overflow: Overflow = "reject"
+    window: WindowOptions | None = None
+    threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    return_tokens: bool = False
+    head: str | None = None
+    deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    """Why one input (or question) failed, in place of its result: `{code, message}`."""
+
+    code: str
+    message: str
