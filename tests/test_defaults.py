@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,6 +103,7 @@ def seen(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict
         text=True,
         timeout=120,
         check=False,
+        cwd=Path(__file__).resolve().parents[1],  # this checkout's vllm_srun, not an installed copy
     )
     assert proc.returncode == 0, proc.stderr
     return stand_ins, json.loads(proc.stdout)

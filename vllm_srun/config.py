@@ -34,11 +34,9 @@ class Batching(msgspec.Struct, forbid_unknown_fields=True):
     batch_wait_ms: float = defaults.BATCH_WAIT_MS
 
 
-class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
-    """One model of a `--models` file."""
+class HowToServe(msgspec.Struct, kw_only=True):
+    """How to serve a model, said the same way by a `--models` entry and a router deployment."""
 
-    model: str
-    name: str | None = None
     family: str | None = None
     engine: str = defaults.ENGINE
     device: str = defaults.DEVICE
@@ -47,11 +45,18 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True):
     batching: Batching = msgspec.field(default_factory=Batching)
 
 
+class ModelEntry(HowToServe, kw_only=True, forbid_unknown_fields=True):
+    """One model of a `--models` file."""
+
+    model: str
+    name: str | None = None
+
+
 class ModelsFile(msgspec.Struct, forbid_unknown_fields=True):
     models: list[ModelEntry]
 
 
-class CatalogDeployment(msgspec.Struct):
+class CatalogDeployment(HowToServe, kw_only=True):
     """One entry of the router's `model_catalog.deployments`: where the router sends a model.
 
     The router's record, read to decide what to serve or check; what a device worker serves
@@ -64,16 +69,15 @@ class CatalogDeployment(msgspec.Struct):
     artifact: str | None = None
     model: str | None = None
     endpoint: str | None = None
-    device: str = defaults.DEVICE
-    engine: str = defaults.ENGINE
-    dtype: str = defaults.DTYPE
-    family: str | None = None
-    max_speed: bool = False
-    batching: Batching = msgspec.field(default_factory=Batching)
 
     @property
     def served_name(self) -> str:
         return self.model or self.name
+
+    def entry(self, artifact: str) -> ModelEntry:
+        """This deployment as a `--models` entry serving `artifact` under its served name."""
+        how = {f: getattr(self, f) for f in HowToServe.__struct_fields__}
+        return ModelEntry(model=artifact, name=self.served_name, **how)
 
 
 def _load_yaml(path: Path) -> Any:
@@ -92,14 +96,6 @@ def _convert(value: Any, kind: type[Any], path: Path) -> Any:
         raise ConfigError(f"{path}: {exc}") from exc
 
 
-def _limits(batching: Batching) -> BatchLimits:
-    return BatchLimits(
-        max_num_seqs=batching.max_num_seqs,
-        max_num_batched_tokens=batching.max_num_batched_tokens,
-        batch_wait_ms=batching.batch_wait_ms,
-    )
-
-
 def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSettings:
     """The one way a described model becomes what the server runs."""
     options = ModelOptions(
@@ -112,7 +108,7 @@ def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSett
         allow_download=allow_download,
         max_speed=entry.max_speed,
     )
-    return ModelSettings(options=options, limits=_limits(entry.batching))
+    return ModelSettings(options=options, limits=BatchLimits(**msgspec.structs.asdict(entry.batching)))
 
 
 def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettings]:
@@ -144,17 +140,7 @@ def router_models(path: Path, *, allow_download: bool = False) -> list[ModelSett
             continue
         if not d.artifact:
             raise ConfigError(f"{path}: deployment {d.name!r} has neither an endpoint nor an artifact")
-        entry = ModelEntry(
-            model=d.artifact,
-            name=d.served_name,
-            family=d.family,
-            engine=d.engine,
-            device=d.device,
-            dtype=d.dtype,
-            max_speed=d.max_speed,
-            batching=d.batching,
-        )
-        out.append(settings_of(entry, allow_download=allow_download))
+        out.append(settings_of(d.entry(d.artifact), allow_download=allow_download))
     return out
 
 
