@@ -5,6 +5,7 @@ model (package, family, device, engine: small files only), so a wrong setting re
 start at once; then each model goes loading -> warming -> ready, or failed with a reason, in
 the background, and one failed model never stops the others. In the embedded default the
 process also runs a device worker; as a replica (`--redis URL`) it loads no engine.
+`Serving` is that start, and `vllm-srun worker` runs it alone, without the app.
 """
 
 from __future__ import annotations
