@@ -249,11 +249,17 @@ class LoadedModel(abc.ABC):
 
     @abc.abstractmethod
     def plan_surface(self, surface: str, request: Any) -> Plan:
-        """Split a decoded surface request into work items. Raise InvalidRequest for bad input."""
+        """Split a decoded surface request into work items. Raise InvalidRequest for bad input.
+
+        `request` is an instance of the surface's descriptor's `request_type`
+        (`vllm_srun.plugins.surfaces.REGISTRY`). A surface the model does not serve raises
+        UnsupportedSurface: never a fall-through to another surface."""
 
     @abc.abstractmethod
     def finish_surface(self, plan: Plan, results: Sequence[Result]) -> Any:
-        """Turn results (aligned with `plan.items`) into the surface's response Struct."""
+        """Turn results (aligned with `plan.items`) into the response Struct of `plan.surface`
+        (its descriptor's `response_type`); a plan of a surface it does not serve raises
+        UnsupportedSurface."""
 
     def run(self, items: Sequence[WorkItem]) -> list[np.ndarray]:
         """One forward over `items`. Runs on the device worker's thread, never in the app."""
