@@ -200,7 +200,9 @@ class KeywordModel(LoadedModel):
         usage = sum(info.processed_tokens for _, info in aligned)
         if plan.surface == "embeddings":
             return self._embeddings(request, aligned, usage)
-        return self._rerank(request, aligned, usage)
+        if plan.surface == "rerank":
+            return self._rerank(request, aligned, usage)
+        raise UnsupportedSurface(f"the example family does not serve {plan.surface}")
 
     def _classify(self, aligned: list[tuple[Result, InputInfo]]) -> ClassifyResponse:
         out = []
