@@ -17,20 +17,24 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from string import Template
 from typing import Any
 
 import msgspec
 from arq.connections import ArqRedis
 
+from vllm_srun import defaults
 from vllm_srun.errors import JobNotFound
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.enqueue import add_job
+from vllm_srun.queue.arq_compat import add_job
+from vllm_srun.queue.protocol import ChunkPayload
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
 # so a crafted id ("job_…:results") cannot reach another key of the job.
 JOB_ID = re.compile(r"job_[0-9a-f]{32}")
-# Result kinds: done, failed, done from the cache, skipped because the job was cancelled.
+# Result kinds, as stored and as the chunk script counts them: done, failed, done from the
+# cache, skipped because the job was cancelled. Defined here only; `_STORE_CHUNK` is filled in.
 DONE, FAILED, CACHED, SKIPPED = "d", "f", "c", "x"
 # Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
 _TOMBSTONE_S = 3600
@@ -57,18 +61,6 @@ class JobStatus(msgspec.Struct, omit_defaults=True):
     object: str = msgspec.field(default_factory=lambda: "job")
 
 
-class ChunkPayload(msgspec.Struct, array_like=True):
-    """One chunk of a job: the requests [start, end) and how many chunks the job has."""
-
-    job_id: str
-    deployment: str
-    surface: str
-    index: int
-    start: int
-    end: int
-    chunks: int
-
-
 @dataclass(frozen=True)
 class ResultLine:
     """One request's outcome as stored: its index, kind (DONE/FAILED/CACHED) and JSON line."""
@@ -89,16 +81,17 @@ def error_body(code: str, message: str) -> bytes:
     return msgspec.json.encode({"code": code, "message": message})
 
 
-_STORE_CHUNK = """
+_STORE_CHUNK = Template("""
+local FAILED, CACHED, SKIPPED = '$failed', '$cached', '$skipped'
 local results, job, events, chunks = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local chunk, n_chunks, now, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 for i = 5, #ARGV, 3 do
   if redis.call('HSETNX', results, ARGV[i], ARGV[i + 2]) == 1 then
     local kind = ARGV[i + 1]
-    if kind == 'f' or kind == 'x' then redis.call('HINCRBY', job, 'failed', 1)
+    if kind == FAILED or kind == SKIPPED then redis.call('HINCRBY', job, 'failed', 1)
     else redis.call('HINCRBY', job, 'done', 1) end
-    if kind == 'c' then redis.call('HINCRBY', job, 'cached', 1) end
-    if kind == 'x' then redis.call('HINCRBY', job, 'skipped', 1) end
+    if kind == CACHED then redis.call('HINCRBY', job, 'cached', 1) end
+    if kind == SKIPPED then redis.call('HINCRBY', job, 'skipped', 1) end
     redis.call('XADD', events, '*', 'event', 'result', 'data', ARGV[i + 2])
   end
 end
@@ -119,7 +112,7 @@ if redis.call('SCARD', chunks) >= n_chunks and status ~= 'completed' and status 
 end
 for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
 return 1
-"""
+""").substitute(failed=FAILED, cached=CACHED, skipped=SKIPPED)
 
 
 # Moves a job to ARGV[1] only from one of the statuses ARGV[2..]: a cancel never overwrites a
@@ -139,7 +132,9 @@ return 0
 class BulkStore:
     """Job state in Redis, shared by every app replica and worker."""
 
-    def __init__(self, redis: ArqRedis, *, ttl_s: int = 86400, chunk_size: int = 256) -> None:
+    def __init__(
+        self, redis: ArqRedis, *, ttl_s: int = defaults.JOB_TTL_S, chunk_size: int = defaults.BULK_CHUNK_SIZE
+    ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.chunk_size = chunk_size

@@ -1,10 +1,11 @@
-"""A worker running one chunk of a bulk job: plan, look up, batch as bulk work, finish, store.
+"""A worker running one chunk of a bulk job: plan, get results, finish, store.
 
 The chunk's requests are planned and finished here, on the worker, with the same
 LoadedModel an app would use, so a bulk result is byte for byte what the interactive
-surface answers. Its items join the coalescer at bulk priority: they fill what interactive
-work leaves of each batch. Results go to the result cache as well, so interactive requests
-for the same inputs are hits.
+surface answers. Its items get their results through the same gateway as interactive
+requests; the misses join the coalescer at bulk priority, so they fill what interactive work
+leaves of each batch, and their results go to the result cache, so interactive requests for
+the same inputs are hits.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import structlog
 from arq.connections import ArqRedis
 
 from vllm_srun.errors import SrunError
-from vllm_srun.plugins.base import ItemError, LoadedModel, Plan, Result
+from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
 from vllm_srun.plugins.surfaces import request_type
 from vllm_srun.queue import keys
 from vllm_srun.queue.bulk import (
@@ -28,14 +29,15 @@ from vllm_srun.queue.bulk import (
     FAILED,
     SKIPPED,
     BulkStore,
-    ChunkPayload,
     ResultLine,
     error_body,
     result_line,
 )
 from vllm_srun.queue.coalescer import BULK, Coalescer
+from vllm_srun.queue.gateway import Ran, ResultGateway
 from vllm_srun.queue.planning import plan_with_keys
-from vllm_srun.queue.results import decode_result, encode_result
+from vllm_srun.queue.protocol import ChunkPayload
+from vllm_srun.queue.results import encode_result
 
 log = structlog.get_logger("vllm_srun.bulk")
 
@@ -59,7 +61,7 @@ class ChunkRunner:
         self.redis = redis
         self.store = store
         self.coalescers = coalescers
-        self.result_ttl_s = ttl_s
+        self.gateway = ResultGateway(redis, ttl_s=ttl_s)
 
     async def run(self, chunk: ChunkPayload) -> int:
         job = await self.store.raw(chunk.job_id)
@@ -98,30 +100,19 @@ class ChunkRunner:
         model = coalescer.model
         planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo)
         items = [item for p in planned if p.plan for item in p.plan.items]
-        cached = (
-            await self.redis.mget([keys.result_key(chunk.deployment, i.cache_key) for i in items])
-            if items
-            else []
-        )
-        results: list[Result | None] = [decode_result(raw) if raw else None for raw in cached]
-        misses = [item for item, r in zip(items, results, strict=True) if r is None]
-        outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK)) if misses else []
-        computed = {item.cache_key: o.result for item, o in zip(misses, outcomes, strict=True)}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key, result in computed.items():
-                if not isinstance(result, ItemError):
-                    pipe.set(
-                        keys.result_key(chunk.deployment, key), encode_result(result), ex=self.result_ttl_s
-                    )
-            await pipe.execute()
+
+        async def run(misses: list[WorkItem]) -> Ran:
+            outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK))
+            return Ran([encode_result(o.result) for o in outcomes])
+
+        got = await self.gateway.resolve(chunk.deployment, items, run)
         position = 0
         for p in planned:
             if p.plan is None:
                 continue
-            for item in p.plan.items:
-                hit = results[position]
-                p.hits += hit is not None
-                p.results.append(hit if hit is not None else computed[item.cache_key])
+            for _ in p.plan.items:
+                p.results.append(got.results[position])
+                p.hits += got.cached[position]
                 position += 1
         return await asyncio.to_thread(_finish_all, model, planned)
 

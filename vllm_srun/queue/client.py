@@ -1,10 +1,10 @@
-"""The app's side of the queue: cache lookup, enqueue of misses, and waiting by push.
+"""The app's side of the queue: results through the gateway, misses enqueued, waiting by push.
 
-A request costs two Redis round trips before the forward: one MGET on the result cache, and
-one transaction that writes the arq job, adds it to the deployment's queue and wakes its
-workers. Results this process saw recently are answered from its own copy (`LocalResults`)
-without the MGET. The reply arrives on this process's own pub/sub channel; a slow poll of the result
-cache is kept only as the fallback for a lost message.
+A request costs two Redis round trips before the forward: the gateway's MGET on the result
+cache (none when this process's own copy holds every result), and one transaction that writes
+the arq job, adds it to the deployment's queue and wakes its workers. The reply arrives on this
+process's own pub/sub channel; a slow poll of the result cache is kept only as the fallback for
+a lost message.
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ import contextlib
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import structlog
 
+from vllm_srun import defaults
 from vllm_srun.errors import NotReady, Unavailable
-from vllm_srun.plugins.base import ItemError, Result, WorkItem
+from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.enqueue import add_job, remove_job
+from vllm_srun.queue.arq_compat import add_job, remove_job
+from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
 from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
-from vllm_srun.queue.results import LocalResults, decode_result
+from vllm_srun.queue.results import LocalResults
 
 log = structlog.get_logger("vllm_srun.queue")
 
@@ -31,32 +32,25 @@ FALLBACK_POLL_S = 1.0
 WORKER_CHECK_TTL_S = 1.0
 
 
-@dataclass
-class Submission:
-    """Results aligned with the submitted items, and what the request cost."""
-
-    results: list[Result]
-    hits: int
-    misses: int
-    queue_s: float = 0.0
-    forward_s: float = 0.0
-
-
 class QueueClient:
     """One per app process: owns its Redis pool and its reply subscription."""
 
     def __init__(
-        self, redis_url: str, *, result_ttl_s: int = 3600, local_cache_bytes: int = 64 << 20
+        self,
+        redis_url: str,
+        *,
+        result_ttl_s: int = defaults.CACHE_TTL_S,
+        local_cache_bytes: int = defaults.LOCAL_CACHE_MB << 20,
     ) -> None:
         self.redis_url = redis_url
         self.result_ttl_s = result_ttl_s
-        self.local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
         self.app_id = uuid.uuid4().hex
         self.redis = make_pool(redis_url)
+        local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
+        self.gateway = ResultGateway(self.redis, ttl_s=result_ttl_s, local=local)
         self._subscriber = pubsub_client(redis_url)
         self._reply_channel = keys.reply_channel(self.app_id)
         self._waiting: dict[str, asyncio.Future[protocol.JobReply]] = {}
-        self._inflight: dict[tuple[str, str], asyncio.Future[Result]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._workers_seen: dict[str, float] = {}
@@ -132,73 +126,24 @@ class QueueClient:
         timeout_s: float,
         deadline_s: float | None = None,
     ) -> Submission:
-        """Results for `items` (each with its cache key): from the cache, in flight, or a forward."""
-        if not items:
-            return Submission([], 0, 0)
-        found = await self._cached(deployment, items)
-        results: list[Result | None] = [decode_result(raw) if raw else None for raw in found]
-        hits = sum(r is not None for r in results)
-        waits: dict[int, asyncio.Future[Result]] = {}
-        misses: dict[str, WorkItem] = {}
-        for index, (item, result) in enumerate(zip(items, results, strict=True)):
-            if result is not None:
-                continue
-            key = (deployment, item.cache_key)
-            if key not in self._inflight:
-                self._inflight[key] = asyncio.get_running_loop().create_future()
-                misses[item.cache_key] = item
-            waits[index] = self._inflight[key]
-        submission = Submission([], hits, len(items) - hits)
-        if misses:
-            try:
-                await self._require_worker(deployment)
-                await self._run(
-                    deployment,
-                    (model_sha256, numerics),
-                    list(misses.values()),
-                    submission,
-                    timeout_s,
-                    deadline_s,
-                )
-            finally:
-                for cache_key in misses:
-                    future = self._inflight.pop((deployment, cache_key), None)
-                    if future is not None and not future.done():
-                        future.set_result(ItemError("deadline_exceeded", "no result before the deadline"))
-        for index, future in waits.items():
-            results[index] = await _shielded(future, timeout_s)
-        submission.results = [r if r is not None else _lost() for r in results]
-        return submission
+        """Results for `items` (each with its cache key), through the result gateway; its misses
+        go to a device worker as one job."""
 
-    async def _cached(self, deployment: str, items: Sequence[WorkItem]) -> list[bytes | None]:
-        """Each item's encoded result from this process's copies, else one MGET; None: a miss."""
-        local = self.local
-        found: list[bytes | None] = [
-            local.get(deployment, item.cache_key) if local is not None else None for item in items
-        ]
-        missing = [index for index, raw in enumerate(found) if raw is None]
-        if not missing:
-            return found
-        try:
-            cached = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
-        for index, raw in zip(missing, cached, strict=True):
-            if raw:
-                found[index] = raw
-                if local is not None:
-                    local.put(deployment, items[index].cache_key, raw)
-        return found
+        async def run(misses: list[WorkItem]) -> Ran:
+            await self._require_worker(deployment)
+            return await self._run(deployment, (model_sha256, numerics), misses, timeout_s, deadline_s)
+
+        return await self.gateway.resolve(deployment, items, run, timeout_s=timeout_s)
 
     async def _run(
         self,
         deployment: str,
         identity: tuple[str, str],
         items: list[WorkItem],
-        submission: Submission,
         timeout_s: float,
         deadline_s: float | None,
-    ) -> None:
+    ) -> Ran:
+        """One job for `items`; the worker stores their results before it replies."""
         request_id = uuid.uuid4().hex
         reply_future: asyncio.Future[protocol.JobReply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = reply_future
@@ -215,21 +160,12 @@ class QueueClient:
         )
         try:
             await self._enqueue(deployment, request_id, protocol.encode(payload), timeout_s)
-            reply = await self._await_reply(deployment, items, reply_future, timeout_s)
+            return await self._await_reply(deployment, items, reply_future, timeout_s)
         except asyncio.CancelledError:
             await asyncio.shield(self._withdraw(deployment, request_id))
             raise
         finally:
             self._waiting.pop(request_id, None)
-        if reply is None:
-            return
-        submission.queue_s, submission.forward_s = reply.queue_s, reply.forward_s
-        for item, raw in zip(items, reply.results, strict=True):
-            if self.local is not None:
-                self.local.put(deployment, item.cache_key, raw)
-            future = self._inflight.get((deployment, item.cache_key))
-            if future is not None and not future.done():
-                future.set_result(decode_result(raw))
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one transaction."""
@@ -264,40 +200,32 @@ class QueueClient:
         items: list[WorkItem],
         reply_future: asyncio.Future[protocol.JobReply],
         timeout_s: float,
-    ) -> protocol.JobReply | None:
+    ) -> Ran:
         """The pushed reply; if none comes, what the result cache holds by the timeout."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout_s
+        found: list[bytes | None] = [None] * len(items)
         while True:
             remaining = give_up - loop.time()
             if remaining <= 0:
-                return None
+                return Ran(found, stored=True)
             try:
-                return await asyncio.wait_for(asyncio.shield(reply_future), min(FALLBACK_POLL_S, remaining))
+                reply = await asyncio.wait_for(asyncio.shield(reply_future), min(FALLBACK_POLL_S, remaining))
             except TimeoutError:
                 pass
-            if await self._fallback(deployment, items):
-                return None
+            else:
+                return Ran(list(reply.results), stored=True, queue_s=reply.queue_s, forward_s=reply.forward_s)
+            if await self._fallback(deployment, items, found):
+                return Ran(found, stored=True)
 
-    async def _fallback(self, deployment: str, items: list[WorkItem]) -> bool:
-        """Resolve what the cache already holds; True when nothing is left to wait for."""
-        pending = [i for i in items if not self._inflight[(deployment, i.cache_key)].done()]
+    async def _fallback(self, deployment: str, items: list[WorkItem], found: list[bytes | None]) -> bool:
+        """Fill `found` from what the result cache already holds; True when nothing is missing."""
+        pending = [index for index, raw in enumerate(found) if raw is None]
         try:
-            cached = await self.redis.mget([keys.result_key(deployment, i.cache_key) for i in pending])
+            stored = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in pending])
         except REDIS_ERRORS:
             return False
-        for item, raw in zip(pending, cached, strict=True):
+        for index, raw in zip(pending, stored, strict=True):
             if raw:
-                self._inflight[(deployment, item.cache_key)].set_result(decode_result(raw))
-        return all(self._inflight[(deployment, i.cache_key)].done() for i in items)
-
-
-async def _shielded(future: asyncio.Future[Result], timeout_s: float) -> Result:
-    try:
-        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
-    except TimeoutError:
-        return ItemError("deadline_exceeded", "no result before the deadline")
-
-
-def _lost() -> ItemError:
-    return ItemError("forward_failed", "the result was lost")
+                found[index] = raw
+        return all(raw is not None for raw in found)

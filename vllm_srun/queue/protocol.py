@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from vllm_srun import defaults
 from vllm_srun.plugins.base import WorkItem
 
 
@@ -24,8 +25,20 @@ class JobPayload(msgspec.Struct, array_like=True):
     request_id: str
     enqueued_s: float
     deadline_s: float | None = None
-    ttl_s: int = 3600
+    ttl_s: int = defaults.CACHE_TTL_S
     priority: int = 0
+
+
+class ChunkPayload(msgspec.Struct, array_like=True):
+    """One chunk of a bulk job: the requests [start, end) and how many chunks the job has."""
+
+    job_id: str
+    deployment: str
+    surface: str
+    index: int
+    start: int
+    end: int
+    chunks: int
 
 
 class JobReply(msgspec.Struct, array_like=True):
@@ -40,6 +53,7 @@ class JobReply(msgspec.Struct, array_like=True):
 _encoder = msgspec.msgpack.Encoder()
 _job_decoder = msgspec.msgpack.Decoder(JobPayload)
 _reply_decoder = msgspec.msgpack.Decoder(JobReply)
+_chunk_decoder = msgspec.msgpack.Decoder(ChunkPayload)
 
 
 def encode(value: Any) -> bytes:
@@ -54,10 +68,8 @@ def decode_reply(raw: bytes) -> JobReply:
     return _reply_decoder.decode(raw)
 
 
-def decode_chunk(raw: bytes) -> Any:
-    from vllm_srun.queue.bulk import ChunkPayload
-
-    return msgspec.msgpack.decode(raw, type=ChunkPayload)
+def decode_chunk(raw: bytes) -> ChunkPayload:
+    return _chunk_decoder.decode(raw)
 
 
 def serialize(value: dict[str, Any]) -> bytes:

@@ -39,6 +39,11 @@ def decode_result(raw: bytes) -> Result:
     return np.frombuffer(raw, dtype="<f4", offset=start).reshape(shape)
 
 
+def cacheable(raw: bytes) -> bool:
+    """Whether an encoded result may be cached: arrays are, item errors never (a retry may pass)."""
+    return raw[:1] == _ARRAY
+
+
 class LocalResults:
     """This process's most recent results, in front of the shared result cache in Redis.
 
@@ -72,7 +77,7 @@ class LocalResults:
     def put(self, deployment: str, cache_key: str, raw: bytes) -> None:
         """Keep an encoded array result (errors are never cached, here or in Redis)."""
         cost = _cost(cache_key, raw)
-        if not cache_key or raw[:1] != _ARRAY or cost > self.max_bytes:
+        if not cache_key or not cacheable(raw) or cost > self.max_bytes:
             return
         key = (deployment, cache_key)
         if key in self._entries:
@@ -87,9 +92,9 @@ class LocalResults:
         self.bytes -= _cost(key[1], raw)
 
 
-# Python's own cost of one entry beyond its key's and result's lengths: tracemalloc measured
-# ~210 bytes of tuples, float and dict slots, plus the str and bytes headers (~80). Without it a
-# budget full of tiny classifier results would hold several times its size in memory.
+# Python's own cost of one entry beyond its key's and result's lengths: the tuples, float and
+# dict slots, and the str and bytes headers. Without it a budget full of tiny classifier results
+# would hold several times its size in memory.
 _ENTRY_OVERHEAD = 384
 
 

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from arq import Worker
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
-from arq.utils import timestamp_ms
 from arq.worker import func
 
+from vllm_srun import defaults
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.arq_compat import DrivenWorker
 from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue.gateway import write_back
 from vllm_srun.queue.redis import REDIS_ERRORS, make_pool, pubsub_client
 from vllm_srun.queue.results import encode_result
 
@@ -54,56 +54,30 @@ class Deployment:
         return self.model.info.name
 
 
-# Claims the given queued jobs at once, as arq's start_jobs does one by one (WATCH, EXISTS,
-# ZSCORE, MULTI/PSETEX/EXEC per job): a job is taken when it is due and no worker holds it.
-_CLAIM = """
-local now, ttl, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local out = {}
-for i = 4, #ARGV do
-  local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= now and redis.call('EXISTS', prefix .. id) == 0 then
-    redis.call('PSETEX', prefix .. id, ttl, '1')
-    table.insert(out, id)
-    table.insert(out, score)
-  end
-end
-return out
-"""
-
-
-class _WakeableWorker(Worker):
-    """arq's worker with its fixed-interval poll replaced by a wake-up on pub/sub, and its
-    job claims made in one round trip per poll instead of several per job."""
+class _WakeablePoller:
+    """Drives one arq worker: polls when its wake channel says a job is queued, and at the latest
+    every `poll_delay_s` as the fallback; hands cancel messages to `on_cancel`."""
 
     def __init__(
         self,
+        worker: DrivenWorker,
         *,
         wake_channel: str,
         pubsub_url: str,
         cancel_channel: str | None = None,
         on_cancel: Callable[[str], None] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        self.worker = worker
         self.wake_channel = wake_channel
         self.pubsub_url = pubsub_url
         self.cancel_channel = cancel_channel
         self.on_cancel = on_cancel
+        self._stopping = False
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
-            return
-        args: list[Any] = [timestamp_ms(), int(self.in_progress_timeout_s * 1000), in_progress_key_prefix]
-        claim = self.pool.register_script(_CLAIM)  # local: hashes the script, no round trip
-        claimed = await claim(keys=[self.queue_name], args=[*args, *job_ids[:free]])
-        for job_id, score in zip(claimed[::2], claimed[1::2], strict=True):
-            await self.sem.acquire()
-            self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id.decode(), int(float(score))))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            self.tasks[job_id.decode()] = task
+    def stop(self) -> None:
+        """End `run` at its next turn. A cancellation alone is not enough: redis-py's
+        `get_message` can swallow one that lands while it reads, and the loop would go on."""
+        self._stopping = True
 
     def _handle(self, message: dict[str, Any]) -> None:
         """A cancel message names a request to drop; anything else was a wake-up."""
@@ -112,33 +86,31 @@ class _WakeableWorker(Worker):
         if message.get("channel") == self.cancel_channel.encode():
             self.on_cancel(message["data"].decode())
 
-    async def main(self) -> None:
-        self.ctx["redis"] = self.pool
+    async def run(self) -> None:
+        worker = self.worker
         subscriber = pubsub_client(self.pubsub_url)
         pubsub = subscriber.pubsub()
         subscribed = False
+        channels = [self.wake_channel] + ([self.cancel_channel] if self.cancel_channel else [])
         try:
-            while True:
+            while not self._stopping:
                 try:
                     if not subscribed:
-                        channels = [self.wake_channel] + (
-                            [self.cancel_channel] if self.cancel_channel else []
-                        )
                         await pubsub.subscribe(*channels)
                         subscribed = True
-                    await self._poll_iteration()
+                    await worker.poll()
                     message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=self.poll_delay_s
+                        ignore_subscribe_messages=True, timeout=worker.poll_delay_s
                     )
                     while message is not None:  # one poll answers every wake-up queued so far
                         self._handle(message)
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
                 except REDIS_ERRORS as exc:
-                    log.warning("redis_unreachable", queue=self.queue_name, error=str(exc))
+                    log.warning("redis_unreachable", queue=worker.queue_name, error=str(exc))
                     subscribed = False
                     with contextlib.suppress(*REDIS_ERRORS):
                         await pubsub.reset()
-                    await asyncio.sleep(self.poll_delay_s)
+                    await asyncio.sleep(worker.poll_delay_s)
         finally:
             with contextlib.suppress(*REDIS_ERRORS):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -155,13 +127,13 @@ class DeviceWorker:
         deployments: Sequence[Deployment],
         stats: Stats,
         max_jobs: int = 1024,
-        job_timeout_s: float = 300.0,
+        job_timeout_s: float = defaults.JOB_TIMEOUT_S,
         poll_delay_s: float = 0.5,
         max_tries: int = 5,
-        job_ttl_s: int = 86400,
-        result_ttl_s: int = 3600,
-        # Chunks in flight per deployment: with 3, the next chunk is planned while one forwards
-        # (MiniLM, 2,048-text job: device busy 0.88 -> 0.98 of the time, 108 -> 117 texts/s).
+        job_ttl_s: int = defaults.JOB_TTL_S,
+        result_ttl_s: int = defaults.CACHE_TTL_S,
+        # Chunks in flight per deployment: more than one, so the next chunk is planned and looked
+        # up while another forwards and the device does not wait between chunks.
         bulk_chunks: int = 3,
     ) -> None:
         self.redis_url = redis_url
@@ -179,7 +151,8 @@ class DeviceWorker:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self.coalescers: dict[str, Coalescer] = {}
         self._redis: ArqRedis | None = None
-        self._workers: list[Worker] = []
+        self._workers: list[DrivenWorker] = []
+        self._pollers: list[_WakeablePoller] = []
         self._tasks: list[asyncio.Task[Any]] = []
 
     @property
@@ -232,11 +205,7 @@ class DeviceWorker:
             ),
         ]
         for queue, wake, function, handler, max_jobs, cancel in queues:
-            worker = _WakeableWorker(
-                wake_channel=wake,
-                pubsub_url=self.redis_url,
-                cancel_channel=cancel,
-                on_cancel=self._cancel,
+            worker = DrivenWorker(
                 functions=[func(handler, name=function, max_tries=self.max_tries)],
                 queue_name=queue,
                 redis_pool=self._redis,
@@ -249,17 +218,27 @@ class DeviceWorker:
                 job_deserializer=protocol.deserialize,
                 log_results=False,
             )
+            poller = _WakeablePoller(
+                worker,
+                wake_channel=wake,
+                pubsub_url=self.redis_url,
+                cancel_channel=cancel,
+                on_cancel=self._cancel,
+            )
             self._workers.append(worker)
-            self._tasks.append(loop.create_task(worker.main(), name=f"arq:{queue}"))
+            self._pollers.append(poller)
+            self._tasks.append(loop.create_task(poller.run(), name=f"arq:{queue}"))
 
     async def close(self) -> None:
+        for poller in self._pollers:
+            poller.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, *REDIS_ERRORS):
                 await task
         for worker in self._workers:
-            for job_task in list(worker.tasks.values()):
+            for job_task in worker.running():
                 job_task.cancel()
         for coalescer in self.coalescers.values():
             await coalescer.close()
@@ -270,6 +249,7 @@ class DeviceWorker:
             await self._redis.aclose()
         self._tasks.clear()
         self._workers.clear()
+        self._pollers.clear()
 
     async def _heartbeat(self) -> None:
         while True:
@@ -300,10 +280,9 @@ class DeviceWorker:
             queue_s=max((o.queue_s for o in outcomes), default=0.0),
             forward_s=max((o.forward_s for o in outcomes), default=0.0),
         )
+        # Stored before the reply and before arq acknowledges the job: see gateway.Ran.stored.
         async with self.redis.pipeline(transaction=False) as pipe:
-            for item, outcome, raw in zip(job.items, outcomes, encoded, strict=True):
-                if not isinstance(outcome.result, ItemError) and item.cache_key:
-                    pipe.set(keys.result_key(job.deployment, item.cache_key), raw, ex=job.ttl_s)
+            write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
             pipe.publish(job.reply_to, protocol.encode(reply))
             await pipe.execute()
         return len(job.items)

@@ -1,0 +1,118 @@
+"""What the queue takes from arq beyond its public API (vllm_srun/queue/arq_compat.py) still holds.
+
+Each failure names what an arq upgrade changed, so the fix starts in arq_compat.py, not in a
+stalled worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import arq
+import arq.constants
+import arq.jobs
+from arq import Worker
+from arq.connections import ArqRedis
+from arq.jobs import Job, JobStatus
+from arq.worker import func
+
+from vllm_srun.queue import arq_compat, protocol
+from vllm_srun.queue.arq_compat import DrivenWorker, add_job, remove_job
+
+QUEUE = "test:queue"
+
+
+def test_the_private_worker_methods_exist_with_the_parameters_used() -> None:
+    for name, params in arq_compat.WORKER_METHODS.items():
+        method = getattr(Worker, name, None)
+        assert method is not None, (
+            f"arq {arq.VERSION}: Worker.{name} is gone; see vllm_srun/queue/arq_compat.py"
+        )
+        found = tuple(inspect.signature(method).parameters)[1:]
+        assert found == params, (
+            f"arq {arq.VERSION}: Worker.{name} takes {found}, arq_compat.py calls it with {params}"
+        )
+    assert inspect.iscoroutinefunction(Worker._poll_iteration), "arq: Worker._poll_iteration is no coroutine"
+    # Our claim script replaces start_jobs, which arq's poll iteration must still call.
+    assert "start_jobs" in inspect.getsource(Worker._poll_iteration), (
+        f"arq {arq.VERSION}: Worker._poll_iteration no longer starts jobs through start_jobs"
+    )
+
+
+def test_the_constants_and_job_serializer_are_where_they_were() -> None:
+    assert arq.constants.job_key_prefix == "arq:job:", "arq changed its job key prefix"
+    assert arq.constants.in_progress_key_prefix == "arq:in-progress:", "arq changed its in-progress prefix"
+    params = tuple(inspect.signature(arq.jobs.serialize_job).parameters)
+    assert params[:5] == ("function_name", "args", "kwargs", "job_try", "enqueue_time_ms"), (
+        f"arq {arq.VERSION}: serialize_job's parameters changed to {params}"
+    )
+    # The in-progress key arq writes when it claims a job, which the claim script writes too.
+    assert "psetex(in_progress_key, int(self.in_progress_timeout_s * 1000), b'1')" in inspect.getsource(
+        Worker.start_jobs
+    ), f"arq {arq.VERSION}: start_jobs writes the in-progress key differently; update _CLAIM"
+
+
+async def test_a_worker_has_the_attributes_used(redis: ArqRedis) -> None:
+    worker = DrivenWorker(functions=[func(_echo, name="echo")], redis_pool=redis, handle_signals=False)
+    missing = [name for name in arq_compat.WORKER_ATTRIBUTES if not hasattr(worker, name)]
+    assert not missing, f"arq {arq.VERSION}: Worker lost attributes arq_compat.py uses: {missing}"
+
+
+async def test_a_job_written_by_hand_reads_back_through_arq(redis: ArqRedis) -> None:
+    async with redis.pipeline(transaction=True) as pipe:
+        job_id = add_job(pipe, queue=QUEUE, function="echo", payload=b"\x01\x02", expires_s=60)
+        await pipe.execute()
+    job = Job(job_id, redis, _queue_name=QUEUE, _deserializer=protocol.deserialize)
+    info = await job.info()
+    assert info is not None, "arq cannot read the job add_job wrote"
+    assert (info.function, tuple(info.args), info.kwargs) == ("echo", (b"\x01\x02",), {})
+    assert info.score is not None and info.job_try is None
+    assert await job.status() == JobStatus.queued
+
+    async with redis.pipeline(transaction=True) as pipe:
+        remove_job(pipe, queue=QUEUE, job_id=job_id)
+        await pipe.execute()
+    assert await job.status() == JobStatus.not_found
+
+
+async def test_a_driven_worker_claims_and_runs_hand_written_jobs(redis: ArqRedis) -> None:
+    ran: list[bytes] = []
+
+    async def record(ctx: dict[str, object], payload: bytes) -> int:
+        assert ctx["redis"] is redis
+        ran.append(payload)
+        return len(payload)
+
+    worker = DrivenWorker(
+        functions=[func(record, name="record")],
+        queue_name=QUEUE,
+        redis_pool=redis,
+        handle_signals=False,
+        keep_result=0,
+        job_serializer=protocol.serialize,
+        job_deserializer=protocol.deserialize,
+        max_jobs=2,
+    )
+    async with redis.pipeline(transaction=True) as pipe:
+        ids = [
+            add_job(pipe, queue=QUEUE, function="record", payload=bytes([i]), expires_s=60) for i in range(3)
+        ]
+        await pipe.execute()
+    await worker.poll()  # claims two: max_jobs
+    assert len(worker.running()) == 2
+    for _ in range(20):
+        await asyncio.gather(*worker.running())
+        await worker.poll()
+        if len(ran) == 3 and not worker.running():
+            break
+    assert sorted(ran) == [b"\x00", b"\x01", b"\x02"]
+    assert worker.job_counter == 0, "arq's slot accounting drifted: _release_sem_dec_counter_on_complete"
+    for job_id in ids:  # arq finished each: queue entry, job body and in-progress key gone
+        assert await redis.zscore(QUEUE, job_id) is None
+        assert not await redis.exists(arq.constants.job_key_prefix + job_id)
+        assert not await redis.exists(arq.constants.in_progress_key_prefix + job_id)
+
+
+async def _echo(ctx: dict[str, object], payload: bytes) -> bytes:
+    return payload

@@ -1,0 +1,173 @@
+"""The result gateway: how every work item gets its result, interactive or bulk.
+
+In order: this process's local copy (`LocalResults`), the shared result cache (one MGET for
+all that the local copy lacks), an identical item already in flight in this process (wait for
+it rather than run it twice), then the misses run, and their results are written back to both
+caches. The one way in is `ResultGateway.resolve`; callers differ only in how misses run
+(`MissRunner`): the app enqueues them for a device worker, a bulk chunk submits them to the
+coalescer of its own worker.
+
+Results travel and are stored as `results.encode_result` bytes (binary float32); item errors
+are never cached. A runner whose misses ran in another process says so (`Ran.stored`): that
+process stored them with `write_back` before it acknowledged the job, so nothing is lost if
+the waiting side goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from arq.connections import ArqRedis
+from redis.asyncio.client import Pipeline
+
+from vllm_srun.errors import Unavailable
+from vllm_srun.plugins.base import ItemError, Result, WorkItem
+from vllm_srun.queue import keys
+from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.results import LocalResults, cacheable, decode_result
+
+
+@dataclass
+class Submission:
+    """Results aligned with the submitted items, and what the request cost."""
+
+    results: list[Result]
+    hits: int
+    misses: int
+    queue_s: float = 0.0
+    forward_s: float = 0.0
+    # Per item: True when its result came from a cache (this process's copy or the shared one).
+    cached: list[bool] = field(default_factory=list)
+
+
+@dataclass
+class Ran:
+    """What a runner made of the misses: encoded results aligned with them (None: no result
+    came back), whether it already stored them in the shared cache, and where the time went."""
+
+    results: list[bytes | None]
+    stored: bool = False
+    queue_s: float = 0.0
+    forward_s: float = 0.0
+
+
+# Runs the given misses (distinct cache keys) and returns their results.
+MissRunner = Callable[[list[WorkItem]], Awaitable[Ran]]
+
+
+def write_back(
+    pipe: Pipeline, deployment: str, items: Sequence[WorkItem], encoded: Sequence[bytes], ttl_s: int
+) -> None:
+    """Queue on `pipe` the shared-cache writes for `items`' results: errors and items without a
+    cache key are not stored. Writing the same key twice writes the same bytes (idempotent)."""
+    for item, raw in zip(items, encoded, strict=True):
+        if item.cache_key and cacheable(raw):
+            pipe.set(keys.result_key(deployment, item.cache_key), raw, ex=ttl_s)
+
+
+class ResultGateway:
+    """One per process side (the app's queue client, a worker's chunk runner)."""
+
+    def __init__(self, redis: ArqRedis, *, ttl_s: int, local: LocalResults | None = None) -> None:
+        self.redis = redis
+        self.ttl_s = ttl_s
+        self.local = local
+        self._inflight: dict[tuple[str, str], asyncio.Future[Result]] = {}
+
+    async def resolve(
+        self,
+        deployment: str,
+        items: Sequence[WorkItem],
+        run: MissRunner,
+        *,
+        timeout_s: float | None = None,
+    ) -> Submission:
+        """Results for `items` (each with its cache key): cached, in flight, or run by `run`.
+
+        An item waited for longer than `timeout_s` (None: no limit) is `deadline_exceeded`.
+        """
+        if not items:
+            return Submission([], 0, 0)
+        found = await self.cached(deployment, items)
+        results: list[Result | None] = [decode_result(raw) if raw else None for raw in found]
+        cached = [r is not None for r in results]
+        hits = sum(cached)
+        waits: dict[int, asyncio.Future[Result]] = {}
+        misses: dict[str, WorkItem] = {}
+        loop = asyncio.get_running_loop()
+        for index, (item, result) in enumerate(zip(items, results, strict=True)):
+            if result is not None:
+                continue
+            key = (deployment, item.cache_key)
+            if key not in self._inflight:
+                self._inflight[key] = loop.create_future()
+                misses[item.cache_key] = item
+            waits[index] = self._inflight[key]
+        submission = Submission([], hits, len(items) - hits, cached=cached)
+        if misses:
+            try:
+                await self._run(deployment, list(misses.values()), run, submission)
+            finally:
+                for cache_key in misses:
+                    future = self._inflight.pop((deployment, cache_key), None)
+                    if future is not None and not future.done():
+                        future.set_result(ItemError("deadline_exceeded", "no result before the deadline"))
+        for index, future in waits.items():
+            results[index] = await _shielded(future, timeout_s)
+        submission.results = [r if r is not None else _lost() for r in results]
+        return submission
+
+    async def cached(self, deployment: str, items: Sequence[WorkItem]) -> list[bytes | None]:
+        """Each item's encoded result from this process's copy, else one MGET; None: a miss."""
+        local = self.local
+        found: list[bytes | None] = [
+            local.get(deployment, item.cache_key) if local is not None else None for item in items
+        ]
+        missing = [index for index, raw in enumerate(found) if raw is None]
+        if not missing:
+            return found
+        try:
+            stored = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        for index, raw in zip(missing, stored, strict=True):
+            if raw:
+                found[index] = raw
+                if local is not None:
+                    local.put(deployment, items[index].cache_key, raw)
+        return found
+
+    async def _run(
+        self, deployment: str, misses: list[WorkItem], run: MissRunner, submission: Submission
+    ) -> None:
+        ran = await run(misses)
+        submission.queue_s, submission.forward_s = ran.queue_s, ran.forward_s
+        if not ran.stored:
+            done = [(item, raw) for item, raw in zip(misses, ran.results, strict=True) if raw is not None]
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    write_back(pipe, deployment, [i for i, _ in done], [r for _, r in done], self.ttl_s)
+                    await pipe.execute()
+            except REDIS_ERRORS as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        for item, raw in zip(misses, ran.results, strict=True):
+            if raw is None:
+                continue
+            if self.local is not None:
+                self.local.put(deployment, item.cache_key, raw)
+            future = self._inflight.get((deployment, item.cache_key))
+            if future is not None and not future.done():
+                future.set_result(decode_result(raw))
+
+
+async def _shielded(future: asyncio.Future[Result], timeout_s: float | None) -> Result:
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+    except TimeoutError:
+        return ItemError("deadline_exceeded", "no result before the deadline")
+
+
+def _lost() -> ItemError:
+    return ItemError("forward_failed", "the result was lost")
