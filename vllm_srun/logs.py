@@ -24,12 +24,24 @@ def configure(level: str = "info") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),
         cache_logger_on_first_use=True,
     )
     # arq logs every job at INFO; that is per-request noise for a server.
     logging.getLogger("arq").setLevel(max(numeric, logging.WARNING))
     logging.getLogger("uvicorn.error").addFilter(_RuntimeErrorsWithoutTraceback())
+
+
+class _CurrentStderr:
+    """sys.stderr as it is when a line is written, not as it was when logging was configured:
+    a stream replaced since (a test's capture, then closed) must not fail whoever logs next,
+    such as a coalescer reporting a failed forward."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 class _RuntimeErrorsWithoutTraceback(logging.Filter):
