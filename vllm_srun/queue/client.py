@@ -26,6 +26,9 @@ from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
 from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
 from vllm_srun.queue.results import LocalResults
 
+# Submission is the gateway's; the app reads it as what `QueueClient.submit` returns.
+__all__ = ["QueueClient", "Submission"]
+
 log = structlog.get_logger("vllm_srun.queue")
 
 FALLBACK_POLL_S = 1.0
@@ -54,6 +57,7 @@ class QueueClient:
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
         self._workers_seen: dict[str, float] = {}
+        self._closing = False
 
     async def start(self) -> None:
         try:
@@ -65,6 +69,7 @@ class QueueClient:
             await asyncio.wait_for(self._subscribed.wait(), 5.0)
 
     async def close(self) -> None:
+        self._closing = True
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -74,13 +79,16 @@ class QueueClient:
             await self.redis.aclose()
 
     async def _listen(self) -> None:
-        while True:
+        # The loops check `_closing` as well as being cancelled: redis-py can swallow a
+        # cancellation that lands while it reads, and the listener would never end.
+        while not self._closing:
             pubsub = self._subscriber.pubsub()
             try:
                 await pubsub.subscribe(self._reply_channel)
                 self._subscribed.set()
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
+                while not self._closing:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
                         self._on_reply(message["data"])
             except REDIS_ERRORS as exc:
                 self._subscribed.clear()

@@ -153,6 +153,7 @@ class DeviceWorker:
         self._redis: ArqRedis | None = None
         self._workers: list[DrivenWorker] = []
         self._pollers: list[_WakeablePoller] = []
+        self._closing = False
         self._tasks: list[asyncio.Task[Any]] = []
 
     @property
@@ -167,6 +168,7 @@ class DeviceWorker:
         self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s)
         for deployment in self.deployments.values():
             self._serve(deployment)
+        await self._beat()  # apps see the deployments served as soon as this returns
         self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat(), name="worker-heartbeat"))
         log.info("worker_started", worker=self.worker_id, deployments=sorted(self.deployments))
 
@@ -230,6 +232,7 @@ class DeviceWorker:
             self._tasks.append(loop.create_task(poller.run(), name=f"arq:{queue}"))
 
     async def close(self) -> None:
+        self._closing = True
         for poller in self._pollers:
             poller.stop()
         for task in self._tasks:
@@ -252,7 +255,7 @@ class DeviceWorker:
         self._pollers.clear()
 
     async def _heartbeat(self) -> None:
-        while True:
+        while not self._closing:  # see _WakeablePoller.stop: a cancellation alone may be lost
             try:
                 await self._beat()
             except REDIS_ERRORS as exc:
