@@ -96,22 +96,18 @@ async def test_an_idempotency_key_returns_the_first_job_and_unknown_ids_are_not_
     redis: ArqRedis,
 ) -> None:
     store = BulkStore(redis, ttl_s=60)
-    first, new = await store.create(
-        deployment="m",
-        surface="classify",
-        requests=requests(1),
-        custom_ids=[""],
-        errors={},
-        idempotency_key="k",
-    )
-    again, new_again = await store.create(
-        deployment="m",
-        surface="classify",
-        requests=requests(1),
-        custom_ids=[""],
-        errors={},
-        idempotency_key="k",
-    )
+    made = [
+        await store.create(
+            deployment="m",
+            surface="classify",
+            requests=requests(1),
+            custom_ids=[""],
+            errors={},
+            idempotency_key="k",
+        )
+        for _ in range(2)
+    ]
+    (first, new), (again, new_again) = made
     assert new and not new_again and again.id == first.id
     for job_id in ("job_" + "0" * 32, first.id + ":results", "../x"):
         with pytest.raises(JobNotFound):

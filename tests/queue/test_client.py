@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
 
 from vllm_srun.errors import NotReady
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
-from vllm_srun.plugins.stats import Stats
-from vllm_srun.plugins.surfaces import ClassifyRequest
 from vllm_srun.queue import keys
 from vllm_srun.queue.client import QueueClient, Submission
-from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.results import encode_result
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker import DeviceWorker
 
 
 @pytest.fixture
@@ -28,17 +25,7 @@ async def client(redis_url: str) -> AsyncIterator[QueueClient]:
     await client.close()
 
 
-@pytest.fixture
-async def worker(redis_url: str, deployment: Deployment, stats: Stats) -> AsyncIterator[DeviceWorker]:
-    # A long fallback poll: a job that starts at once was woken by push.
-    worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats, poll_delay_s=5.0)
-    await worker.start()
-    yield worker
-    await worker.close()
-
-
-def planned(model: LoadedModel, *texts: str) -> list[WorkItem]:
-    return plan_with_keys(model, "classify", ClassifyRequest(input=list(texts))).items
+Planner = Callable[..., list[WorkItem]]
 
 
 async def submit(
@@ -49,16 +36,23 @@ async def submit(
     )
 
 
-async def test_without_a_worker_a_miss_is_not_ready(client: QueueClient, keywords_model: LoadedModel) -> None:
+async def test_without_a_worker_a_miss_is_not_ready(
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
+) -> None:
     with pytest.raises(NotReady):
-        await submit(client, keywords_model, planned(keywords_model, "refund"))
+        await submit(client, keywords_model, classify_items("refund"))
     assert (await submit(client, keywords_model, [])).results == []
 
 
 async def test_misses_are_forwarded_once_then_answered_from_the_caches(
-    client: QueueClient, worker: DeviceWorker, redis_url: str, keywords_model: LoadedModel, batches: list[int]
+    client: QueueClient,
+    worker: DeviceWorker,
+    redis_url: str,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
 ) -> None:
-    items = planned(keywords_model, "refund my invoice", "parcel delivery", "refund my invoice")
+    items = classify_items("refund my invoice", "parcel delivery", "refund my invoice")
     started = time.monotonic()
     first = await submit(client, keywords_model, items)
     assert time.monotonic() - started < 2.0  # woken by push, not the worker's 5 s poll
@@ -81,9 +75,13 @@ async def test_misses_are_forwarded_once_then_answered_from_the_caches(
 
 
 async def test_concurrent_requests_for_the_same_text_share_one_forward(
-    client: QueueClient, worker: DeviceWorker, keywords_model: LoadedModel, batches: list[int]
+    client: QueueClient,
+    worker: DeviceWorker,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
 ) -> None:
-    items = planned(keywords_model, "charge on my invoice")
+    items = classify_items("charge on my invoice")
     answers = await asyncio.gather(*(submit(client, keywords_model, items) for _ in range(5)))
     assert sum(batches) == 1
     assert sum(a.misses for a in answers) == 5  # waiting on work in flight is not a hit
@@ -92,22 +90,22 @@ async def test_concurrent_requests_for_the_same_text_share_one_forward(
 
 
 async def test_a_request_nobody_answers_times_out_per_item(
-    client: QueueClient, keywords_model: LoadedModel
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
 ) -> None:
     # A worker that heartbeats but never takes the job (it died after its last beat).
     name = keywords_model.info.name
     await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
-    got = await submit(client, keywords_model, planned(keywords_model, "refund"), timeout_s=0.3)
+    got = await submit(client, keywords_model, classify_items("refund"), timeout_s=0.3)
     result = got.results[0]
     assert isinstance(result, ItemError) and result.code == "deadline_exceeded"
 
 
 async def test_a_result_stored_without_a_reply_is_found_by_the_fallback(
-    client: QueueClient, keywords_model: LoadedModel
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
 ) -> None:
     # The reply message was lost, but the result reached the cache: the slow poll finds it.
     name = keywords_model.info.name
-    items = planned(keywords_model, "parcel")
+    items = classify_items("parcel")
     await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
     task = asyncio.create_task(submit(client, keywords_model, items, timeout_s=5.0))
     await asyncio.sleep(0.2)
@@ -118,11 +116,11 @@ async def test_a_result_stored_without_a_reply_is_found_by_the_fallback(
 
 
 async def test_a_cancelled_request_takes_its_job_out_of_the_queue(
-    client: QueueClient, keywords_model: LoadedModel
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
 ) -> None:
     name = keywords_model.info.name
     await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
-    task = asyncio.create_task(submit(client, keywords_model, planned(keywords_model, "refund")))
+    task = asyncio.create_task(submit(client, keywords_model, classify_items("refund")))
     for _ in range(100):
         if await client.redis.zcard(keys.queue_name(name)):
             break

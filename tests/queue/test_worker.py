@@ -8,33 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import numpy as np
-import pytest
 from arq.connections import ArqRedis
 
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
-from vllm_srun.plugins.surfaces import ClassifyRequest
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
-from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.redis import pubsub_client
 from vllm_srun.queue.results import decode_result
 from vllm_srun.queue.worker import Deployment, DeviceWorker
 
-
-@pytest.fixture
-async def worker(redis_url: str, deployment: Deployment, stats: Stats) -> AsyncIterator[DeviceWorker]:
-    worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats, poll_delay_s=5.0)
-    await worker.start()
-    yield worker
-    await worker.close()
-
-
-def planned(model: LoadedModel, *texts: str) -> list[WorkItem]:
-    return plan_with_keys(model, "classify", ClassifyRequest(input=list(texts))).items
+Planner = Callable[..., list[WorkItem]]
 
 
 async def run_job(
@@ -81,9 +68,14 @@ async def run_job(
 
 
 async def test_a_job_is_answered_by_push_and_stored_before_the_reply(
-    worker: DeviceWorker, redis: ArqRedis, redis_url: str, keywords_model: LoadedModel, batches: list[int]
+    worker: DeviceWorker,
+    redis: ArqRedis,
+    redis_url: str,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
 ) -> None:
-    items = planned(keywords_model, "refund my invoice", "parcel delivery late")
+    items = classify_items("refund my invoice", "parcel delivery late")
     reply, stored = await run_job(redis, redis_url, keywords_model, items)
     expected = keywords_model.run(items)
     assert reply.request_id == "r1" and len(reply.results) == 2
@@ -94,9 +86,14 @@ async def test_a_job_is_answered_by_push_and_stored_before_the_reply(
 
 
 async def test_a_job_planned_for_another_model_fails_its_items_and_caches_nothing(
-    worker: DeviceWorker, redis: ArqRedis, redis_url: str, keywords_model: LoadedModel, batches: list[int]
+    worker: DeviceWorker,
+    redis: ArqRedis,
+    redis_url: str,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
 ) -> None:
-    items = planned(keywords_model, "refund")
+    items = classify_items("refund")
     reply, stored = await run_job(redis, redis_url, keywords_model, items, model_sha256="0" * 64)
     error = decode_result(reply.results[0])
     assert isinstance(error, ItemError) and error.code == "forward_failed"
@@ -131,13 +128,14 @@ async def test_a_withdrawn_request_is_dropped_before_it_runs(
     deployment: Deployment,
     stats: Stats,
     batches: list[int],
+    classify_items: Planner,
 ) -> None:
     worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats, poll_delay_s=5.0)
     await worker.start()
     try:
         coalescer = worker.coalescers[deployment.name]
         await coalescer.close()  # nothing forwards: the job's items stay queued
-        items = planned(keywords_model, "refund")
+        items = classify_items("refund")
         task = asyncio.create_task(run_job(redis, redis_url, keywords_model, items, request_id="gone"))
         for _ in range(100):
             if "gone" in worker._active:

@@ -1,8 +1,9 @@
 """The device worker: arq pulls jobs, the coalescer batches their items, results go to Redis.
 
-Each deployment has an arq worker on its queue. arq's own loop polls every `poll_delay`;
-ours waits on the deployment's wake channel instead and polls only as a fallback, so a job
-starts as soon as it is enqueued. A job writes its results to the result cache and publishes
+Each deployment has an arq worker on its queue (`arq_compat.DrivenWorker`: everything taken
+from arq beyond its public API lives in that one module). arq's own loop polls every
+`poll_delay`; ours waits on the deployment's wake channel instead and polls only as a fallback,
+so a job starts as soon as it is enqueued. A job writes its results to the result cache and publishes
 the reply *before* returning, so arq acknowledges only work whose result is stored; a worker
 that dies mid-job leaves the job's in-progress key to expire and another worker retries it.
 """
