@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import numpy as np
+import pytest
 from arq.connections import ArqRedis
 
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
@@ -24,9 +25,23 @@ from vllm_srun.queue.worker import Deployment, DeviceWorker
 Planner = Callable[..., list[WorkItem]]
 
 
+Sent = tuple[protocol.JobReply, list[bytes | None]]
+Send = Callable[..., Awaitable[Sent]]
+
+
+@pytest.fixture
+def send(redis: ArqRedis, redis_url: str, keywords_model: LoadedModel) -> Send:
+    """Call with work items (and JobPayload fields to override) to send one job."""
+
+    async def send(items: list[WorkItem], **fields: object) -> Sent:
+        return await run_job(redis, redis_url, keywords_model, items, **fields)
+
+    return send
+
+
 async def run_job(
     redis: ArqRedis, redis_url: str, model: LoadedModel, items: list[WorkItem], **fields: object
-) -> tuple[protocol.JobReply, list[bytes | None]]:
+) -> Sent:
     """Enqueue one job, wait for its reply; also what the cache held when the reply came."""
     name = model.info.name
     payload = protocol.JobPayload(
@@ -68,15 +83,10 @@ async def run_job(
 
 
 async def test_a_job_is_answered_by_push_and_stored_before_the_reply(
-    worker: DeviceWorker,
-    redis: ArqRedis,
-    redis_url: str,
-    keywords_model: LoadedModel,
-    batches: list[int],
-    classify_items: Planner,
+    worker: DeviceWorker, send: Send, keywords_model: LoadedModel, batches: list[int], classify_items: Planner
 ) -> None:
     items = classify_items("refund my invoice", "parcel delivery late")
-    reply, stored = await run_job(redis, redis_url, keywords_model, items)
+    reply, stored = await send(items)
     expected = keywords_model.run(items)
     assert reply.request_id == "r1" and len(reply.results) == 2
     for raw, cached, want in zip(reply.results, stored, expected, strict=True):
@@ -86,21 +96,16 @@ async def test_a_job_is_answered_by_push_and_stored_before_the_reply(
 
 
 async def test_a_job_planned_for_another_model_fails_its_items_and_caches_nothing(
-    worker: DeviceWorker,
-    redis: ArqRedis,
-    redis_url: str,
-    keywords_model: LoadedModel,
-    batches: list[int],
-    classify_items: Planner,
+    worker: DeviceWorker, send: Send, batches: list[int], classify_items: Planner
 ) -> None:
     items = classify_items("refund")
-    reply, stored = await run_job(redis, redis_url, keywords_model, items, model_sha256="0" * 64)
+    reply, stored = await send(items, model_sha256="0" * 64)
     error = decode_result(reply.results[0])
     assert isinstance(error, ItemError) and error.code == "forward_failed"
     assert "serve the same package on both" in error.message
     assert stored == [None] and sum(batches) == 0
 
-    reply, _ = await run_job(redis, redis_url, keywords_model, items, numerics="int8")
+    reply, _ = await send(items, numerics="int8")
     error = decode_result(reply.results[0])
     assert isinstance(error, ItemError) and "numerics" in error.message
 
@@ -122,29 +127,17 @@ async def test_a_worker_announces_what_it_serves_and_withdraws_on_close(
 
 
 async def test_a_withdrawn_request_is_dropped_before_it_runs(
-    redis_url: str,
-    redis: ArqRedis,
-    keywords_model: LoadedModel,
-    deployment: Deployment,
-    stats: Stats,
-    batches: list[int],
-    classify_items: Planner,
+    worker: DeviceWorker, send: Send, redis: ArqRedis, batches: list[int], classify_items: Planner
 ) -> None:
-    worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats, poll_delay_s=5.0)
-    await worker.start()
-    try:
-        coalescer = worker.coalescers[deployment.name]
-        await coalescer.close()  # nothing forwards: the job's items stay queued
-        items = classify_items("refund")
-        task = asyncio.create_task(run_job(redis, redis_url, keywords_model, items, request_id="gone"))
-        for _ in range(100):
-            if "gone" in worker._active:
-                break
-            await asyncio.sleep(0.02)
-        await redis.publish(keys.cancel_channel(deployment.name), b"gone")
-        reply, stored = await task
-        error = decode_result(reply.results[0])
-        assert isinstance(error, ItemError) and error.code == "cancelled"
-        assert stored == [None] and sum(batches) == 0
-    finally:
-        await worker.close()
+    name = next(iter(worker.deployments))
+    await worker.coalescers[name].close()  # nothing forwards: the job's items stay queued
+    task = asyncio.create_task(send(classify_items("refund"), request_id="gone"))
+    for _ in range(100):
+        if "gone" in worker._active:
+            break
+        await asyncio.sleep(0.02)
+    await redis.publish(keys.cancel_channel(name), b"gone")
+    reply, stored = await task
+    error = decode_result(reply.results[0])
+    assert isinstance(error, ItemError) and error.code == "cancelled"
+    assert stored == [None] and sum(batches) == 0
