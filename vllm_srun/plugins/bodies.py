@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import msgspec
 
 Overflow = Literal["reject", "truncate", "window"]
+TruncationDirection = Literal["right", "left"]
 
 
 class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -20,15 +21,27 @@ class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Options every surface takes; a family ignores those that do not apply to it."""
+    """Options every surface takes; a family ignores those that do not apply to it.
+
+    `overflow` left out (None) means the server's default for a long input: truncation under
+    `serve --auto-truncate`, else `reject` (a 400 on OpenAI-shaped embeddings, the item's own
+    error elsewhere). `truncation_direction` says which end `truncate` cuts: "left" keeps a
+    text's last tokens (TEI's `truncation_direction: Left`).
+    """
 
     return_meta: bool = False
-    overflow: Overflow = "reject"
+    overflow: Overflow | None = None
+    truncation_direction: TruncationDirection = "right"
     window: WindowOptions | None = None
     threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     return_tokens: bool = False
     head: str | None = None
     deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+
+    @property
+    def overflow_mode(self) -> Overflow:
+        """The long-input policy in force: `reject` when the request names none."""
+        return self.overflow or "reject"
 
 
 class ErrorBody(msgspec.Struct):

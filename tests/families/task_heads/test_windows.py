@@ -141,3 +141,29 @@ def test_window_embeddings_average_windows(th: Harness, engine: str) -> None:
     windows = [unit(h.astype(np.float64).mean(0)) for h in th.reference(th.package("bert-embedding"), rows)]
     assert out.data[0].input.windows == len(rows) > 1
     np.testing.assert_allclose(out.data[0].embedding, unit(np.mean(windows, axis=0)), atol=ATOL)
+
+
+def test_truncate_left_keeps_the_last_tokens(th: Harness) -> None:
+    """truncation_direction "left" (TEI's Left) keeps a text's end and every special token, as the
+    tokenizers library truncating on the left does; a pair loses from the longer text's start."""
+    from tokenizers import Tokenizer
+
+    model = th.load("bert-reranker", None)
+    reference = Tokenizer.from_str(model.encoder.tokenizer.to_str())
+    reference.no_padding()
+    reference.enable_truncation(128, direction="left")
+    left = Options(overflow="truncate", truncation_direction="left")
+    for request in (
+        ClassifyRequest(input=LONG, options=left),
+        ClassifyRequest(input=TextPair(text="what is the capital", text_pair=LONG), options=left),
+        ClassifyRequest(input=TextPair(text=LONG, text_pair=LONG), options=left),
+    ):
+        (item,) = model.plan_surface("classify", request).items
+        text = request.input.text if isinstance(request.input, TextPair) else request.input
+        pair = request.input.text_pair if isinstance(request.input, TextPair) else None
+        assert isinstance(text, str)
+        assert item.token_ids == reference.encode(text, pair).ids
+    right = ClassifyRequest(input=LONG, options=Options(overflow="truncate"))
+    (cut_right,) = model.plan_surface("classify", right).items
+    (cut_left,) = model.plan_surface("classify", ClassifyRequest(input=LONG, options=left)).items
+    assert cut_right.token_ids != cut_left.token_ids

@@ -74,7 +74,7 @@ class NliDecisionModel(DecisionModel):
         encodings = self.plain.encode_batch(pairs, add_special_tokens=True)
         longest = max(len(e.ids) for e in encodings)
         if longest > self.max_tokens:
-            if options.overflow == "reject":
+            if options.overflow_mode == "reject":
                 raise QuestionError(
                     "max_length_exceeded",
                     f"state and hypothesis take {longest} tokens; the model takes {self.max_tokens} "

@@ -182,10 +182,11 @@ class TaskHeadsModel(LoadedModel):
         return head
 
     def _policy(self, options: Options) -> Overflow:
-        if options.window is not None and options.overflow != "window":
+        mode = options.overflow_mode
+        if options.window is not None and mode != "window":
             raise InvalidRequest("options.window: applies only with options.overflow 'window'")
-        if options.overflow != "window":
-            return Overflow(options.overflow, self.max_tokens)
+        if mode != "window":
+            return Overflow(mode, self.max_tokens, left=options.truncation_direction == "left")
         # Without window options: windows as long as the model takes, sharing an eighth.
         tokens = options.window.tokens if options.window else self.max_tokens
         overlap = options.window.overlap if options.window else self.max_tokens // 8

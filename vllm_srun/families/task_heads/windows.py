@@ -5,8 +5,9 @@ piece keeps its special tokens and every token keeps its offsets into the origin
 
 - `reject` (default): an input over the limit gets the item error `max_length_exceeded`;
   its siblings are answered.
-- `truncate`: tokens are dropped from the end of the text; for a pair, from the longer of the
-  two texts first (Transformers' "longest_first").
+- `truncate`: tokens are dropped from the end of the text (from its start with
+  `truncation_direction` "left"); for a pair, from the longer of the two texts first
+  (Transformers' "longest_first"). Special tokens always stay.
 - `window`: the text (for a pair, the second text: the document of a rerank) is cut into
   windows of `window.tokens` tokens per forward, special tokens and the first text included,
   consecutive windows sharing `window.overlap` tokens of the windowed text. Without window
@@ -39,6 +40,7 @@ class Overflow:
     max_tokens: int
     window_tokens: int = 0
     overlap: int = 0
+    left: bool = False  # truncate keeps each text's last tokens instead of its first
 
 
 @dataclass(eq=False)
@@ -59,7 +61,7 @@ def split(enc: Encoded, policy: Overflow) -> Split:
     if n <= policy.max_tokens:
         return _whole(n)
     if policy.mode == "truncate":
-        keep = _truncated(enc, policy.max_tokens)
+        keep = _truncated(enc, policy.max_tokens, left=policy.left)
         return Split([keep], InputInfo(tokens=n, processed_tokens=len(keep), truncated=True))
     return Split(
         [],
@@ -84,7 +86,13 @@ def _ranks(enc: Encoded, which: int) -> np.ndarray:
     return ranks
 
 
-def _truncated(enc: Encoded, max_tokens: int) -> np.ndarray:
+def _kept(ranks: np.ndarray, count: int, keep: int, *, left: bool) -> np.ndarray:
+    """Positions of one text that survive: its first `keep` tokens, or its last with `left`."""
+    out: np.ndarray = (ranks >= 0) & (ranks >= count - keep if left else ranks < keep)
+    return out
+
+
+def _truncated(enc: Encoded, max_tokens: int, *, left: bool = False) -> np.ndarray:
     first = int((enc.seq == FIRST).sum())
     second = int((enc.seq == SECOND).sum())
     room = max(max_tokens - (len(enc) - first - second), 0)
@@ -95,8 +103,8 @@ def _truncated(enc: Encoded, max_tokens: int) -> np.ndarray:
     else:
         small_kept, large_kept = room // 2, room - room // 2
     keep_first, keep_second = (small_kept, large_kept) if first <= second else (large_kept, small_kept)
-    mask = (enc.seq == SPECIAL) | (_ranks(enc, FIRST) >= 0) & (_ranks(enc, FIRST) < keep_first)
-    mask |= (_ranks(enc, SECOND) >= 0) & (_ranks(enc, SECOND) < keep_second)
+    mask = (enc.seq == SPECIAL) | _kept(_ranks(enc, FIRST), first, keep_first, left=left)
+    mask |= _kept(_ranks(enc, SECOND), second, keep_second, left=left)
     return np.flatnonzero(mask)
 
 
