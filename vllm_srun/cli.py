@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-job-requests", POSITIVE, "most requests in one bulk job")
     setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
+    add(
+        "--auto-truncate",
+        action="store_true",
+        help="truncate over-long inputs of requests that set no options.overflow (TEI's flag)",
+    )
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
@@ -274,6 +279,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
+            auto_truncate=args.auto_truncate,
         )
         config = uvicorn.Config(
             create_app(settings),

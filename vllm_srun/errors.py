@@ -9,15 +9,22 @@ from __future__ import annotations
 
 
 class SrunError(Exception):
-    """Base of every error the runtime reports to a caller."""
+    """Base of every error the runtime reports to a caller.
+
+    `param` names the request field at fault where there is one ("input", "input[3]",
+    "options.head"): OpenAI's error field of that name, which its clients expose.
+    """
 
     code = "internal_error"
     status = 500
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, message: str, *, headers: dict[str, str] | None = None, param: str | None = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        self.param = param
 
 
 class InvalidRequest(SrunError):

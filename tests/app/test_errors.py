@@ -33,8 +33,18 @@ def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPa
 def error_of(response: httpx.Response, status: int) -> dict[str, str]:
     assert response.status_code == status, response.text
     error: dict[str, str] = response.json()["error"]
-    assert set(error) == {"code", "message"} and error["message"]
+    assert set(error) == {"code", "message", "type", "param"} and error["message"]
+    if status < 500 and status not in (401, 429):
+        assert error["type"] == "invalid_request_error"
     return error
+
+
+def test_error_bodies_carry_openai_type_and_param(server: Server) -> None:
+    """OpenAI clients read `type` and `param`: the field at fault, or null."""
+    wrong_type = error_of(server.post("/v1/classify", {"model": "kw", "input": 5}), 400)
+    assert wrong_type["type"] == "invalid_request_error" and wrong_type["param"] == "input"
+    unknown = error_of(server.post("/v1/classify", {"model": "nope", "input": "x"}), 404)
+    assert unknown["type"] == "invalid_request_error" and unknown["param"] is None
 
 
 def test_400_not_json(server: Server) -> None:

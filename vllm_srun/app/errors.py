@@ -1,4 +1,10 @@
-"""The one place runtime errors become HTTP responses: `{"error": {"code", "message"}}`."""
+"""The one place runtime errors become HTTP responses:
+`{"error": {"code", "message", "type", "param"}}`.
+
+`code` and `message` are the runtime's own; `type` and `param` are OpenAI's fields of those
+names, so OpenAI clients raise their usual exception with `.param` set (`param` is null when
+no one field is at fault).
+"""
 
 from __future__ import annotations
 
@@ -24,22 +30,49 @@ _HTTP_CODES = {
 }
 
 
+# OpenAI's error types by status; a status not listed is a client error below 500, else the server's.
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+
+
+def error_type(status: int) -> str:
+    """OpenAI's `type` for an error of this HTTP status."""
+    return _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
 def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    param: str | None = None,
 ) -> Response[Any]:
     return Response(
-        {"error": {"code": code, "message": message}},
+        {"error": {"code": code, "message": message, "type": error_type(status), "param": param}},
         status_code=status,
         media_type=MediaType.JSON,
         headers=headers or {},
     )
 
 
+def _entries(exc: ValidationException) -> list[Any]:
+    return exc.extra if isinstance(exc.extra, list) else []
+
+
+def _validation_param(exc: ValidationException) -> str | None:
+    """The one field a decode error names, as OpenAI writes it: `$.input[0]` is `input[0]`."""
+    keys = {str(e["key"]) for e in _entries(exc) if isinstance(e, dict) and e.get("key")}
+    if len(keys) != 1:
+        return None
+    key = keys.pop()
+    key = key[2:] if key.startswith("$.") else key
+    return None if key in ("", "$", "data") else key
+
+
 def _validation_message(exc: ValidationException) -> str:
     """Litestar's decode errors name the field as `$.path`; keep that, drop the boilerplate."""
-    extra = exc.extra if isinstance(exc.extra, list) else []
     parts = []
-    for entry in extra:
+    for entry in _entries(exc):
         if isinstance(entry, dict) and entry.get("message"):
             key = entry.get("key")
             message = str(entry["message"])
@@ -48,7 +81,7 @@ def _validation_message(exc: ValidationException) -> str:
 
 
 def handle_srun_error(_: Request[Any, Any, Any], exc: SrunError) -> Response[Any]:
-    return error_response(exc.status, exc.code, exc.message, exc.headers)
+    return error_response(exc.status, exc.code, exc.message, exc.headers, param=exc.param)
 
 
 def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -57,7 +90,7 @@ def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response
         # Litestar names the body "data" (its handler parameter); an empty body is a KeyError.
         message = "body: a JSON object is required" if message == "'data'" else message
         message = "body:" + message[5:] if message.startswith("data:") else message
-        return error_response(400, "invalid_request", message)
+        return error_response(400, "invalid_request", message, param=_validation_param(exc))
     status = exc.status_code
     message = exc.detail
     if status == 413:

@@ -70,6 +70,8 @@ class ServerSettings:
     bulk_chunk_size: int = defaults.BULK_CHUNK_SIZE
     # Threads per CPU forward, handed to each forward executor (None: torch's own choice).
     intra_op_threads: int | None = defaults.INTRA_OP_THREADS
+    # A request that names no options.overflow has its over-long inputs truncated (TEI's flag).
+    auto_truncate: bool = False
 
 
 @dataclass

@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.surfaces import Surface, SurfaceRequest
+from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
@@ -85,10 +86,13 @@ async def serve_surface(
             f"(it serves {', '.join(model.info.surfaces)})"
         )
     count = _check_size(runtime, surface, request)
+    # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
+    unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
+    plan_request = partial(plan_with_keys, model, surface.name, request, default_overflow=unset)
     if count > _THREAD_PLAN_INPUTS or surface.text_chars(request) > _THREAD_PLAN_CHARS:
-        plan = await asyncio.to_thread(plan_with_keys, model, surface.name, request)
+        plan = await asyncio.to_thread(plan_request)
     else:
-        plan = plan_with_keys(model, surface.name, request)
+        plan = plan_request()
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None

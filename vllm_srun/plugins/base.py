@@ -242,6 +242,9 @@ class LoadedModel(abc.ABC):
     """
 
     batch_invariant: bool = False
+    # Surfaces on which this model reads an unset `options.overflow` (None) itself; elsewhere
+    # planning hands it "reject", or "truncate" under `serve --auto-truncate`.
+    unset_overflow_surfaces: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, info: ModelInfo, engine_model: EngineModel | None) -> None:
         self.info = info
