@@ -5,7 +5,8 @@ LoadedModel an app would use, so a bulk result is byte for byte what the interac
 surface answers. Its items get their results through the same gateway as interactive
 requests; the misses join the coalescer at bulk priority, so they fill what interactive work
 leaves of each batch, and their results go to the result cache, so interactive requests for
-the same inputs are hits.
+the same inputs are hits. A chunk that has killed `POISON_CRASHES` workers runs its misses one
+item per forward instead (`leases.run_isolated`), so a poison input fails alone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import msgspec
 import structlog
 from arq.connections import ArqRedis
 
+from vllm_srun import defaults
 from vllm_srun.errors import SrunError
 from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
 from vllm_srun.plugins.surfaces import request_type
@@ -35,6 +37,7 @@ from vllm_srun.queue.bulk import (
 )
 from vllm_srun.queue.coalescer import BULK, Coalescer
 from vllm_srun.queue.gateway import Ran, ResultGateway
+from vllm_srun.queue.leases import run_isolated
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.protocol import ChunkPayload
 from vllm_srun.queue.results import encode_result
@@ -63,7 +66,8 @@ class ChunkRunner:
         self.coalescers = coalescers
         self.gateway = ResultGateway(redis, ttl_s=ttl_s)
 
-    async def run(self, chunk: ChunkPayload) -> int:
+    async def run(self, chunk: ChunkPayload, *, job_id: str = "", crashes: int = 0) -> int:
+        """Run `chunk` (arq job `job_id`, whose worker died `crashes` times before) and store it."""
         job = await self.store.raw(chunk.job_id)
         if not job:
             return 0  # expired and gone: nothing to store
@@ -84,7 +88,7 @@ class ChunkRunner:
         else:
             await self.store.mark_running(chunk.job_id)
             try:
-                lines = await self._compute(chunk, todo)
+                lines = await self._compute(chunk, todo, job_id, crashes)
             except Exception as exc:  # a bug must fail these requests, not stall the job
                 log.exception("chunk_failed", job=chunk.job_id, chunk=chunk.index)
                 body = error_body("forward_failed", f"{type(exc).__name__}: {exc}")
@@ -92,7 +96,9 @@ class ChunkRunner:
         await self.store.store_chunk(chunk.job_id, chunk.index, chunk.chunks, lines)
         return len(lines)
 
-    async def _compute(self, chunk: ChunkPayload, todo: Sequence[tuple[int, bytes, str]]) -> list[ResultLine]:
+    async def _compute(
+        self, chunk: ChunkPayload, todo: Sequence[tuple[int, bytes, str]], job_id: str, crashes: int
+    ) -> list[ResultLine]:
         coalescer = self.coalescers.get(chunk.deployment)
         if coalescer is None:
             body = error_body("forward_failed", f"this worker does not serve {chunk.deployment!r}")
@@ -102,6 +108,18 @@ class ChunkRunner:
         items = [item for p in planned if p.plan for item in p.plan.items]
 
         async def run(misses: list[WorkItem]) -> Ran:
+            if crashes >= defaults.POISON_CRASHES:
+                isolated = await run_isolated(
+                    self.redis,
+                    job_id=job_id or chunk.job_id,
+                    deployment=chunk.deployment,
+                    model=model,
+                    executor=coalescer.executor,
+                    items=misses,
+                    crashes=crashes,
+                    ttl_s=self.gateway.ttl_s,
+                )
+                return Ran(list(isolated), stored=True)
             outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK))
             return Ran([encode_result(o.result) for o in outcomes])
 

@@ -131,3 +131,25 @@ def idempotency_key(model: str, key: str) -> str:
 def cancel_channel(deployment: str) -> str:
     """Pub/sub channel on which apps ask workers to drop a request's queued items."""
     return f"{PREFIX}:cancel:{deployment_slug(deployment)}"
+
+
+# Leases and crash recovery (queue/leases.py).
+
+
+def lease_key(queue: str) -> str:
+    """Sorted set of the jobs workers hold from one arq queue, scored by lease expiry (ms)."""
+    return f"{queue}:leases"
+
+
+# A job's crash count lives under this prefix + its arq job id (the lease scripts build the key).
+CRASHES_PREFIX = f"{PREFIX}:crashes:"
+
+
+def crashes_key(job_id: str) -> str:
+    """Counter: how many times a lease on this arq job lapsed (its worker died or stalled)."""
+    return CRASHES_PREFIX + job_id
+
+
+def isolation_key(job_id: str) -> str:
+    """Hash: per item of an isolated job, how many solo forwards of it started and never ended."""
+    return f"{PREFIX}:isolated:{job_id}"

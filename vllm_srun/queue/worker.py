@@ -4,8 +4,10 @@ Each deployment has an arq worker on its queue (`arq_compat.DrivenWorker`: every
 from arq beyond its public API lives in that one module). arq's own loop polls every
 `poll_delay`; ours waits on the deployment's wake channel instead and polls only as a fallback,
 so a job starts as soon as it is enqueued. A job writes its results to the result cache and publishes
-the reply *before* returning, so arq acknowledges only work whose result is stored; a worker
-that dies mid-job leaves the job's in-progress key to expire and another worker retries it.
+the reply *before* returning, so arq acknowledges only work whose result is stored. Every job
+held is leased and the lease renewed from this event loop (`leases.LeaseKeeper`): a worker that
+dies mid-job loses its leases within seconds, and another worker runs the job again, isolated
+item by item once it has killed `POISON_CRASHES` workers (see queue/leases.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
 from vllm_srun.queue.gateway import write_back
+from vllm_srun.queue.leases import LeaseKeeper, run_isolated
 from vllm_srun.queue.redis import REDIS_ERRORS, make_pool, pubsub_client
 from vllm_srun.queue.results import encode_result
 
@@ -130,7 +133,10 @@ class DeviceWorker:
         max_jobs: int = 1024,
         job_timeout_s: float = defaults.JOB_TIMEOUT_S,
         poll_delay_s: float = 0.5,
-        max_tries: int = 5,
+        # arq's own bound on runs of a job; crash recovery bounds them first (MAX_CRASHES).
+        max_tries: int = defaults.MAX_CRASHES + 4,
+        lease_s: float = defaults.LEASE_S,
+        lease_renew_s: float = defaults.LEASE_RENEW_S,
         job_ttl_s: int = defaults.JOB_TTL_S,
         result_ttl_s: int = defaults.CACHE_TTL_S,
         # Chunks in flight per deployment: more than one, so the next chunk is planned and looked
@@ -147,6 +153,9 @@ class DeviceWorker:
         self.job_ttl_s = job_ttl_s
         self.result_ttl_s = result_ttl_s
         self.bulk_chunks = bulk_chunks
+        self.lease_s = lease_s
+        self.lease_renew_s = lease_renew_s
+        self._leases: LeaseKeeper | None = None
         self._chunks: ChunkRunner | None = None
         self._active: dict[str, list[asyncio.Future[Outcome]]] = {}
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
@@ -167,10 +176,15 @@ class DeviceWorker:
         self._redis = make_pool(self.redis_url)
         store = BulkStore(self._redis, ttl_s=self.job_ttl_s)
         self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s)
+        self._leases = LeaseKeeper(
+            self._redis, self._workers, lease_s=self.lease_s, renew_s=self.lease_renew_s
+        )
         for deployment in self.deployments.values():
             self._serve(deployment)
         await self._beat()  # apps see the deployments served as soon as this returns
-        self._tasks.append(asyncio.get_running_loop().create_task(self._heartbeat(), name="worker-heartbeat"))
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._heartbeat(), name="worker-heartbeat"))
+        self._tasks.append(loop.create_task(self._leases.run(), name="worker-leases"))
         log.info("worker_started", worker=self.worker_id, deployments=sorted(self.deployments))
 
     async def add(self, deployment: Deployment) -> None:
@@ -216,6 +230,8 @@ class DeviceWorker:
                 job_timeout=self.job_timeout_s,
                 keep_result=0,
                 poll_delay=self.poll_delay_s,
+                lease_s=self.lease_s,
+                wake_channel=wake,
                 handle_signals=False,
                 job_serializer=protocol.serialize,
                 job_deserializer=protocol.deserialize,
@@ -236,6 +252,9 @@ class DeviceWorker:
         self._closing = True
         for poller in self._pollers:
             poller.stop()
+        if self._leases is not None:
+            self._leases.stop()
+            await self._leases.release_all()  # others take this worker's jobs now, not on lapse
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -276,14 +295,29 @@ class DeviceWorker:
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: run one job's items, store and publish their results."""
         job = protocol.decode_job(payload)
-        outcomes = await self._outcomes(job)
-        encoded = [encode_result(o.result) for o in outcomes]
-        reply = protocol.JobReply(
-            request_id=job.request_id,
-            results=encoded,
-            queue_s=max((o.queue_s for o in outcomes), default=0.0),
-            forward_s=max((o.forward_s for o in outcomes), default=0.0),
-        )
+        crashes = self._crashes(ctx)
+        deployment = self.deployments.get(job.deployment)
+        if crashes >= defaults.POISON_CRASHES and deployment is not None and self._refusal(job) is None:
+            encoded = await run_isolated(
+                self.redis,
+                job_id=ctx["job_id"],
+                deployment=job.deployment,
+                model=deployment.model,
+                executor=deployment.executor,
+                items=job.items,
+                crashes=crashes,
+                ttl_s=job.ttl_s,
+            )
+            reply = protocol.JobReply(request_id=job.request_id, results=encoded, queue_s=0.0, forward_s=0.0)
+        else:
+            outcomes = await self._outcomes(job)
+            encoded = [encode_result(o.result) for o in outcomes]
+            reply = protocol.JobReply(
+                request_id=job.request_id,
+                results=encoded,
+                queue_s=max((o.queue_s for o in outcomes), default=0.0),
+                forward_s=max((o.forward_s for o in outcomes), default=0.0),
+            )
         # Stored before the reply and before arq acknowledges the job: see gateway.Ran.stored.
         async with self.redis.pipeline(transaction=False) as pipe:
             write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
@@ -295,10 +329,15 @@ class DeviceWorker:
         """arq job function: one chunk of a bulk job."""
         assert self._chunks is not None
         chunk = protocol.decode_chunk(payload)
-        done = await self._chunks.run(chunk)
+        done = await self._chunks.run(chunk, job_id=ctx["job_id"], crashes=self._crashes(ctx))
         # A free chunk slot: wake the workers now rather than at their next fallback poll.
         await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
         return done
+
+    def _crashes(self, ctx: dict[str, Any]) -> int:
+        """How many times the job in `ctx` lost its lease before this run (see leases.py)."""
+        job_id = ctx.get("job_id", "")
+        return max((w.crashes.get(job_id, 0) for w in self._workers), default=0)
 
     async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
         coalescer = self.coalescers.get(job.deployment)

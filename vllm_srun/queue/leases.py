@@ -1,0 +1,199 @@
+"""Leases, not timeouts: work held by a dead worker runs again within seconds; poison inputs.
+
+**Leases.** Every job a worker takes from an arq queue (an interactive job or a bulk chunk) is
+leased: a sorted set per queue (`keys.lease_key`), member = arq job id, score = lease expiry in
+ms. The claim script writes the lease in the same step that claims the job
+(`arq_compat.DrivenWorker.start_jobs`). Each worker process runs one `LeaseKeeper`, which every
+`LEASE_RENEW_S` renews the leases of all the jobs it holds (one ZADD XX per queue, so a lease
+already given up is not brought back), drops those of jobs it finished, and then, as the
+reaper, runs `arq_compat.requeue_lapsed` on each queue it serves: a job whose lease expired
+more than `LEASE_S` ago loses its in-progress key (its body and queue entry never left, so it is
+due again at its old score), its crash count goes up, and the queue's wake channel wakes the
+live workers. All of that is one pipeline, one round trip a second per worker process.
+
+The keeper runs on the event loop, and forwards run in the device's executor thread, so a
+long forward keeps its lease; only a process that is gone (or whose loop is stuck for
+`LEASE_S`) loses it. Any live worker reaps, the script is atomic, so a lapsed job is put back
+once. With the defaults a job held by a `kill -9`ed worker runs again within
+`LEASE_S + LEASE_RENEW_S` plus a claim. If a worker only stalled, two workers may run the same
+job; that costs a forward, not a wrong answer: results are stored idempotently (result-cache
+SETs of the same bytes; bulk results by HSETNX, counted once by the chunk script), and the app
+takes the first reply for a request.
+
+**Poison inputs.** An input that kills the worker process (`os._exit`, a segfault, the OOM
+killer) would kill each worker that takes its job in turn. The crash count (`keys.crashes_key`,
+raised only by the reaper) travels with the claim: from `POISON_CRASHES` on, the job runs
+isolated (`run_isolated`): one item per forward, each marked in Redis (`keys.isolation_key`)
+from the executor thread's start to its end, and stored as soon as it is done. An item whose
+mark survives a crash killed the worker on its own: the next run fails it alone with
+`forward_failed` and answers its siblings. From `MAX_CRASHES` on, nothing is forwarded again:
+whatever has no result yet fails, so no input loops forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Executor
+
+import numpy as np
+import structlog
+from arq.connections import ArqRedis
+
+from vllm_srun import defaults
+from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
+from vllm_srun.queue import keys
+from vllm_srun.queue.arq_compat import DrivenWorker, release, requeue_lapsed
+from vllm_srun.queue.gateway import write_back
+from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.results import encode_result
+
+log = structlog.get_logger("vllm_srun.leases")
+
+
+class LeaseKeeper:
+    """Renews the leases of one process's arq workers and puts lapsed jobs back on their queues."""
+
+    def __init__(
+        self,
+        redis: ArqRedis,
+        workers: list[DrivenWorker],
+        *,
+        lease_s: float = defaults.LEASE_S,
+        renew_s: float = defaults.LEASE_RENEW_S,
+    ) -> None:
+        self.redis = redis
+        self.workers = workers  # the caller's list: workers added later are kept too
+        self.lease_s = lease_s
+        self.renew_s = renew_s
+        self._stopping = False
+
+    def stop(self) -> None:
+        """End `run` at its next turn (a cancellation alone can be swallowed by redis-py)."""
+        self._stopping = True
+
+    async def run(self) -> None:
+        while not self._stopping:
+            try:
+                requeued = await self.beat()
+                if requeued:
+                    log.warning("leases_lapsed", jobs=requeued)
+            except REDIS_ERRORS as exc:
+                log.warning("lease_renewal_failed", error=str(exc))
+            await asyncio.sleep(self.renew_s)
+
+    async def beat(self) -> list[str]:
+        """Renew, drop and reap in one round trip; returns the ids of the jobs put back."""
+        now_ms = int(time.time() * 1000)
+        until = now_ms + int(self.lease_s * 1000)
+        reaped: list[int] = []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for worker in self.workers:
+                held = worker.held()
+                if held:
+                    pipe.zadd(worker.lease_key, dict.fromkeys(held, until), xx=True)
+                finished = worker.released()
+                if finished:
+                    pipe.zrem(worker.lease_key, *finished)
+                reaped.append(len(pipe.command_stack))
+                await requeue_lapsed(
+                    pipe, queue=worker.queue_name, wake_channel=worker.wake_channel, now_ms=now_ms
+                )
+            replies = await pipe.execute()
+        return [job_id.decode() for index in reaped for job_id in replies[index]]
+
+    async def release_all(self) -> None:
+        """Give every job held back to its queue now: this process stops and will not finish them."""
+        for worker in self.workers:
+            with contextlib.suppress(*REDIS_ERRORS):
+                await release(
+                    self.redis,
+                    queue=worker.queue_name,
+                    wake_channel=worker.wake_channel,
+                    job_ids=worker.held(),
+                )
+
+
+def _failed(message: str) -> bytes:
+    return encode_result(ItemError("forward_failed", message))
+
+
+async def run_isolated(
+    redis: ArqRedis,
+    *,
+    job_id: str,
+    deployment: str,
+    model: LoadedModel,
+    executor: Executor,
+    items: Sequence[WorkItem],
+    crashes: int,
+    ttl_s: int,
+) -> list[bytes]:
+    """Encoded results for `items` of a job that crashed workers `crashes` times: one item per
+    forward, each stored in the result cache as soon as it is done (see the module docstring).
+    Results are stored here: callers report them as `Ran(stored=True)`."""
+    names = [item.cache_key or str(index) for index, item in enumerate(items)]
+    marks_key = keys.isolation_key(job_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.mget([keys.result_key(deployment, item.cache_key or "-") for item in items])
+        pipe.hmget(marks_key, names)
+        stored, marks = await pipe.execute()
+    out: list[bytes] = []
+    for item, name, raw, mark in zip(items, names, stored, marks, strict=True):
+        if raw and item.cache_key:
+            out.append(bytes(raw))
+        elif crashes >= defaults.MAX_CRASHES:
+            out.append(_failed(f"the work stopped {crashes} worker processes; it was not run again"))
+        elif mark is not None and int(mark) > 0:
+            log.error("poison_input", model=deployment, job=job_id, item=name)
+            out.append(_failed("this input stopped the worker process when forwarded alone"))
+        else:
+            out.append(await _solo(redis, marks_key, name, model, executor, item, deployment, ttl_s))
+    return out
+
+
+async def _solo(
+    redis: ArqRedis,
+    marks_key: str,
+    name: str,
+    model: LoadedModel,
+    executor: Executor,
+    item: WorkItem,
+    deployment: str,
+    ttl_s: int,
+) -> bytes:
+    """Forward `item` alone. The mark goes up once the executor thread has started this forward
+    (and nothing else), and down when it ends, so it survives only a crash of this forward."""
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+    go = threading.Event()
+
+    def forward() -> list[np.ndarray]:
+        loop.call_soon_threadsafe(started.set)
+        go.wait()
+        return model.run([item])
+
+    running = loop.run_in_executor(executor, forward)
+    try:
+        await started.wait()
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hincrby(marks_key, name, 1)
+            pipe.expire(marks_key, defaults.JOB_TTL_S)
+            await pipe.execute()
+    finally:
+        go.set()
+    result: Result
+    try:
+        arrays = await running
+        result = np.asarray(arrays[0], dtype=np.float32)
+    except Exception as exc:  # a Python error fails this item, as the coalescer's forward does
+        result = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
+    encoded = encode_result(result)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.hincrby(marks_key, name, -1)
+        write_back(pipe, deployment, [item], [encoded], ttl_s)
+        await pipe.execute()
+    return encoded
