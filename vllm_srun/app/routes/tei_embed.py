@@ -1,0 +1,92 @@
+"""POST /embed (text-embeddings-inference): the embeddings surface, answered as a bare list of
+vectors.
+
+`normalize: true` (TEI's default) answers unit vectors; `false` answers what /v1/embeddings
+answers, which follows the package (a sentence-transformers package with a Normalize module
+stays normalised, as `SentenceTransformer.encode` does).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import numpy as np
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+
+from vllm_srun.app.responses import respond
+from vllm_srun.app.routes.tei_shared import (
+    TEI_ERRORS,
+    Direction,
+    TeiError,
+    check_batch,
+    model_for,
+    options,
+    raise_item_error,
+)
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
+
+
+class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """TEI's /embed body."""
+
+    inputs: str | list[str]
+    normalize: bool = True
+    truncate: bool | None = None
+    truncation_direction: Direction = "Right"
+    prompt_name: str | None = None
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRequest:
+    """The embeddings request that `data` asks for, on the model this route reaches."""
+    runtime = request.app.state.runtime
+    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
+    check_batch(runtime, len(texts), "inputs")
+    name, _ = model_for(runtime, EMBEDDINGS.name)
+    extra: dict[str, Any] = {}
+    if data.prompt_name is not None:
+        if "prompt_name" not in EmbeddingsRequest.__struct_fields__:
+            raise TeiError("validation", "prompt_name: prompts are not supported here", status=422)
+        extra["prompt_name"] = data.prompt_name
+    return EmbeddingsRequest(
+        input=data.inputs,
+        model=name,
+        dimensions=data.dimensions,
+        options=options(data.truncate, data.truncation_direction),
+        **extra,
+    )
+
+
+def vectors(normalize: bool) -> Any:
+    """The shape of /embed's answer: each input's vector, in order; any failed input fails all."""
+
+    def shape(body: EmbeddingsResponse) -> list[list[float]]:
+        out: list[list[float]] = []
+        for item in body.data:
+            if item.error is not None:
+                raise_item_error("inputs", item.index, item.error)
+            assert isinstance(item.embedding, list)
+            out.append(_unit(item.embedding) if normalize else item.embedding)
+        return out
+
+    return shape
+
+
+def _unit(vector: list[float]) -> list[float]:
+    v = np.asarray(vector, dtype=np.float64)
+    norm = float(np.linalg.norm(v))
+    # A vector the model already normalised is answered as it is, not rounded again.
+    if norm == 0.0 or abs(norm - 1.0) < 1e-6:
+        return vector
+    out: list[float] = (v / norm).astype(np.float32).tolist()
+    return out
+
+
+@post("/embed", status_code=200, summary="Embed texts (TEI-compatible)", exception_handlers=TEI_ERRORS)
+async def embed(
+    request: Request[Any, Any, Any], data: JSONBody[EmbedRequest], state: State
+) -> Response[list[list[float]]]:
+    return await respond(request, state, EMBEDDINGS, convert(request, data), shape=vectors(data.normalize))

@@ -1,0 +1,96 @@
+"""POST /tokenize and POST /decode (text-embeddings-inference), with the served model's own
+tokenizer: the one it plans with, padding and truncation off.
+
+A token is `{id, text, special, start, stop}`: a special token has no offsets; any other has
+its text cut from the input by its offsets (code points). A model without a tokenizer (one a
+plugin serves some other way) is refused as TEI refuses what its model cannot do (424).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from litestar import Request, post
+from litestar.params import JSONBody
+from tokenizers import Tokenizer
+
+from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, check_batch, model_for
+from vllm_srun.families.task_heads.model import TaskHeadsModel
+
+
+class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """TEI's /tokenize body."""
+
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = None
+
+
+class SimpleToken(msgspec.Struct):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class DecodeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """TEI's /decode body: one list of ids, or a batch of them."""
+
+    ids: list[Any]
+    skip_special_tokens: bool = True
+
+
+def tokenizer_of(request: Request[Any, Any, Any]) -> Tokenizer:
+    """The tokenizer of the model these routes reach."""
+    name, model = model_for(request.app.state.runtime, None)
+    if not isinstance(model, TaskHeadsModel):
+        raise TeiError("backend", f"model {name!r} ({model.info.family}) has no tokenizer to expose")
+    return model.encoder.tokenizer
+
+
+def _tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[SimpleToken]:
+    enc = tokenizer.encode(text, add_special_tokens=add_special_tokens)
+    out = []
+    for token_id, token, special, (start, stop) in zip(
+        enc.ids, enc.tokens, enc.special_tokens_mask, enc.offsets, strict=True
+    ):
+        if special:
+            out.append(SimpleToken(id=token_id, text=token, special=True, start=None, stop=None))
+        else:
+            out.append(SimpleToken(id=token_id, text=text[start:stop], special=False, start=start, stop=stop))
+    return out
+
+
+@post("/tokenize", status_code=200, summary="Tokenize texts (TEI-compatible)", exception_handlers=TEI_ERRORS)
+async def tokenize(
+    request: Request[Any, Any, Any], data: JSONBody[TokenizeRequest]
+) -> list[list[SimpleToken]]:
+    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
+    check_batch(request.app.state.runtime, len(texts), "inputs")
+    if data.prompt_name is not None:
+        raise TeiError("validation", "prompt_name: prompts are not supported here", status=422)
+    tokenizer = tokenizer_of(request)
+    return [_tokens(tokenizer, text, data.add_special_tokens) for text in texts]
+
+
+def _id_lists(ids: list[Any]) -> list[list[int]]:
+    batch = ids if ids and isinstance(ids[0], list) else [ids]
+    for i, one in enumerate(batch):
+        if not isinstance(one, list) or not all(isinstance(v, int) and v >= 0 for v in one):
+            raise TeiError("validation", f"ids[{i}]: expected a list of token ids", status=422)
+    return batch
+
+
+@post("/decode", status_code=200, summary="Decode token ids (TEI-compatible)", exception_handlers=TEI_ERRORS)
+async def decode(request: Request[Any, Any, Any], data: JSONBody[DecodeRequest]) -> list[str]:
+    batch = _id_lists(data.ids)
+    check_batch(request.app.state.runtime, len(batch), "ids")
+    tokenizer = tokenizer_of(request)
+    vocabulary = tokenizer.get_vocab_size(with_added_tokens=True)
+    for i, one in enumerate(batch):
+        unknown = next((v for v in one if v >= vocabulary), None)
+        if unknown is not None:
+            raise TeiError("validation", f"ids[{i}]: {unknown} is not in the model's vocabulary", status=422)
+    return [tokenizer.decode(one, skip_special_tokens=data.skip_special_tokens) for one in batch]
