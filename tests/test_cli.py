@@ -179,3 +179,36 @@ def test_a_worker_serves_a_replica_and_stops_on_sigterm(
         assert "Traceback" not in worker.log()
     finally:
         worker.stop()
+
+
+def _names(argv: list[str]) -> list[tuple[str | None, tuple[str, ...]]]:
+    """The (name, aliases) of each model `serve argv` would serve."""
+    from vllm_srun.cli import _model_settings, build_parser
+
+    settings = _model_settings(build_parser().parse_args(["serve", *argv]))
+    return [(s.options.name, s.options.aliases) for s in settings]
+
+
+def test_served_model_name_takes_an_id_then_aliases_as_vllm_does(keywords: Path, tmp_path: Path) -> None:
+    assert _names([str(keywords)]) == [(None, ())]
+    assert _names([str(keywords), "--served-model-name", "kw"]) == [("kw", ())]
+    assert _names([str(keywords), "--served-model-name", "kw", "acme/kw", "k"]) == [("kw", ("acme/kw", "k"))]
+    # Several models: the flag once per MODEL, in their order.
+    other = str(keywords.parent / "other")
+    argv = [str(keywords), other, "--served-model-name", "a", "x", "--served-model-name", "b"]
+    assert _names(argv) == [("a", ("x",)), ("b", ())]
+
+
+def test_served_model_names_that_do_not_fit_are_refused(
+    capsys: pytest.CaptureFixture[str], keywords: Path
+) -> None:
+    two = [str(keywords), str(keywords.parent / "other")]
+    line = refused(capsys, ["serve", *two, "--served-model-name", "a", "b"])
+    assert line.startswith("error: --served-model-name: given 1 times for 2 MODEL(s)")
+    line = refused(capsys, ["serve", str(keywords), "--served-model-name", "a", "--served-model-name", "b"])
+    assert "given 2 times for 1 MODEL(s)" in line
+    # A name or alias reaches one model only: refused before anything starts.
+    line = refused(capsys, ["serve", *two, "--served-model-name", "a", "b", "--served-model-name", "b"])
+    assert line == "error: 'b' would name both 'a' and 'b': a name or alias may name one model"
+    line = refused(capsys, ["serve", str(keywords), "--served-model-name", "a", "a"])
+    assert line == "error: model 'a' is given the name 'a' twice"

@@ -86,8 +86,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     add(
         "--served-model-name",
         action="append",
+        nargs="+",
+        metavar="NAME",
         default=None,
-        help="name to serve a model under (once per model)",
+        help="the model's id, then aliases requests may use (as vLLM's); with several MODELs, "
+        "give the flag once per MODEL, in their order",
     )
     add(
         "--max-speed",
@@ -184,9 +187,12 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
     from vllm_srun import config
     from vllm_srun.errors import ConfigError
 
-    names = args.served_model_name or []
+    names: list[list[str]] = args.served_model_name or []
     if names and len(names) != len(args.models):
-        raise ConfigError("--served-model-name: give one per MODEL, or none")
+        raise ConfigError(
+            f"--served-model-name: given {len(names)} times for {len(args.models)} MODEL(s); give it "
+            "once per MODEL (NAME [ALIAS ...]), in their order, or not at all (put MODEL before it)"
+        )
     batching = config.Batching(
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
@@ -196,7 +202,8 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
         config.settings_of(
             config.ModelEntry(
                 model=ref,
-                name=names[i] if names else None,
+                name=names[i][0] if names else None,
+                aliases=names[i][1:] if names else [],
                 family=args.family,
                 engine=args.engine,
                 device=args.device,
@@ -216,6 +223,11 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
         raise ConfigError(
             "no model to serve: name one (MODEL), or give --models FILE or --config router.yaml"
         )
+    from vllm_srun.app.runtime import check_names
+
+    # Names given here clash or not before anything starts; default names (known once each
+    # reference resolves) are checked again at start with the rest.
+    check_names([(s.options.name, s.options.aliases) for s in out if s.options.name])
     return tuple(out)
 
 

@@ -1,6 +1,9 @@
 """Model lists from files: `--models FILE` (ours, strict) and a router's `--config router.yaml`.
 
-A `--models` file is ours, so an unknown key is an error naming it. A router configuration
+A `--models` file is ours, so an unknown key is an error naming it. A model's `name` is its id
+(by default its reference's name: a directory's folder name, a repository's `org/name`) and
+its `aliases` are further names requests may use; a router deployment says the same with
+`model` (else its `name`) and `aliases`. A router configuration
 belongs to the router: of it we read `global.model_catalog.deployments` (`CatalogDeployment`:
 the router's description of a deployment, not the one a worker serves), serve the entries
 with `provider: model_runtime` and no `endpoint`, and check the ones with an `endpoint`.
@@ -50,6 +53,7 @@ class ModelEntry(HowToServe, kw_only=True, forbid_unknown_fields=True):
 
     model: str
     name: str | None = None
+    aliases: list[str] = msgspec.field(default_factory=list)
 
 
 class ModelsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -69,6 +73,7 @@ class CatalogDeployment(HowToServe, kw_only=True):
     artifact: str | None = None
     model: str | None = None
     endpoint: str | None = None
+    aliases: list[str] = msgspec.field(default_factory=list)
 
     @property
     def served_name(self) -> str:
@@ -77,7 +82,7 @@ class CatalogDeployment(HowToServe, kw_only=True):
     def entry(self, artifact: str) -> ModelEntry:
         """This deployment as a `--models` entry serving `artifact` under its served name."""
         how = {f: getattr(self, f) for f in HowToServe.__struct_fields__}
-        return ModelEntry(model=artifact, name=self.served_name, **how)
+        return ModelEntry(model=artifact, name=self.served_name, aliases=self.aliases, **how)
 
 
 def _load_yaml(path: Path) -> Any:
@@ -101,6 +106,7 @@ def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSett
     options = ModelOptions(
         ref=entry.model,
         name=entry.name,
+        aliases=tuple(entry.aliases),
         family=entry.family,
         engine=entry.engine,
         device=entry.device,
@@ -165,7 +171,7 @@ def check_endpoints(
         try:
             response = httpx.get(url, timeout=timeout_s, headers=headers)
             response.raise_for_status()
-            served = {m["id"]: m for m in response.json()["data"]}
+            served = _by_name(response.json()["data"])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             checks.append(Check(d.name, d.endpoint, False, f"cannot read {url}: {exc}"))
             continue
@@ -173,10 +179,18 @@ def check_endpoints(
     return checks
 
 
+def _by_name(models: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """/v1/models' entries by id and by each alias (an alias reaches its model there too)."""
+    out = {alias: m for m in models for alias in m.get("aliases") or []}
+    return {**out, **{m["id"]: m for m in models}}
+
+
 def _judge(d: CatalogDeployment, served: dict[str, dict[str, Any]]) -> Check:
     assert d.endpoint is not None
     available = ", ".join(
-        f"{name} on {m.get('device', '?')} ({m.get('state', '?')})" for name, m in served.items()
+        f"{name} on {m.get('device', '?')} ({m.get('state', '?')})"
+        for name, m in served.items()
+        if name == m["id"]
     )
     model = served.get(d.served_name)
     if model is None:

@@ -28,7 +28,7 @@ from vllm_srun.app.errors import EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
-from vllm_srun.app.models import list_models
+from vllm_srun.app.models import list_models, retrieve_model
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
@@ -52,7 +52,7 @@ def surface_routes(registry: SurfaceRegistry = REGISTRY) -> list[HTTPRouteHandle
 
 # The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
 # body limit that is a setting, so `create_app` adds both.
-OWN_ROUTES = [list_models, health, live, metrics]
+OWN_ROUTES = [list_models, retrieve_model, health, live, metrics]
 
 
 def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:

@@ -32,7 +32,8 @@ async def respond(
     model = data.model
     if model is None and len(runtime.models) == 1:
         model = next(iter(runtime.models))
-    request.scope["state"]["srun_model"] = model if model in runtime.models else ""
+    served = runtime.serving.find(model) if model is not None else None
+    request.scope["state"]["srun_model"] = served.name if served is not None else ""
     work = asyncio.ensure_future(serve_surface(runtime, surface, data, timing))
     gone = asyncio.ensure_future(_disconnected(request))
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -80,12 +81,15 @@ class ServedModel:
 
     name: str
     limits: BatchLimits
+    aliases: tuple[str, ...] = ()
     state: str = "loading"
     reason: str | None = None
     golden: str | None = None
     model: LoadedModel | None = None
     placement: Placement | None = None
     approximation: dict[str, Any] | None = None
+    # When this process took the model on (Unix seconds): OpenAI's `created` of a model.
+    created: int = field(default_factory=lambda: int(time.time()))
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "golden": self.golden}
@@ -99,7 +103,33 @@ class ServedModel:
 
 
 def name_of(options: ModelOptions) -> str:
-    return options.name or Path(options.ref).name or options.ref
+    """The name of a model that could not be resolved: the one it was given, else what its
+    reference would have been named (a directory's folder name, a repository's id)."""
+    if options.name:
+        return options.name
+    path = Path(options.ref).expanduser()
+    return path.name if path.is_dir() else options.ref.partition("@")[0] or options.ref
+
+
+def check_names(models: Sequence[tuple[str, tuple[str, ...]]]) -> None:
+    """Refuse the start when a name or alias is given twice: a request naming it could reach
+    either model."""
+    owner: dict[str, str] = {}
+    for name, aliases in models:
+        labels = (name, *aliases)
+        twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
+        if twice is not None:
+            raise ConfigError(f"model {name!r} is given the name {twice!r} twice")
+        for label in labels:
+            first = owner.get(label)
+            if first is None:
+                continue
+            if first == label == name:
+                raise ConfigError(f"two models are named {name!r}: give each a name (--served-model-name)")
+            raise ConfigError(
+                f"{label!r} would name both {first!r} and {name!r}: a name or alias may name one model"
+            )
+        owner.update(dict.fromkeys(labels, name))
 
 
 def prepare_all(
@@ -128,10 +158,10 @@ def prepare_all(
             failed.append((name_of(model_settings.options), model_settings, reason))
     if not prepared:
         raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
-    names = [p.name for p, _ in prepared] + [name for name, _, _ in failed]
-    duplicate = next((n for n in names if names.count(n) > 1), None)
-    if duplicate is not None:
-        raise ConfigError(f"two models are named {duplicate!r}: give each a name (--served-model-name)")
+    check_names(
+        [(p.name, p.options.aliases) for p, _ in prepared]
+        + [(name, s.options.aliases) for name, s, _ in failed]
+    )
     return prepared, failed
 
 
@@ -228,11 +258,15 @@ class Serving:
     def prepare(cls, plugins: Plugins, settings: ServerSettings, *, with_device: bool) -> Serving:
         prepared, failed = prepare_all(plugins, settings.models, with_engine=with_device)
         models = {
-            name: ServedModel(name, model_settings.limits, state="failed", reason=reason)
+            name: ServedModel(
+                name, model_settings.limits, model_settings.options.aliases, state="failed", reason=reason
+            )
             for name, model_settings, reason in failed
         }
         for p, model_settings in prepared:
-            models[p.name] = ServedModel(p.name, model_settings.limits, placement=p.placement)
+            models[p.name] = ServedModel(
+                p.name, model_settings.limits, p.options.aliases, placement=p.placement
+            )
         return cls(
             settings=settings, with_device=with_device, models=models, prepared=[p for p, _ in prepared]
         )
@@ -247,6 +281,13 @@ class Serving:
         """Every model ready or failed."""
         if self._loading is not None:
             await asyncio.shield(self._loading)
+
+    def find(self, name: str) -> ServedModel | None:
+        """The model `name` names: its id or one of its aliases (unique: checked at start)."""
+        found = self.models.get(name)
+        if found is None:
+            found = next((m for m in self.models.values() if name in m.aliases), None)
+        return found
 
     def ready(self) -> list[str]:
         return [name for name, served in self.models.items() if served.state == "ready"]
@@ -320,15 +361,30 @@ class Runtime:
                 )
             served = next(iter(self.models.values()))
         else:
-            found = self.models.get(name)
-            if found is None:
-                shown = name if len(name) <= 100 else name[:100] + "…"
-                raise ModelNotFound(f"model {shown!r} is not served here (served: {', '.join(self.models)})")
-            served = found
+            served = self.named(name)
         if served.state != "ready" or served.model is None:
             detail = f": {served.reason}" if served.reason else ""
             raise NotReady(f"model {served.name!r} is {served.state}{detail}")
         return served, served.model
+
+    def named(self, name: str) -> ServedModel:
+        """The model whose id or alias is `name`, in whatever state; ModelNotFound otherwise."""
+        found = self.serving.find(name)
+        if found is None:
+            raise ModelNotFound(f"model {_shown(name)!r} is not served here (served: {self.served_names()})")
+        return found
+
+    def served_names(self) -> str:
+        """Every model's id, with its aliases in parentheses: what a 404 lists."""
+        return ", ".join(
+            name + (f" (aliases: {', '.join(m.aliases)})" if m.aliases else "")
+            for name, m in self.models.items()
+        )
+
+
+def _shown(name: str) -> str:
+    """A client's model name as an error quotes it: cut short, since it is the client's text."""
+    return name if len(name) <= 100 else name[:100] + "…"
 
 
 async def _nothing(_: ServedModel) -> None:

@@ -25,10 +25,15 @@ DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
-    """How one model is to be served. `name` defaults to the package directory's name."""
+    """How one model is to be served.
+
+    `name` is its id (by default the resolved reference's name: a directory's folder name, a
+    built-in's name, a repository's `org/name`); requests may also name it by any of `aliases`.
+    """
 
     ref: str
     name: str | None = None
+    aliases: tuple[str, ...] = ()
     family: str | None = None
     engine: str = defaults.ENGINE
     device: str = defaults.DEVICE
@@ -187,7 +192,7 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     family_name = options.family or (resolved.builtin.family if resolved.builtin else None)
     family = detect_family(plugins, resolved.package, family_name)
     spec = family.describe(resolved.package)
-    name = options.name or resolved.package.name
+    name = options.name or resolved.name
     if not with_engine:
         placement = Placement(engine=options.engine, device=options.device, dtype=options.dtype)
         return Prepared(options, resolved, family, spec, name, placement)

@@ -10,6 +10,10 @@ A reference is, in this order:
    `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`, laid out as
    `models--org--name/{refs/main, snapshots/<commit>/...}`.
 
+A resolved model is served under its `name` unless told otherwise: a local directory's folder
+name, a built-in model's own name, and a repository's id (`org/name`, as clients configured
+for Hugging Face name it).
+
 A repository missing from the cache is downloaded with `huggingface_hub.snapshot_download`
 only when the caller allows it and `HF_HUB_OFFLINE` is not set. A built-in model's pinned
 files are verified before anything else reads them.
@@ -45,6 +49,12 @@ class Resolved:
     builtin: BuiltinModel | None = None
     repository: str | None = None
     revision: str | None = None
+    # The name the model is served under by default; None: the package's (its folder's) name.
+    default_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.default_name or self.package.name
 
 
 class CachedSnapshot(ModelPackage):
@@ -153,7 +163,7 @@ def resolve_repository(
     commit = found.name
     label = name or repository.rsplit("/", 1)[-1]
     package = CachedSnapshot(found, name=label, repo_dir=repo_dir(cache, repository))
-    return Resolved(package=package, repository=repository, revision=commit)
+    return Resolved(package=package, repository=repository, revision=commit, default_name=name or repository)
 
 
 def resolve(ref: str, *, tables: Tables, allow_download: bool = False) -> Resolved:
@@ -172,7 +182,7 @@ def resolve(ref: str, *, tables: Tables, allow_download: bool = False) -> Resolv
             builtin.repository, builtin.revision, allow_download=allow_download, name=builtin.name
         )
         verify_files(builtin, found.package)
-        return Resolved(found.package, builtin, found.repository, found.revision)
+        return Resolved(found.package, builtin, found.repository, found.revision, builtin.name)
     match = _REPO.fullmatch(ref)
     if match is None or ref.startswith((".", "/", "~")):
         names = ", ".join(sorted(tables.models)) or "none"
@@ -184,5 +194,5 @@ def resolve(ref: str, *, tables: Tables, allow_download: bool = False) -> Resolv
     pinned = tables.for_repository(match["repo"])
     if pinned is not None and pinned.revision == found.revision:
         verify_files(pinned, found.package)
-        return Resolved(found.package, pinned, found.repository, found.revision)
+        return Resolved(found.package, pinned, found.repository, found.revision, found.default_name)
     return found
