@@ -129,6 +129,8 @@ class EmbeddingView(msgspec.Struct):
     dimension: int
     normalized: bool
     pooling: str = "mean"
+    # sentence-transformers' similarity function for the vectors (cosine, dot, ...), if stated.
+    similarity_fn_name: str | None = None
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):

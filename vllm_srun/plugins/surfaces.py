@@ -43,15 +43,43 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     options: Options = msgspec.field(default_factory=Options)
 
 
-class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """OpenAI-compatible: `input`, `model`, `encoding_format`, `dimensions`, `user`."""
+TokenIds = Annotated[list[int], msgspec.Meta(min_length=1)]
 
-    input: str | Annotated[list[str], msgspec.Meta(min_length=1)]
+
+class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI-compatible: `input` (a text, a list of texts, a list of token ids or a list of
+    token-id lists), `model`, `encoding_format`, `dimensions`, `user` (accepted, not used).
+
+    A sentence-transformers prompt is chosen by `prompt_name` (TEI's field), by `input_type`
+    (the upstream runtime's: the package's "query" or "document" prompt) or given as a raw
+    `prompt`; with none of them the package's `default_prompt_name` applies. Token ids are taken
+    as given: no prompt and no special tokens are added to them.
+    """
+
+    input: str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
+    prompt_name: str | None = None
+    input_type: Literal["query", "document"] | None = None
+    prompt: str | None = None
     options: Options = msgspec.field(default_factory=Options)
+
+    def inputs(self) -> list[str | list[int]]:
+        """Each input: a text or a list of token ids (a flat list of ids is one input). A list
+        mixing the forms is an InvalidRequest naming `input`."""
+        value = self.input
+        if isinstance(value, str):
+            return [value]
+        if all(isinstance(v, int) for v in value):
+            return [[v for v in value if isinstance(v, int)]]
+        if any(isinstance(v, int) for v in value):
+            raise InvalidRequest(
+                "input: a list of token ids must hold only ids; give several inputs as a list of lists",
+                param="input",
+            )
+        return [v for v in value if not isinstance(v, int)]
 
 
 class RerankDocument(msgspec.Struct, forbid_unknown_fields=True):
@@ -297,8 +325,8 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
     routes=(Route("/v1/embeddings", f"{_APP}.embeddings:embeddings"),),
     bulk=True,
     counted_field="input",
-    count=lambda r: _one_or_list(r.input),
-    text_chars=lambda r: _chars(r.input),
+    count=lambda r: len(r.inputs()),
+    text_chars=lambda r: sum(len(i) for i in r.inputs()),
 )
 
 RERANK: Surface[RerankRequest] = Surface(

@@ -324,3 +324,74 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
     if model is not None and onnx:
         _export_onnx(model, out / "onnx" / "model.onnx", bert=backbone == "bert", hidden=head == "model")
     return out
+
+
+def add_sentence_transformers(
+    out: Path,
+    *,
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+    include_prompt: bool = True,
+    dense_features: int | None = None,
+    dense_activation: str = "torch.nn.modules.activation.Tanh",
+    max_seq_length: int | None = None,
+    do_lower_case: bool | None = None,
+    similarity_fn_name: str | None = None,
+) -> Path:
+    """Give the sentence-transformers embedder package in `out` (a fixture or a copy of a real
+    one) prompts, a Pooling that leaves prompts out, a Dense module before its Normalize (random
+    weights, seeded, written with numpy), or sentence_bert_config.json settings, the way
+    sentence-transformers saves them. Returns `out`."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    out = Path(out)
+    modules = json.loads((out / "modules.json").read_text())
+    pooling = next(m for m in modules if m["type"].endswith("Pooling"))
+    pool_path = out / (pooling.get("path") or "1_Pooling") / "config.json"
+    if not include_prompt:
+        pool = json.loads(pool_path.read_text())
+        pool["include_prompt"] = False
+        pool_path.write_text(json.dumps(pool, indent=2))
+    if prompts is not None or similarity_fn_name is not None:
+        st_path = out / "config_sentence_transformers.json"
+        st = json.loads(st_path.read_text()) if st_path.exists() else {}
+        if prompts is not None:
+            st.update(prompts=prompts, default_prompt_name=default_prompt_name)
+        if similarity_fn_name is not None:
+            st["similarity_fn_name"] = similarity_fn_name
+        st_path.write_text(json.dumps(st, indent=2))
+    if max_seq_length is not None or do_lower_case is not None:
+        sb_path = out / "sentence_bert_config.json"
+        sb = json.loads(sb_path.read_text()) if sb_path.exists() else {}
+        if max_seq_length is not None:
+            sb["max_seq_length"] = max_seq_length
+        if do_lower_case is not None:
+            sb["do_lower_case"] = do_lower_case
+        sb_path.write_text(json.dumps(sb, indent=2))
+    if dense_features is not None:
+        hidden = int(json.loads((out / "config.json").read_text())["hidden_size"])
+        rng = np.random.default_rng(SEED)
+        dense_dir = out / "2_Dense"
+        dense_dir.mkdir(exist_ok=True)
+        config = {
+            "in_features": hidden,
+            "out_features": dense_features,
+            "bias": True,
+            "activation_function": dense_activation,
+        }
+        (dense_dir / "config.json").write_text(json.dumps(config, indent=2))
+        bound = 1.0 / np.sqrt(hidden)
+        tensors = {
+            "linear.weight": rng.uniform(-bound, bound, (dense_features, hidden)).astype(np.float32),
+            "linear.bias": rng.uniform(-bound, bound, (dense_features,)).astype(np.float32),
+        }
+        save_file(tensors, str(dense_dir / "model.safetensors"))
+        at = modules.index(pooling) + 1
+        modules.insert(
+            at, {"idx": at, "name": str(at), "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+        )
+        for i, module in enumerate(modules):
+            module["idx"], module["name"] = i, str(i)
+        (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    return out

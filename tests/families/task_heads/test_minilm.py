@@ -1,5 +1,7 @@
 """The real all-MiniLM-L6-v2 package: its files, its tokenizer used without the 128-token
-truncation its tokenizer.json asks for, and embeddings equal to the sentence-transformers recipe."""
+truncation its tokenizer.json asks for, its 256-token limit from sentence_bert_config.json, and
+embeddings equal to the sentence-transformers recipe (sentence-transformers itself is the
+reference in tests/compat/test_sentence_transformers.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from families.task_heads.harness import ENGINES, Harness
 
 from vllm_srun.plugins.package import ModelPackage
-from vllm_srun.plugins.surfaces import EmbeddingsRequest
+from vllm_srun.plugins.surfaces import EmbeddingsRequest, Options
 
 
 def _minilm() -> Path:
@@ -59,14 +61,18 @@ def test_minilm_detect_verify_and_tokenizer_untruncated(th: Harness) -> None:
         "model.safetensors",
         "modules.json",
         "1_Pooling/config.json",
+        "sentence_bert_config.json",
+        "config_sentence_transformers.json",
     }
-    assert verification.max_tokens == 512
+    # sentence_bert_config.json's max_seq_length, not the checkpoint's 512 positions.
+    assert verification.max_tokens == 256
     model = th.load_path(path, None, name="all-MiniLM-L6-v2")
     assert model.info.embedding is not None
     assert model.info.embedding.dimension == 384 and model.info.embedding.normalized
-    texts = _varied_texts(30)
-    plan = model.plan_surface("embeddings", EmbeddingsRequest(input=texts))
     reference = AutoTokenizer.from_pretrained(str(path))
+    between = " ".join(["retrieval and search"] * 60)  # between 128 and 256 tokens
+    texts = [t for t in [*_varied_texts(30), between] if len(reference(t)["input_ids"]) <= 256]
+    plan = model.plan_surface("embeddings", EmbeddingsRequest(input=texts))
     for text, item in zip(texts, plan.items, strict=True):
         assert item.token_ids == reference(text)["input_ids"], text
         assert item.output == "mean" and item.type_ids is None
@@ -83,13 +89,16 @@ def test_minilm_embeddings_match_sentence_transformers_recipe(th: Harness) -> No
     path = _minilm()
     model = th.load_path(path, "native", name="all-MiniLM-L6-v2")
     texts = _varied_texts(100)
-    out = th.roundtrip(model, "embeddings", EmbeddingsRequest(input=texts))
+    # Texts past the 256-token limit are truncated there, as sentence-transformers does.
+    request = EmbeddingsRequest(input=texts, options=Options(overflow="truncate"))
+    out = th.roundtrip(model, "embeddings", request)
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     hf = AutoModel.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32).eval()
     expected = []
     for text in texts:  # one at a time: no padding, so mean pooling needs no mask
         with torch.no_grad():
-            hidden = hf(**tokenizer(text, truncation=False, return_tensors="pt")).last_hidden_state[0]
+            encoded = tokenizer(text, truncation=True, max_length=256, return_tensors="pt")
+            hidden = hf(**encoded).last_hidden_state[0]
         expected.append(torch.nn.functional.normalize(hidden.mean(0), dim=-1).numpy())
     cosines = [
         float(np.dot(d.embedding, e)) / float(np.linalg.norm(d.embedding))

@@ -14,6 +14,7 @@ from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.heads import POOLED, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.families.task_heads.sentence import load_post_pooling
 from vllm_srun.families.task_heads.tokenize import TextEncoder
 from vllm_srun.plugins.base import (
     EmbeddingView,
@@ -87,7 +88,9 @@ class TaskHeadsFamily(ModelFamily):
             max_tokens=verification.max_tokens or layout.max_tokens,
             licence=verification.licence,
         )
-        encoder = TextEncoder(package.read_bytes("tokenizer.json"))
+        sentence = layout.sentence
+        lowercase = sentence is not None and sentence.do_lower_case
+        encoder = TextEncoder(package.read_bytes("tokenizer.json"), lowercase=lowercase)
         vocab = layout.config.get("vocab_size")
         ids = encoder.tokenizer.get_vocab_size(with_added_tokens=True)
         if isinstance(vocab, int) and ids > vocab:
@@ -103,6 +106,9 @@ class TaskHeadsFamily(ModelFamily):
             pooling=layout.pooling,
             normalize=layout.normalize,
             uses_type_ids=layout.config.get("model_type") == "bert",
+            hidden_size=int(layout.config.get("hidden_size") or 0),
+            sentence=sentence,
+            post_pooling=load_post_pooling(package, sentence),
         )
 
     def descriptor(self) -> dict[str, Any]:
@@ -115,8 +121,11 @@ class TaskHeadsFamily(ModelFamily):
 
 
 def _embedding_view(layout: Layout) -> EmbeddingView:
+    hidden = int(layout.config["hidden_size"])
+    sentence = layout.sentence
     return EmbeddingView(
-        dimension=int(layout.config["hidden_size"]),
+        dimension=sentence.dimension(hidden) if sentence else hidden,
         normalized=layout.normalize,
         pooling=layout.pooling or "mean",
+        similarity_fn_name=sentence.similarity_fn_name if sentence else None,
     )

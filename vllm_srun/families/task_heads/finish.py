@@ -81,7 +81,8 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
         if isinstance(rows, ItemError):
             item.error = _error(rows)
         else:
-            vector = heads.pooled(rows, normalize=model.normalize, dimensions=dimensions)
+            vectors = model.embedding_rows(state, planned, rows)
+            vector = heads.pooled(vectors, normalize=model.normalize, dimensions=dimensions)
             dimension = int(vector.shape[0])
             # OpenAI's base64 format: the float32 little-endian bytes of the vector.
             item.embedding = (
@@ -110,7 +111,9 @@ def rerank(
     query_vector = None
     if isinstance(query, list):
         # Cosine of the embeddings, whatever the model's own normalisation.
-        query_vector = _unit(heads.pooled(query, normalize=True, dimensions=None))
+        assert state.query is not None
+        vectors = model.embedding_rows(state, state.query, query)
+        query_vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         result = RerankResult(index=index, input=planned.split.info)
         if state.extra.get("return_documents"):
@@ -122,7 +125,8 @@ def rerank(
             continue
         assert isinstance(rows, list)
         if query_vector is not None:
-            vector = _unit(heads.pooled(rows, normalize=True, dimensions=None))
+            vectors = model.embedding_rows(state, planned, rows)
+            vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
             result.relevance_score = float(np.dot(query_vector, vector))
         else:
             relevance = heads.relevance(rows)

@@ -2,7 +2,8 @@
 
 Everything the family reads is named here, so `verify` hashes exactly the files `load` and the
 engines use: config.json, tokenizer.json, tokenizer_config.json, the safetensors weights, the
-ONNX graph, and for sentence-transformers embedders modules.json and the pooling config.
+ONNX graph, and for sentence-transformers embedders their configuration and modules (see
+`sentence.py`).
 """
 
 from __future__ import annotations
@@ -12,22 +13,11 @@ from typing import Any
 
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
+from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
 from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
 
 MODEL_TYPES = ("bert", "modernbert")
 ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
-
-# sentence-transformers modules the family can reproduce; any other module changes the output.
-_ST_MODULES = {"Transformer", "Pooling", "Normalize"}
-_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_lasttoken": "last",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-}
-_POOLING_NAMES = {"cls": "cls", "mean": "mean", "lasttoken": "last", "last": "last"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,18 +30,25 @@ class Layout:
     weight_files: tuple[str, ...]
     onnx: str | None
     tokenizer_config: str | None
-    modules: str | None = None
-    pooling_config: str | None = None
-    pooling: str | None = None
-    normalize: bool = False
+    sentence: SentenceConfig | None = None  # a sentence-transformers embedder's configuration
     max_tokens: int = defaults.FALLBACK_MAX_TOKENS
+
+    @property
+    def pooling(self) -> str | None:
+        return self.sentence.pooling if self.sentence else None
+
+    @property
+    def normalize(self) -> bool:
+        return self.sentence.normalize if self.sentence else False
 
     def files(self) -> list[str]:
         """Every file `load` or an engine reads, in a stable order."""
         names = ["config.json", "tokenizer.json", *self.weight_files]
-        for optional in (self.tokenizer_config, self.modules, self.pooling_config, self.onnx):
+        for optional in (self.tokenizer_config, self.onnx):
             if optional is not None:
                 names.append(optional)
+        if self.sentence is not None:
+            names.extend(self.sentence.files())
         return names
 
 
@@ -88,9 +85,13 @@ def read_layout(package: ModelPackage) -> Layout:
     onnx = next((p for p in ONNX_PATHS if package.exists(p)), None)
     weights = _weight_files(package, has_onnx=onnx is not None)
     tokenizer_config = "tokenizer_config.json" if package.exists("tokenizer_config.json") else None
-    layout: dict[str, Any] = {}
-    if kind == "embedding":
-        layout = _sentence_transformers(package)
+    sentence = read_sentence_config(package) if kind == "embedding" else None
+    max_tokens = checkpoint_max_tokens(package, config, tokenizer_config)
+    if sentence is not None and sentence.max_seq_length is not None:
+        # sentence-transformers truncates at max_seq_length: that is the model's limit, within
+        # the positions the checkpoint has.
+        positions = int(config.get("max_position_embeddings") or sentence.max_seq_length)
+        max_tokens = min(sentence.max_seq_length, positions)
     return Layout(
         config=config,
         architecture=config["architectures"][0],
@@ -98,8 +99,8 @@ def read_layout(package: ModelPackage) -> Layout:
         weight_files=weights,
         onnx=onnx,
         tokenizer_config=tokenizer_config,
-        max_tokens=checkpoint_max_tokens(package, config, tokenizer_config),
-        **layout,
+        sentence=sentence,
+        max_tokens=max_tokens,
     )
 
 
@@ -115,43 +116,3 @@ def _weight_files(package: ModelPackage, *, has_onnx: bool) -> tuple[str, ...]:
             "load; convert it to model.safetensors (safetensors.torch.save_file) or add onnx/model.onnx"
         )
     raise PackageError(f"{package.name!r} has no weights (*.safetensors or onnx/model.onnx)")
-
-
-def _sentence_transformers(package: ModelPackage) -> dict[str, Any]:
-    modules = package.read_json("modules.json")
-    if not isinstance(modules, list):
-        raise PackageError(f"modules.json in {package.name!r} is not a list")
-    pooling_path: str | None = None
-    normalize = False
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in _ST_MODULES:
-            raise PackageError(
-                f"modules.json in {package.name!r} has module {module.get('type')!r}; the family "
-                f"reproduces only {sorted(_ST_MODULES)}"
-            )
-        if kind == "Pooling":
-            pooling_path = f"{module.get('path') or '1_Pooling'}/config.json"
-        normalize = normalize or kind == "Normalize"
-    if pooling_path is None:
-        raise PackageError(f"modules.json in {package.name!r} has no Pooling module")
-    return {
-        "modules": "modules.json",
-        "pooling_config": pooling_path,
-        "pooling": _pooling_mode(package, pooling_path),
-        "normalize": normalize,
-    }
-
-
-def _pooling_mode(package: ModelPackage, relative: str) -> str:
-    data = package.read_json(relative)
-    mode = data.get("pooling_mode")
-    modes = (
-        {mode} if isinstance(mode, str) else {name for key, name in _POOLING_KEYS.items() if data.get(key)}
-    )
-    if len(modes) != 1 or next(iter(modes)) not in _POOLING_NAMES:
-        raise PackageError(
-            f"{relative} in {package.name!r} asks for pooling {sorted(modes)}; supported: exactly one "
-            "of cls, mean, lasttoken"
-        )
-    return _POOLING_NAMES[next(iter(modes))]

@@ -15,6 +15,7 @@ from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import finish
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN
+from vllm_srun.families.task_heads.sentence import PostPooling, SentenceConfig, prompt_length
 from vllm_srun.families.task_heads.tokenize import Encoded, TextEncoder
 from vllm_srun.families.task_heads.windows import Overflow, Split, split
 from vllm_srun.plugins.base import (
@@ -67,6 +68,9 @@ class PlanState:
     inputs: list[PlannedInput]
     query: PlannedInput | None = None  # rerank by embedding cosine: the query's own input
     extra: SurfaceOptions = field(default_factory=SurfaceOptions)
+    # Leading positions that pooling leaves out: a prompt, under a Pooling with include_prompt
+    # false. The engine then returns token states ("hidden") and finish pools them.
+    skip: int = 0
 
 
 def _type_runs(types: np.ndarray) -> str:
@@ -85,6 +89,8 @@ class TaskHeadsModel(LoadedModel):
     """A BERT or ModernBERT model with a task head, on the classify/embeddings/rerank surfaces."""
 
     batch_invariant = False
+    # An over-long embeddings input with no options.overflow is a 400 (OpenAI's contract).
+    unset_overflow_surfaces = frozenset({"embeddings"})
 
     def __init__(
         self,
@@ -96,6 +102,9 @@ class TaskHeadsModel(LoadedModel):
         pooling: str | None,
         normalize: bool,
         uses_type_ids: bool,
+        hidden_size: int = 0,
+        sentence: SentenceConfig | None = None,
+        post_pooling: PostPooling | None = None,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -103,6 +112,9 @@ class TaskHeadsModel(LoadedModel):
         self.pooling = pooling
         self.normalize = normalize
         self.uses_type_ids = uses_type_ids
+        self.hidden_size = hidden_size or (info.embedding.dimension if info.embedding else 0)
+        self.sentence = sentence
+        self.post_pooling = post_pooling or PostPooling()
         self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         self.heads = {head.name: head for head in info.heads}
 
@@ -135,19 +147,96 @@ class TaskHeadsModel(LoadedModel):
 
     def _plan_embeddings(self, request: EmbeddingsRequest) -> Plan:
         head = self._head("embeddings", request.options)
-        texts = [request.input] if isinstance(request.input, str) else list(request.input)
-        if not texts:
-            raise InvalidRequest("input: must not be empty")
+        inputs = request.inputs()
+        if not inputs:
+            raise InvalidRequest("input: must not be empty", param="input")
         dimension = self.info.embedding.dimension if self.info.embedding else 0
         if request.dimensions is not None and request.dimensions > dimension:
             raise InvalidRequest(
-                f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}"
+                f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}",
+                param="dimensions",
             )
-        plan = self._plan("embeddings", head, request.options, [(t, None) for t in texts])
+        # One text or one list of ids: OpenAI names the field itself, not an element of it.
+        single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
+        prompt = self._prompt(request, token_ids=any(isinstance(i, list) for i in inputs))
+        texts = [prompt + i for i in inputs if isinstance(i, str)]
+        encoded = iter(self.encoder.encode([(t, None) for t in texts]))
+        encs: list[Encoded] = []
+        for index, value in enumerate(inputs):
+            if isinstance(value, str):
+                encs.append(next(encoded))
+                continue
+            enc = self.encoder.ids_input(value)
+            if isinstance(enc, int):
+                param = "input" if single else f"input[{index}]"
+                raise InvalidRequest(
+                    f"{param}: token id {value[enc]} (at {enc}) is not in the model's vocabulary of "
+                    f"{self.encoder.vocab_size}",
+                    param=param,
+                )
+            encs.append(enc)
+        names = [i if isinstance(i, str) else "" for i in inputs]
+        skip = 0
+        if prompt and self.sentence is not None and not self.sentence.include_prompt:
+            ids = self.encoder.tokenizer.encode(prompt, add_special_tokens=True).ids
+            skip = prompt_length(ids, self.encoder.special_ids)
+        plan = self._plan_encoded("embeddings", head, request.options, names, encs, skip=skip)
+        if request.options.overflow is None:
+            self._refuse_overlong(plan.state, single=single)
         plan.state.extra = SurfaceOptions(
             dimensions=request.dimensions, encoding_format=request.encoding_format
         )
         return plan
+
+    def _prompt(self, request: EmbeddingsRequest, *, token_ids: bool) -> str:
+        """The prompt the request selects, or the package's default; "" for none."""
+        chosen = [
+            name
+            for name, value in (
+                ("prompt", request.prompt),
+                ("prompt_name", request.prompt_name),
+                ("input_type", request.input_type),
+            )
+            if value is not None
+        ]
+        if len(chosen) > 1:
+            raise InvalidRequest(
+                f"{chosen[1]}: give one of prompt, prompt_name and input_type, not {' and '.join(chosen)}",
+                param=chosen[1],
+            )
+        prompts = self.sentence.prompts if self.sentence is not None else {}
+        known = ", ".join(repr(p) for p in prompts) or "none"
+        if chosen and token_ids:
+            raise InvalidRequest(
+                f"{chosen[0]}: a prompt applies to texts; token ids are taken as given", param=chosen[0]
+            )
+        if request.prompt is not None:
+            return request.prompt
+        name = request.prompt_name or request.input_type
+        if name is None:
+            default = self.sentence.default_prompt_name if self.sentence is not None else None
+            return prompts[default] if default is not None and not token_ids else ""
+        if name not in prompts:
+            field_name = chosen[0]
+            raise InvalidRequest(
+                f"{field_name}: model {self.info.name!r} has no prompt named {name!r}; its prompts: {known}",
+                param=field_name,
+            )
+        return prompts[name]
+
+    def _refuse_overlong(self, state: PlanState, *, single: bool) -> None:
+        """OpenAI's contract: an over-long input fails the request, never a 200 with a null
+        vector, unless the request or the server asks for truncation."""
+        for index, planned in enumerate(state.inputs):
+            if planned.split.error is None:
+                continue
+            param = "input" if single else f"input[{index}]"
+            raise InvalidRequest(
+                f"{param}: input has {planned.split.info.tokens} tokens; the model takes at most "
+                f"{self.max_tokens} (set options.overflow to 'truncate', or serve with --auto-truncate; "
+                "options.overflow 'reject' answers each input in place)",
+                param=param,
+            )
 
     def _plan_rerank(self, request: RerankRequest) -> Plan:
         head = self._head("rerank", request.options)
@@ -207,28 +296,42 @@ class TaskHeadsModel(LoadedModel):
             )
         return Overflow("window", self.max_tokens, tokens, overlap)
 
-    def _output(self, head: HeadInfo) -> str:
+    def _output(self, head: HeadInfo, *, skip: int = 0) -> str:
         if head.kind == TOKEN:
             return "token_logits"
         if head.kind == POOLED:
-            return self.pooling or "mean"
+            # Pooling that leaves out a prompt's tokens is done in finish, from the token states.
+            return "hidden" if skip else self.pooling or "mean"
         return "logits"
 
     def _plan(
         self, surface: str, head: HeadInfo, options: Options, pairs: Sequence[tuple[str, str | None]]
     ) -> Plan:
+        texts = [text for text, _ in pairs]
+        return self._plan_encoded(surface, head, options, texts, self.encoder.encode(pairs))
+
+    def _plan_encoded(
+        self,
+        surface: str,
+        head: HeadInfo,
+        options: Options,
+        texts: Sequence[str],
+        encs: Sequence[Encoded],
+        *,
+        skip: int = 0,
+    ) -> Plan:
         policy = self._policy(options)
-        output = self._output(head)
+        output = self._output(head, skip=skip)
         items: list[WorkItem] = []
         inputs: list[PlannedInput] = []
-        for (text, _), enc in zip(pairs, self.encoder.encode(pairs), strict=True):
+        for text, enc in zip(texts, encs, strict=True):
             parts = split(enc, policy)
             indexes = []
             for piece in parts.pieces:
                 indexes.append(len(items))
                 items.append(self._item(enc, piece, output))
             inputs.append(PlannedInput(text=text, enc=enc, split=parts, items=indexes))
-        state = PlanState(head=head, output=output, options=options, inputs=inputs)
+        state = PlanState(head=head, output=output, options=options, inputs=inputs, skip=skip)
         return Plan(surface=surface, items=items, state=state)
 
     def _item(self, enc: Encoded, piece: np.ndarray, output: str) -> WorkItem:
@@ -282,5 +385,34 @@ class TaskHeadsModel(LoadedModel):
             return (len(self.labels),)
         if output == "token_logits":
             return (tokens, len(self.labels))
-        dimension = self.info.embedding.dimension if self.info.embedding else 0
-        return (dimension,)
+        if output == "hidden":
+            return (tokens, self.hidden_size)
+        return (self.hidden_size,)
+
+    def embedding_rows(
+        self, state: PlanState, planned: PlannedInput, rows: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        """One input's vectors, one per piece, as sentence-transformers' modules leave them:
+        pooled (here, from token states, when a prompt is left out of pooling), then Dense and
+        Normalize in the package's order."""
+        if state.output == "hidden":
+            rows = [
+                pool_tokens(row, piece >= state.skip, self.pooling or "mean")
+                for row, piece in zip(rows, planned.split.pieces, strict=True)
+            ]
+        return [self.post_pooling(row) for row in rows]
+
+
+def pool_tokens(hidden: np.ndarray, keep: np.ndarray, mode: str) -> np.ndarray:
+    """sentence-transformers' Pooling over the kept positions of one row of token states: mean
+    (0 when none is kept, as its clamped denominator gives), the first kept token, or the last."""
+    states = hidden.astype(np.float64)
+    if mode == "cls":
+        out: np.ndarray = states[int(np.argmax(keep))] if keep.any() else states[0]
+        return out
+    if mode == "last":
+        out = states[int(np.flatnonzero(keep)[-1])] if keep.any() else np.zeros(states.shape[1])
+        return out
+    count = int(keep.sum())
+    out = states[keep].sum(axis=0) / max(count, 1) if count else np.zeros(states.shape[1])
+    return out

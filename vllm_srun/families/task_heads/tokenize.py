@@ -8,11 +8,13 @@ batch, so both are disabled. Special tokens come from the tokenizer's post-proce
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+from tokenizers import Encoding, Tokenizer, normalizers
 
 from vllm_srun.errors import PackageError
 
@@ -51,10 +53,32 @@ def _encoded(enc: Encoding, is_pair: bool) -> Encoded:
     )
 
 
+def _lowercases(state: dict[str, Any]) -> bool:
+    """Whether a serialised normaliser is a Lowercase or a Sequence holding one directly."""
+    kind = state.get("type")
+    steps = state.get("normalizers") or []
+    return kind == "Lowercase" or (kind == "Sequence" and any(n.get("type") == "Lowercase" for n in steps))
+
+
+def token_ids_encoded(ids: Sequence[int], tokens: list[str]) -> Encoded:
+    """Token ids taken as given, as one text: no special tokens are added (vLLM's and OpenAI's
+    reading of token-id inputs), and there are no offsets into a text."""
+    n = len(ids)
+    return Encoded(
+        ids=np.asarray(ids, dtype=np.int64),
+        type_ids=np.zeros(n, dtype=np.int64),
+        offsets=np.zeros((n, 2), dtype=np.int64),
+        seq=np.full(n, FIRST, dtype=np.int8),
+        words=np.full(n, -1, dtype=np.int64),
+        tokens=tokens,
+        is_pair=False,
+    )
+
+
 class TextEncoder:
     """Encodes texts and text pairs the way the model expects them."""
 
-    def __init__(self, tokenizer_json: bytes | str) -> None:
+    def __init__(self, tokenizer_json: bytes | str, *, lowercase: bool = False) -> None:
         text = tokenizer_json.decode() if isinstance(tokenizer_json, bytes) else tokenizer_json
         try:
             self.tokenizer = Tokenizer.from_str(text)
@@ -62,6 +86,29 @@ class TextEncoder:
             raise PackageError(f"tokenizer.json cannot be loaded: {exc}") from exc
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
+        if lowercase:
+            self._lowercase()
+        self.vocab_size = int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+        self.special_ids = {
+            i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special
+        }
+
+    def _lowercase(self) -> None:
+        """sentence-transformers' `do_lower_case`: a Lowercase normaliser in front of the
+        tokenizer's own unless that is, or directly holds, a Lowercase (its very test)."""
+        current = self.tokenizer.normalizer
+        state = json.loads(self.tokenizer.to_str()).get("normalizer") or {}
+        if _lowercases(state):
+            return
+        steps = [normalizers.Lowercase()] + ([] if current is None else [current])
+        self.tokenizer.normalizer = normalizers.Sequence(steps)
+
+    def ids_input(self, ids: Sequence[int]) -> Encoded | int:
+        """Token ids as an input, or the position of the first id outside the vocabulary."""
+        bad = next((i for i, v in enumerate(ids) if not 0 <= v < self.vocab_size), None)
+        if bad is not None:
+            return bad
+        return token_ids_encoded(ids, [self.tokenizer.id_to_token(v) or "" for v in ids])
 
     def special_tokens(self, *, pair: bool) -> int:
         """How many special tokens the post-processor adds to a single text or a pair."""
