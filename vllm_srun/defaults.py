@@ -42,13 +42,11 @@ MAX_JOB_BYTES = 512 * 1024 * 1024
 BULK_CHUNK_SIZE = 256
 
 # Leases on the work a worker holds (interactive jobs and bulk chunks): renewed by the live
-# worker every LEASE_RENEW_S; one not renewed for LEASE_S puts the work back on its queue, which
-# every worker checks every REAP_S. A dead worker's work thus runs again within
-# LEASE_S + REAP_S, while a forward of any length keeps its lease (the renewal runs on the
-# event loop, not the forward thread).
+# worker every LEASE_RENEW_S, when it also puts back the work of leases not renewed for LEASE_S.
+# A dead worker's work thus runs again within LEASE_S + LEASE_RENEW_S, while a forward of any
+# length keeps its lease (the renewal runs on the event loop, not the forward thread).
 LEASE_S = 5.0
 LEASE_RENEW_S = 1.0
-REAP_S = 1.0
 # Work whose worker process died this many times runs again one item per forward, so the item
 # that kills workers is found and fails alone (`forward_failed`); after MAX_CRASHES, whatever
 # has no result yet fails without running again.

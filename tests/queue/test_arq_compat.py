@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 
 import arq
 import arq.constants
@@ -116,3 +117,44 @@ async def test_a_driven_worker_claims_and_runs_hand_written_jobs(redis: ArqRedis
 
 async def _echo(ctx: dict[str, object], payload: bytes) -> bytes:
     return payload
+
+
+async def test_a_lapsed_lease_leaves_the_job_as_arq_queues_it(redis: ArqRedis) -> None:
+    """The requeue script undoes a claim in arq's own terms: arq reads the job as queued, not
+    in progress, and a worker runs it again."""
+    ran: list[bytes] = []
+
+    async def hang(ctx: dict[str, object], payload: bytes) -> None:
+        await asyncio.Event().wait()
+
+    async def record(ctx: dict[str, object], payload: bytes) -> None:
+        ran.append(payload)
+
+    def worker(function: Callable[..., Awaitable[None]]) -> DrivenWorker:
+        return DrivenWorker(
+            functions=[func(function, name="run")],
+            queue_name=QUEUE,
+            redis_pool=redis,
+            handle_signals=False,
+            keep_result=0,
+            job_serializer=protocol.serialize,
+            job_deserializer=protocol.deserialize,
+        )
+
+    async with redis.pipeline(transaction=True) as pipe:
+        job_id = add_job(pipe, queue=QUEUE, function="run", payload=b"again", expires_s=60)
+        await pipe.execute()
+    dead = worker(hang)
+    await dead.poll()
+    job = Job(job_id, redis, _queue_name=QUEUE, _deserializer=protocol.deserialize)
+    assert await job.status() == JobStatus.in_progress
+    assert await arq_compat.requeue_lapsed(redis, queue=QUEUE, wake_channel="", now_ms=2**50) == [
+        job_id.encode()
+    ]
+    assert await job.status() == JobStatus.queued, f"arq {arq.VERSION} does not read a requeued job as queued"
+    live = worker(record)
+    await live.poll()
+    await asyncio.gather(*live.running())
+    assert ran == [b"again"]
+    for task in dead.running():
+        task.cancel()

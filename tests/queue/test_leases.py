@@ -244,7 +244,7 @@ async def test_an_item_whose_solo_forward_never_ended_fails_alone(
     job_id = await enqueue(redis, interactive_job(keywords_model, items), queue=queue)
     await lapse(redis, queue, job_id, 3)
     # What the third run left behind: it was forwarding the second item alone when it died.
-    await redis.hset(keys.isolation_key(job_id), items[1].cache_key, 1)
+    await redis.hset(keys.isolation_key(job_id), items[1].cache_key, "1")
     reply = await reply_to_job(redis_url, isolating_worker)
     results = [decode_result(raw) for raw in reply.results]
     assert isinstance(results[1], ItemError) and results[1].code == "forward_failed"
