@@ -4,7 +4,10 @@ A request costs two Redis round trips before the forward: the gateway's MGET on 
 cache (none when this process's own copy holds every result), and one transaction that writes
 the arq job, adds it to the deployment's queue and wakes its workers. The reply arrives on this
 process's own pub/sub channel; a slow poll of the result cache is kept only as the fallback for
-a lost message.
+a lost message. A job whose worker died runs again on another worker once its lease lapses
+(queue/leases.py); the job names this channel, so the retry's reply reaches the request, which
+waits for it within its own timeout. The first reply for a request wins; a second one (a job
+that ran twice) is dropped.
 """
 
 from __future__ import annotations
