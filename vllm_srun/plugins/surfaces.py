@@ -333,7 +333,10 @@ RERANK: Surface[RerankRequest] = Surface(
     name="rerank",
     request_type=RerankRequest,
     response_type=RerankResponse,
-    routes=(Route("/v1/rerank", f"{_APP}.rerank:rerank"),),
+    routes=(
+        Route("/v1/rerank", f"{_APP}.rerank:rerank"),
+        Route("/v2/rerank", f"{_APP}.cohere_rerank:cohere_rerank"),
+    ),
     bulk=True,
     counted_field="documents",
     count=lambda r: len(r.documents),
