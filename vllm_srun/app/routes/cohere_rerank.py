@@ -18,6 +18,7 @@ billed_units, tokens}}`, results by descending relevance.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -102,26 +103,28 @@ def joined(document: str | CohereDocument) -> str:
     return f"title: {document.title}\ntext: {document.text}"
 
 
-def cut(model: LoadedModel, text: str, max_tokens: int) -> str:
-    """`text` up to the end of its `max_tokens`-th token by the model's own tokenizer."""
+def cut(model: LoadedModel, texts: list[str], max_tokens: int) -> list[str]:
+    """Each text up to the end of its `max_tokens`-th token by the model's own tokenizer."""
     if not isinstance(model, TaskHeadsModel):
         raise InvalidRequest(
             f"max_tokens_per_doc: model {model.info.name!r} has no tokenizer to count tokens with",
             param="max_tokens_per_doc",
         )
-    encoding = model.encoder.tokenizer.encode(text, add_special_tokens=False)
-    if len(encoding.ids) <= max_tokens:
-        return text
-    return text[: encoding.offsets[max_tokens - 1][1]]
+    encodings = model.encoder.tokenizer.encode_batch(texts, add_special_tokens=False)
+    return [
+        text if len(enc.ids) <= max_tokens else text[: enc.offsets[max_tokens - 1][1]]
+        for text, enc in zip(texts, encodings, strict=True)
+    ]
 
 
 def convert(runtime: Runtime, data: CohereRerankRequest) -> RerankRequest:
     if data.relevant_spans is not None and data.relevant_spans.mode == "enabled":
         raise InvalidRequest("relevant_spans: not available from this server", param="relevant_spans")
-    documents: list[str | RerankDocument] = [joined(d) for d in data.documents]
+    texts = [joined(d) for d in data.documents]
     if data.max_tokens_per_doc is not None:
         _, model = runtime.model_for(data.model)
-        documents = [cut(model, joined(d), data.max_tokens_per_doc) for d in data.documents]
+        texts = cut(model, texts, data.max_tokens_per_doc)
+    documents: list[str | RerankDocument] = list(texts)
     return RerankRequest(
         query=data.query,
         documents=documents,
@@ -158,4 +161,8 @@ def answer(data: CohereRerankRequest) -> Any:
 async def cohere_rerank(
     request: Request[Any, Any, Any], data: JSONBody[CohereRerankRequest], state: State
 ) -> Response[CohereRerankResponse]:
-    return await respond(request, state, RERANK, convert(state.runtime, data), shape=answer(data))
+    if data.max_tokens_per_doc is None:
+        converted = convert(state.runtime, data)
+    else:  # tokenizing every document is planning-sized work: off the event loop
+        converted = await asyncio.to_thread(convert, state.runtime, data)
+    return await respond(request, state, RERANK, converted, shape=answer(data))
