@@ -70,7 +70,15 @@ def test_models_lists_plugins_with_distribution_and_version(server: Server) -> N
     assert model["heads"][0]["labels"] == ["billing", "shipping", "other"]
     # The routes that reach the model, from the descriptors of the surfaces it serves.
     assert model["surfaces"] == ["classify", "embeddings", "rerank"]
-    assert model["routes"] == ["/v1/classify", "/v1/embeddings", "/v1/rerank"]
+    assert model["routes"] == [
+        "/v1/classify",
+        "/predict",
+        "/v1/embeddings",
+        "/embed",
+        "/v1/rerank",
+        "/rerank",
+        "/v2/rerank",
+    ]
     families = {p["name"]: p for p in body["plugins"]["families"]}
     assert families["example_keywords"]["distribution"] == "vllm-sr-example"
     assert families["example_keywords"]["version"] == "0.1.0"

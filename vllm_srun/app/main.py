@@ -29,6 +29,10 @@ from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
+from vllm_srun.app.routes.tei_info import info as tei_info
+from vllm_srun.app.routes.tei_root import root as tei_root
+from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
+from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
@@ -50,9 +54,19 @@ def surface_routes(registry: SurfaceRegistry = REGISTRY) -> list[HTTPRouteHandle
     return handlers
 
 
+# text-embeddings-inference's routes that reach no one surface: its model info, tokenizer and
+# the model's own route (POST /, by the model's kind); /embed, /predict and /rerank are adapters
+# on their surfaces' descriptors.
+TEI_ROUTES = [
+    tei_info,
+    tei_tokenize,
+    tei_decode,
+    tei_root,
+]
+
 # The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
 # body limit that is a setting, so `create_app` adds both.
-OWN_ROUTES = [list_models, retrieve_model, health, live, metrics]
+OWN_ROUTES = [list_models, retrieve_model, health, live, metrics, *TEI_ROUTES]
 
 
 def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:

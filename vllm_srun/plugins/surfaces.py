@@ -311,7 +311,10 @@ CLASSIFY: Surface[ClassifyRequest] = Surface(
     name="classify",
     request_type=ClassifyRequest,
     response_type=ClassifyResponse,
-    routes=(Route("/v1/classify", f"{_APP}.classify:classify"),),
+    routes=(
+        Route("/v1/classify", f"{_APP}.classify:classify"),
+        Route("/predict", f"{_APP}.tei_predict:predict"),
+    ),
     bulk=True,
     counted_field="input",
     count=lambda r: _one_or_list(r.input),
@@ -322,7 +325,10 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
     name="embeddings",
     request_type=EmbeddingsRequest,
     response_type=EmbeddingsResponse,
-    routes=(Route("/v1/embeddings", f"{_APP}.embeddings:embeddings"),),
+    routes=(
+        Route("/v1/embeddings", f"{_APP}.embeddings:embeddings"),
+        Route("/embed", f"{_APP}.tei_embed:embed"),
+    ),
     bulk=True,
     counted_field="input",
     count=lambda r: len(r.inputs()),
@@ -335,6 +341,7 @@ RERANK: Surface[RerankRequest] = Surface(
     response_type=RerankResponse,
     routes=(
         Route("/v1/rerank", f"{_APP}.rerank:rerank"),
+        Route("/rerank", f"{_APP}.tei_rerank:rerank"),
         Route("/v2/rerank", f"{_APP}.cohere_rerank:cohere_rerank"),
     ),
     bulk=True,

@@ -55,7 +55,7 @@ def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRe
         input=data.inputs,
         model=name,
         dimensions=data.dimensions,
-        options=options(data.truncate, data.truncation_direction),
+        options=options(runtime, data.truncate, data.truncation_direction),
         **extra,
     )
 

@@ -71,7 +71,7 @@ def convert(request: Request[Any, Any, Any], data: PredictRequest) -> ClassifyRe
     name, _ = model_for(runtime, CLASSIFY.name)
     inputs: list[str | TextPair] = [*pairs]
     return ClassifyRequest(
-        input=inputs, model=name, options=options(data.truncate, data.truncation_direction)
+        input=inputs, model=name, options=options(runtime, data.truncate, data.truncation_direction)
     )
 
 

@@ -51,7 +51,7 @@ def convert(request: Request[Any, Any, Any], data: TeiRerankRequest) -> RerankRe
         query=data.query,
         documents=list(data.texts),
         model=name,
-        options=options(data.truncate, data.truncation_direction),
+        options=options(runtime, data.truncate, data.truncation_direction),
     )
 
 

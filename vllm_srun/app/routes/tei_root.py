@@ -1,6 +1,6 @@
 """POST / (text-embeddings-inference): the served model's own route, by its kind as TEI
 routes it: an embedding model embeds (/embed), a classifier predicts (/predict), a reranker
-reranks (/rerank).
+reranks (/rerank) a body with a `query` and predicts any other, where TEI would refuse it.
 
 `huggingface_hub.InferenceClient(base_url)` posts here. Its `text_classification` sends the
 Inference API's task body, `{"inputs": text, "parameters": {top_k, function_to_apply}}`, and

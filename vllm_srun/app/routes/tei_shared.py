@@ -123,10 +123,12 @@ TEI_ERRORS: dict[Any, Any] = {
 }
 
 
-def options(truncate: bool | None, direction: Direction) -> Options:
-    """TEI's `truncate` (absent: the server's default, `--auto-truncate`) and
-    `truncation_direction` as the surfaces' options."""
-    overflow: Overflow | None = None if truncate is None else "truncate" if truncate else "reject"
+def options(runtime: Runtime, truncate: bool | None, direction: Direction) -> Options:
+    """TEI's `truncate` and `truncation_direction` as the surfaces' options. An absent
+    `truncate` is the server's `--auto-truncate`, as in TEI; without truncation an input over
+    the limit is its own error, which these routes answer as TEI does (`raise_item_error`)."""
+    auto = runtime.settings.auto_truncate if truncate is None else truncate
+    overflow: Overflow = "truncate" if auto else "reject"
     return Options(overflow=overflow, truncation_direction="left" if direction.lower() == "left" else "right")
 
 
