@@ -37,10 +37,15 @@ def minilm_dir() -> Path:
     return Path(os.path.dirname(module.__file__)) / "model"
 
 
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+
+
 def _without_normalize(package: Path) -> Path:
+    """The package without its Normalize module, and with sentence-transformers prompts."""
     modules = json.loads((package / "modules.json").read_text())
     kept = [m for m in modules if not m["type"].endswith(".Normalize")]
     (package / "modules.json").write_text(json.dumps(kept))
+    (package / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
     return package
 
 
@@ -122,6 +127,28 @@ def test_embed_dimensions_truncate_then_normalise(embedder: Server) -> None:
     )
     np.testing.assert_allclose(
         ok(embedder, "/embed", {"inputs": TEXTS, "dimensions": 8}), _unit(short), atol=CLOSE
+    )
+
+
+def test_embed_takes_prompt_names_and_token_ids_as_v1_embeddings_does(embedder: Server) -> None:
+    for name in PROMPTS:
+        expected = openai_vectors(embedder, TEXTS, prompt_name=name)
+        body = {"inputs": TEXTS, "prompt_name": name, "normalize": False}
+        np.testing.assert_allclose(ok(embedder, "/embed", body), expected, atol=CLOSE)
+    assert not np.allclose(
+        openai_vectors(embedder, TEXTS, prompt_name="query"), openai_vectors(embedder, TEXTS)
+    )
+    assert "'query'" in tei_error(
+        embedder, "/embed", {"inputs": "a", "prompt_name": "nope"}, 422, "validation"
+    )
+    ids = [[t["id"] for t in tokens] for tokens in ok(embedder, "/tokenize", {"inputs": TEXTS[:2]})]
+    np.testing.assert_allclose(
+        ok(embedder, "/embed", {"inputs": ids, "normalize": False}), openai_vectors(embedder, ids), atol=CLOSE
+    )
+    np.testing.assert_allclose(
+        ok(embedder, "/embed", {"inputs": ids[0], "normalize": False}),
+        openai_vectors(embedder, [ids[0]]),
+        atol=CLOSE,
     )
 
 
@@ -232,6 +259,10 @@ def test_tokenize_and_decode_are_the_packages_tokenizer(embedder: Server, packag
     kept = ok(embedder, "/decode", {"ids": ids[0], "skip_special_tokens": False})
     assert kept == [tokenizer.decode(ids[0], skip_special_tokens=False)]
     tei_error(embedder, "/decode", {"ids": [10**9]}, 422, "validation")
+    # A prompt goes in front of the text, and the offsets are into the whole.
+    prompted = ok(embedder, "/tokenize", {"inputs": texts[0], "prompt_name": "query"})[0]
+    assert [t["id"] for t in prompted] == tokenizer.encode(PROMPTS["query"] + texts[0]).ids
+    tei_error(embedder, "/tokenize", {"inputs": "a", "prompt_name": "nope"}, 422, "validation")
 
 
 def test_info_describes_the_model_in_teis_fields(

@@ -3,7 +3,8 @@ vectors.
 
 `normalize: true` (TEI's default) answers unit vectors; `false` answers what /v1/embeddings
 answers, which follows the package (a sentence-transformers package with a Normalize module
-stays normalised, as `SentenceTransformer.encode` does).
+stays normalised, as `SentenceTransformer.encode` does). `inputs` takes texts or token ids
+(TEI's `InputType`: a list of ids is one input), read as /v1/embeddings reads them.
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
     TEI_ERRORS,
     Direction,
-    TeiError,
     check_batch,
     model_for,
     options,
     raise_item_error,
 )
-from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, TokenIds
 
 
 class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /embed body."""
 
-    inputs: str | list[str]
+    inputs: str | list[str | int | TokenIds]
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: Direction = "Right"
@@ -43,21 +43,15 @@ class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
 def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRequest:
     """The embeddings request that `data` asks for, on the model this route reaches."""
     runtime = request.app.state.runtime
-    texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
-    check_batch(runtime, len(texts), "inputs")
-    name, _ = model_for(runtime, EMBEDDINGS.name)
-    extra: dict[str, Any] = {}
-    if data.prompt_name is not None:
-        if "prompt_name" not in EmbeddingsRequest.__struct_fields__:
-            raise TeiError("validation", "prompt_name: prompts are not supported here", status=422)
-        extra["prompt_name"] = data.prompt_name
-    return EmbeddingsRequest(
+    converted = EmbeddingsRequest(
         input=data.inputs,
-        model=name,
         dimensions=data.dimensions,
+        prompt_name=data.prompt_name,
         options=options(runtime, data.truncate, data.truncation_direction),
-        **extra,
     )
+    check_batch(runtime, len(converted.inputs()) if data.inputs else 0, "inputs")
+    converted.model, _ = model_for(runtime, EMBEDDINGS.name)
+    return converted
 
 
 def vectors(normalize: bool) -> Any:

@@ -3,7 +3,9 @@ tokenizer: the one it plans with, padding and truncation off.
 
 A token is `{id, text, special, start, stop}`: a special token has no offsets; any other has
 its text cut from the input by its offsets (code points). A model without a tokenizer (one a
-plugin serves some other way) is refused as TEI refuses what its model cannot do (424).
+plugin serves some other way) is refused as TEI refuses what its model cannot do (424). With
+`prompt_name` the package's prompt is put in front of each input, as TEI does, and the offsets
+are into that whole text.
 """
 
 from __future__ import annotations
@@ -42,12 +44,25 @@ class DecodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     skip_special_tokens: bool = True
 
 
-def tokenizer_of(request: Request[Any, Any, Any]) -> Tokenizer:
-    """The tokenizer of the model these routes reach."""
+def model_of(request: Request[Any, Any, Any]) -> TaskHeadsModel:
+    """The model these routes reach, if it has a tokenizer to expose."""
     name, model = model_for(request.app.state.runtime, None)
     if not isinstance(model, TaskHeadsModel):
         raise TeiError("backend", f"model {name!r} ({model.info.family}) has no tokenizer to expose")
-    return model.encoder.tokenizer
+    return model
+
+
+def prompt_of(model: TaskHeadsModel, name: str | None) -> str:
+    """The text of the package's prompt `name` (TEI prepends it to each input), "" for none."""
+    if name is None:
+        return ""
+    prompts = model.sentence.prompts if model.sentence is not None else {}
+    if name not in prompts:
+        known = ", ".join(repr(p) for p in prompts) or "none"
+        raise TeiError(
+            "validation", f"prompt_name: no prompt named {name!r}; its prompts: {known}", status=422
+        )
+    return prompts[name]
 
 
 def _tokens(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[SimpleToken]:
@@ -69,10 +84,9 @@ async def tokenize(
 ) -> list[list[SimpleToken]]:
     texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
     check_batch(request.app.state.runtime, len(texts), "inputs")
-    if data.prompt_name is not None:
-        raise TeiError("validation", "prompt_name: prompts are not supported here", status=422)
-    tokenizer = tokenizer_of(request)
-    return [_tokens(tokenizer, text, data.add_special_tokens) for text in texts]
+    model = model_of(request)
+    prompt = prompt_of(model, data.prompt_name)
+    return [_tokens(model.encoder.tokenizer, prompt + text, data.add_special_tokens) for text in texts]
 
 
 def _id_lists(ids: list[Any]) -> list[list[int]]:
@@ -87,7 +101,7 @@ def _id_lists(ids: list[Any]) -> list[list[int]]:
 async def decode(request: Request[Any, Any, Any], data: JSONBody[DecodeRequest]) -> list[str]:
     batch = _id_lists(data.ids)
     check_batch(request.app.state.runtime, len(batch), "ids")
-    tokenizer = tokenizer_of(request)
+    tokenizer = model_of(request).encoder.tokenizer
     vocabulary = tokenizer.get_vocab_size(with_added_tokens=True)
     for i, one in enumerate(batch):
         unknown = next((v for v in one if v >= vocabulary), None)
