@@ -76,7 +76,7 @@ def classifier(module_server: Callable[..., Server], packages: dict[str, Path]) 
 
 @pytest.fixture(scope="module")
 def minilm(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()))
+    return module_server(str(minilm_dir()), "--auto-truncate")
 
 
 def ok(server: Server, path: str, body: object) -> Any:
@@ -321,6 +321,15 @@ def test_huggingface_hub_feature_extraction_on_minilm(minilm: Server) -> None:
     assert cosine.min() >= 0.99999, cosine
     one = client.feature_extraction(texts[0], normalize=True, truncate=True, truncation_direction="left")
     np.testing.assert_allclose(one[0], vectors[0], atol=CLOSE)
+
+
+def test_an_absent_truncate_is_the_servers_auto_truncate(minilm: Server) -> None:
+    info = minilm.get("/info").json()
+    assert info["auto_truncate"] is True
+    text = "retrieval " * (info["max_input_length"] + 50)
+    truncated = ok(minilm, "/embed", {"inputs": text, "truncate": True})
+    assert ok(minilm, "/embed", {"inputs": text}) == truncated
+    tei_error(minilm, "/embed", {"inputs": text, "truncate": False}, 413, "validation")
 
 
 def test_huggingface_hub_text_classification(classifier: Server) -> None:
