@@ -10,13 +10,16 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from families.task_heads.harness import LONG, Harness
 
 from vllm_srun.errors import InvalidRequest, PackageError
-from vllm_srun.families.task_heads.model import TaskHeadsModel, pool_tokens
+from vllm_srun.families.task_heads.heads import pool_tokens
+from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.families.task_heads.sentence import Dense
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import EmbeddingsRequest, Options
 from vllm_srun.queue.planning import plan_with_keys
@@ -30,7 +33,8 @@ def _copy(th: Harness, tmp_path: Path, variant: str = "bert-embedding") -> Path:
 
 
 def _model(th: Harness, path: Path) -> TaskHeadsModel:
-    return th.load_path(path, None, name="st")
+    model: TaskHeadsModel = th.load_path(path, None, name="st")
+    return model
 
 
 def _ids(model: TaskHeadsModel, request: EmbeddingsRequest) -> list[list[int]]:
@@ -128,7 +132,7 @@ def test_dense_module_is_read_and_checked(th: Harness, tmp_path: Path) -> None:
 
 def test_token_id_inputs_are_taken_as_given(th: Harness) -> None:
     model = th.load("bert-embedding", None)
-    ids = _encode(model, "john lives in paris")[1:-1]  # no [CLS]/[SEP]: none are added
+    ids: list[Any] = _encode(model, "john lives in paris")[1:-1]  # no [CLS]/[SEP] are added
     assert _ids(model, EmbeddingsRequest(input=ids)) == [ids]
     assert _ids(model, EmbeddingsRequest(input=[ids, ids[:2]])) == [ids, ids[:2]]
     with pytest.raises(InvalidRequest, match=r"input\[1\]: token id 99999") as error:
@@ -160,10 +164,33 @@ def test_overlong_input_is_a_400_unless_truncation_or_reject_is_asked(th: Harnes
     auto = plan_with_keys(model, "embeddings", EmbeddingsRequest(input=LONG), default_overflow="truncate")
     assert len(auto.items[0].token_ids) == 128 and auto.state.inputs[0].split.info.truncated
     # Token ids over the limit are held to it too.
-    ids = [5] * 200
+    ids: list[Any] = [5] * 200
     with pytest.raises(InvalidRequest, match="200 tokens"):
         plan_with_keys(model, "embeddings", EmbeddingsRequest(input=ids), default_overflow=None)
     left = EmbeddingsRequest(
         input=list(range(5, 205)), options=Options(overflow="truncate", truncation_direction="left")
     )
     assert model.plan_surface("embeddings", left).items[0].token_ids == list(range(77, 205))
+
+
+@pytest.mark.torch
+def test_prompt_left_out_and_dense_on_each_engine(th: Harness, engine: str, tmp_path: Path) -> None:
+    """Token states from each engine, pooled past the prompt, through Dense and Normalize,
+    against Transformers' token states put through the same sentence-transformers steps."""
+    path = Path(shutil.copytree(th.package("bert-embedding"), tmp_path / "full"))
+    add_sentence_transformers(path, prompts=PROMPTS, include_prompt=False, dense_features=5)
+    model = th.load_path(path, engine)
+    texts: list[Any] = ["john lives in paris", "a"]
+    request = EmbeddingsRequest(input=texts, prompt_name="query")
+    plan = model.plan_surface("embeddings", request)
+    got = th.roundtrip(model, "embeddings", request)
+    skip = plan.state.skip
+    hidden = th.reference(path, [item.token_ids for item in plan.items])
+    for data, states in zip(got.data, hidden, strict=True):
+        pooled = states[skip:].astype(np.float64).mean(axis=0)
+        dense = model.post_pooling.steps[0]
+        assert isinstance(dense, Dense)
+        want = np.tanh(pooled @ dense.weight.T + dense.bias)
+        want /= np.linalg.norm(want)
+        assert data.embedding is not None and len(data.embedding) == 5
+        assert np.allclose(data.embedding, want, atol=1e-5)

@@ -119,3 +119,18 @@ def pooled(windows: Sequence[np.ndarray], *, normalize: bool, dimensions: int | 
             vector = _normalised(vector)
     out: np.ndarray = vector.astype(np.float32)
     return out
+
+
+def pool_tokens(hidden: np.ndarray, keep: np.ndarray, mode: str) -> np.ndarray:
+    """sentence-transformers' Pooling over the kept positions of one row of token states: mean
+    (0 when none is kept, as its clamped denominator gives), the first kept token, or the last."""
+    states = hidden.astype(np.float64)
+    if mode == "cls":
+        out: np.ndarray = states[int(np.argmax(keep))] if keep.any() else states[0]
+        return out
+    if mode == "last":
+        out = states[int(np.flatnonzero(keep)[-1])] if keep.any() else np.zeros(states.shape[1])
+        return out
+    count = int(keep.sum())
+    out = states[keep].sum(axis=0) / max(count, 1) if count else np.zeros(states.shape[1])
+    return out

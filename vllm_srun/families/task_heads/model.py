@@ -14,8 +14,13 @@ import numpy as np
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import finish
-from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN
-from vllm_srun.families.task_heads.sentence import PostPooling, SentenceConfig, prompt_length
+from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN, pool_tokens
+from vllm_srun.families.task_heads.sentence import (
+    PostPooling,
+    SentenceConfig,
+    prompt_length,
+    select_prompt,
+)
 from vllm_srun.families.task_heads.tokenize import Encoded, TextEncoder
 from vllm_srun.families.task_heads.windows import Overflow, Split, split
 from vllm_srun.plugins.base import (
@@ -158,7 +163,14 @@ class TaskHeadsModel(LoadedModel):
             )
         # One text or one list of ids: OpenAI names the field itself, not an element of it.
         single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
-        prompt = self._prompt(request, token_ids=any(isinstance(i, list) for i in inputs))
+        prompt = select_prompt(
+            self.sentence,
+            model=self.info.name,
+            prompt=request.prompt,
+            prompt_name=request.prompt_name,
+            input_type=request.input_type,
+            token_ids=any(isinstance(i, list) for i in inputs),
+        )
         texts = [prompt + i for i in inputs if isinstance(i, str)]
         encoded = iter(self.encoder.encode([(t, None) for t in texts]))
         encs: list[Encoded] = []
@@ -187,42 +199,6 @@ class TaskHeadsModel(LoadedModel):
             dimensions=request.dimensions, encoding_format=request.encoding_format
         )
         return plan
-
-    def _prompt(self, request: EmbeddingsRequest, *, token_ids: bool) -> str:
-        """The prompt the request selects, or the package's default; "" for none."""
-        chosen = [
-            name
-            for name, value in (
-                ("prompt", request.prompt),
-                ("prompt_name", request.prompt_name),
-                ("input_type", request.input_type),
-            )
-            if value is not None
-        ]
-        if len(chosen) > 1:
-            raise InvalidRequest(
-                f"{chosen[1]}: give one of prompt, prompt_name and input_type, not {' and '.join(chosen)}",
-                param=chosen[1],
-            )
-        prompts = self.sentence.prompts if self.sentence is not None else {}
-        known = ", ".join(repr(p) for p in prompts) or "none"
-        if chosen and token_ids:
-            raise InvalidRequest(
-                f"{chosen[0]}: a prompt applies to texts; token ids are taken as given", param=chosen[0]
-            )
-        if request.prompt is not None:
-            return request.prompt
-        name = request.prompt_name or request.input_type
-        if name is None:
-            default = self.sentence.default_prompt_name if self.sentence is not None else None
-            return prompts[default] if default is not None and not token_ids else ""
-        if name not in prompts:
-            field_name = chosen[0]
-            raise InvalidRequest(
-                f"{field_name}: model {self.info.name!r} has no prompt named {name!r}; its prompts: {known}",
-                param=field_name,
-            )
-        return prompts[name]
 
     def _refuse_overlong(self, state: PlanState, *, single: bool) -> None:
         """OpenAI's contract: an over-long input fails the request, never a 200 with a null
@@ -401,18 +377,3 @@ class TaskHeadsModel(LoadedModel):
                 for row, piece in zip(rows, planned.split.pieces, strict=True)
             ]
         return [self.post_pooling(row) for row in rows]
-
-
-def pool_tokens(hidden: np.ndarray, keep: np.ndarray, mode: str) -> np.ndarray:
-    """sentence-transformers' Pooling over the kept positions of one row of token states: mean
-    (0 when none is kept, as its clamped denominator gives), the first kept token, or the last."""
-    states = hidden.astype(np.float64)
-    if mode == "cls":
-        out: np.ndarray = states[int(np.argmax(keep))] if keep.any() else states[0]
-        return out
-    if mode == "last":
-        out = states[int(np.flatnonzero(keep)[-1])] if keep.any() else np.zeros(states.shape[1])
-        return out
-    count = int(keep.sum())
-    out = states[keep].sum(axis=0) / max(count, 1) if count else np.zeros(states.shape[1])
-    return out

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_srun.errors import PackageError
+from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.plugins.package import ModelPackage
 
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
@@ -324,3 +324,42 @@ def prompt_length(token_ids: Sequence[int], special_ids: set[int]) -> int:
     if length and token_ids[-1] in special_ids:
         length -= 1
     return length
+
+
+def select_prompt(
+    config: SentenceConfig | None,
+    *,
+    model: str,
+    prompt: str | None,
+    prompt_name: str | None,
+    input_type: str | None,
+    token_ids: bool,
+) -> str:
+    """The prompt a request selects (a raw `prompt`, a `prompt_name`, or the prompt named by
+    `input_type`), else the package's default; "" for none. Token ids take none: a prompt the
+    request names for them is an InvalidRequest, as is a name the package does not have."""
+    given = {"prompt": prompt, "prompt_name": prompt_name, "input_type": input_type}
+    chosen = [name for name, value in given.items() if value is not None]
+    if len(chosen) > 1:
+        raise InvalidRequest(
+            f"{chosen[1]}: give one of prompt, prompt_name and input_type, not {' and '.join(chosen)}",
+            param=chosen[1],
+        )
+    if chosen and token_ids:
+        raise InvalidRequest(
+            f"{chosen[0]}: a prompt applies to texts; token ids are taken as given", param=chosen[0]
+        )
+    prompts = config.prompts if config is not None else {}
+    if prompt is not None:
+        return prompt
+    name = prompt_name or input_type
+    if name is None:
+        default = config.default_prompt_name if config is not None else None
+        return prompts[default] if default is not None and not token_ids else ""
+    if name not in prompts:
+        known = ", ".join(repr(p) for p in prompts) or "none"
+        raise InvalidRequest(
+            f"{chosen[0]}: model {model!r} has no prompt named {name!r}; its prompts: {known}",
+            param=chosen[0],
+        )
+    return prompts[name]
