@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(serve)
     add = serve.add_argument
     add("--redis", default=None, help="Redis URL; makes this process an app replica only")
+    _redis_roles(serve)
     setting = partial(_setting, serve)
     setting("--host", str, f"address to bind (default {defaults.HOST})")
     setting("--port", PORT, "port to bind")
@@ -147,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
     worker.add_argument("--redis", required=True, help="Redis URL shared with the app replicas")
+    _redis_roles(worker)
     worker.add_argument(
         "--metrics-port",
         type=PORT,
@@ -231,18 +233,50 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _check_redis(url: str) -> None:
+def _redis_roles(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-redis",
+        default=None,
+        help="Redis URL for result-cache entries only (may evict); default: the main Redis",
+    )
+    parser.add_argument(
+        "--strict-redis",
+        action="store_true",
+        help="refuse to start when the main Redis's maxmemory-policy evicts keys",
+    )
+
+
+def _check_redis(url: str, *, strict: bool = False, flag: str = "--redis") -> None:
+    """Reach the main Redis (or the cache's, `flag` --cache-redis) and read its eviction policy:
+    an evicting main Redis is a warning, or with `strict` a refused start."""
     import redis
+    import structlog
 
     from vllm_srun.errors import ConfigError
-    from vllm_srun.queue.redis import describe_url
+    from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, describe_url, policy_of
 
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3).ping()
+        client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+        client.ping()
     except ValueError as exc:  # redis-py's message lists the schemes it takes
-        raise ConfigError(f"--redis {url!r}: {exc}") from exc
+        raise ConfigError(f"{flag} {url!r}: {exc}") from exc
     except (redis.RedisError, OSError) as exc:
         raise ConfigError(f"cannot reach Redis at {describe_url(url)}: {exc}") from exc
+    if flag != "--redis":
+        return
+    try:
+        policy = policy_of(client.config_get("maxmemory-policy"))
+    except redis.ResponseError:  # CONFIG renamed or refused: say so and go on
+        policy = EvictionPolicy(UNKNOWN_POLICY)
+    log = structlog.get_logger("vllm_srun.redis")
+    if policy.maxmemory_policy == UNKNOWN_POLICY:
+        log.warning("redis_policy_unknown", hint="CONFIG is refused: make sure it is noeviction")
+        return
+    if policy.warning is None:
+        return
+    if strict:
+        raise ConfigError(f"--strict-redis: {policy.warning}")
+    log.warning("redis_evicts", maxmemory_policy=policy.maxmemory_policy, warning=policy.warning)
 
 
 def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -277,7 +311,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
         if embedded_redis is None:
-            _check_redis(url)
+            _check_redis(url, strict=args.strict_redis)
+        if args.cache_redis:
+            _check_redis(args.cache_redis, flag="--cache-redis")
         settings = ServerSettings(
             **shared,
             redis_url=url,
@@ -292,6 +328,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
             auto_truncate=args.auto_truncate,
+            cache_redis_url=args.cache_redis,
         )
         config = uvicorn.Config(
             create_app(settings),
@@ -381,10 +418,14 @@ def _check_port_free(port: int) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     from vllm_srun.app.runtime import ServerSettings
 
-    _check_redis(args.redis)
+    _check_redis(args.redis, strict=args.strict_redis)
+    if args.cache_redis:
+        _check_redis(args.cache_redis, flag="--cache-redis")
     if args.metrics_port:
         _check_port_free(args.metrics_port)
-    settings = ServerSettings(**_shared_settings(args), redis_url=args.redis, embedded=False)
+    settings = ServerSettings(
+        **_shared_settings(args), redis_url=args.redis, embedded=False, cache_redis_url=args.cache_redis
+    )
     try:  # the event loop the server gets from uvicorn when uvloop is installed
         import uvloop
     except ImportError:

@@ -38,6 +38,8 @@ async def health(state: State) -> Response[dict[str, Any]]:
     body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "models": states}
     if reasons := failures(runtime):
         body["reasons"] = reasons
+    if runtime.redis_policy.evicting:  # ready still: the server answers, but may lose queued work
+        body["redis"] = runtime.redis_policy.describe()
     return Response(body, status_code=200 if ready else 503)
 
 

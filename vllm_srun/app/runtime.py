@@ -30,6 +30,7 @@ from vllm_srun.plugins.stats import StatLoggerBase, Stats
 from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, eviction_policy
 from vllm_srun.queue.worker import Deployment, DeviceWorker
 from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
@@ -73,6 +74,8 @@ class ServerSettings:
     intra_op_threads: int | None = defaults.INTRA_OP_THREADS
     # A request that names no options.overflow has its over-long inputs truncated (TEI's flag).
     auto_truncate: bool = False
+    # The result cache's own Redis (--cache-redis); None: the main Redis holds it too.
+    cache_redis_url: str | None = None
 
 
 @dataclass
@@ -229,6 +232,7 @@ def make_worker(settings: ServerSettings, stats: Stats) -> DeviceWorker:
         job_timeout_s=settings.job_timeout_s,
         job_ttl_s=settings.job_ttl_s,
         result_ttl_s=settings.cache_ttl_s,
+        cache_url=settings.cache_redis_url,
     )
 
 
@@ -322,6 +326,8 @@ class Runtime:
     serving: Serving
     # Items and tokens this replica has in the queue, per deployment (the admission bound).
     queued: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The main Redis's maxmemory-policy as read at start (/health reports an evicting one).
+    redis_policy: EvictionPolicy = field(default_factory=lambda: EvictionPolicy(UNKNOWN_POLICY))
     bulk: BulkStore = field(init=False)
 
     def __post_init__(self) -> None:
@@ -342,9 +348,11 @@ class Runtime:
             settings.redis_url,
             result_ttl_s=settings.cache_ttl_s,
             local_cache_bytes=settings.local_cache_mb << 20,
+            cache_url=settings.cache_redis_url,
         )
         runtime = cls(settings=settings, plugins=plugins, stats=stats, queue=queue, serving=serving)
         await queue.start()
+        runtime.redis_policy = await eviction_policy(queue.redis)
         await serving.start(stats)
         return runtime
 

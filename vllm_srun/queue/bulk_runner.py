@@ -59,12 +59,20 @@ class ChunkRunner:
     """Runs chunks for the deployments of one worker."""
 
     def __init__(
-        self, redis: ArqRedis, store: BulkStore, coalescers: dict[str, Coalescer], ttl_s: int
+        self,
+        redis: ArqRedis,
+        store: BulkStore,
+        coalescers: dict[str, Coalescer],
+        ttl_s: int,
+        *,
+        cache: ArqRedis | None = None,
     ) -> None:
         self.redis = redis
         self.store = store
         self.coalescers = coalescers
-        self.gateway = ResultGateway(redis, ttl_s=ttl_s)
+        # Results through the result cache (`cache`, else the main Redis); the job's own
+        # results stay in the main Redis (BulkStore), which does not evict.
+        self.gateway = ResultGateway(cache if cache is not None else redis, ttl_s=ttl_s)
 
     async def run(self, chunk: ChunkPayload, *, job_id: str = "", crashes: int = 0) -> int:
         """Run `chunk` (arq job `job_id`, whose worker died `crashes` times before) and store it."""

@@ -47,13 +47,16 @@ class QueueClient:
         *,
         result_ttl_s: int = defaults.CACHE_TTL_S,
         local_cache_bytes: int = defaults.LOCAL_CACHE_MB << 20,
+        cache_url: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.result_ttl_s = result_ttl_s
         self.app_id = uuid.uuid4().hex
         self.redis = make_pool(redis_url)
+        # Result-cache entries only (--cache-redis); queues and job state stay on `redis`.
+        self.cache = make_pool(cache_url) if cache_url else self.redis
         local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
-        self.gateway = ResultGateway(self.redis, ttl_s=result_ttl_s, local=local)
+        self.gateway = ResultGateway(self.cache, ttl_s=result_ttl_s, local=local)
         self._subscriber = pubsub_client(redis_url)
         self._reply_channel = keys.reply_channel(self.app_id)
         self._waiting: dict[str, asyncio.Future[protocol.JobReply]] = {}
@@ -80,6 +83,8 @@ class QueueClient:
         with contextlib.suppress(*REDIS_ERRORS):
             await self._subscriber.aclose()
             await self.redis.aclose()
+            if self.cache is not self.redis:
+                await self.cache.aclose()
 
     async def _listen(self) -> None:
         # The loops check `_closing` as well as being cancelled: redis-py can swallow a
@@ -233,7 +238,7 @@ class QueueClient:
         """Fill `found` from what the result cache already holds; True when nothing is missing."""
         pending = [index for index, raw in enumerate(found) if raw is None]
         try:
-            stored = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in pending])
+            stored = await self.cache.mget([keys.result_key(deployment, items[i].cache_key) for i in pending])
         except REDIS_ERRORS:
             return False
         for index, raw in zip(pending, stored, strict=True):

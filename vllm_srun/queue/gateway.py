@@ -11,6 +11,10 @@ Results travel and are stored as `results.encode_result` bytes (binary float32);
 are never cached. A runner whose misses ran in another process says so (`Ran.stored`): that
 process stored them with `write_back` before it acknowledged the job, so nothing is lost if
 the waiting side goes away.
+
+The shared cache is its own connection (`--cache-redis`; by default the main Redis): it holds
+result-cache entries only, so it may evict (`allkeys-lru`). Nothing here reads or writes
+queues, job state or job results, which stay in the main Redis that must not evict.
 """
 
 from __future__ import annotations
@@ -68,10 +72,14 @@ def write_back(
 
 
 class ResultGateway:
-    """One per process side (the app's queue client, a worker's chunk runner)."""
+    """One per process side (the app's queue client, a worker's chunk runner).
 
-    def __init__(self, redis: ArqRedis, *, ttl_s: int, local: LocalResults | None = None) -> None:
-        self.redis = redis
+    `cache` is the result-cache connection: the cache Redis, or the main one when they are the
+    same server.
+    """
+
+    def __init__(self, cache: ArqRedis, *, ttl_s: int, local: LocalResults | None = None) -> None:
+        self.cache = cache
         self.ttl_s = ttl_s
         self.local = local
         self._inflight: dict[tuple[str, str], asyncio.Future[Result]] = {}
@@ -129,7 +137,7 @@ class ResultGateway:
         if not missing:
             return found
         try:
-            stored = await self.redis.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
+            stored = await self.cache.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
         for index, raw in zip(missing, stored, strict=True):
@@ -147,7 +155,7 @@ class ResultGateway:
         if not ran.stored:
             done = [(item, raw) for item, raw in zip(misses, ran.results, strict=True) if raw is not None]
             try:
-                async with self.redis.pipeline(transaction=False) as pipe:
+                async with self.cache.pipeline(transaction=False) as pipe:
                     write_back(pipe, deployment, [i for i, _ in done], [r for _, r in done], self.ttl_s)
                     await pipe.execute()
             except REDIS_ERRORS as exc:

@@ -1,10 +1,19 @@
-"""Redis connections: one place that knows URLs, timeouts and the arq pool settings."""
+"""Redis connections: one place that knows URLs, timeouts and the arq pool settings.
+
+Two roles (DESIGN.md, "Two Redis roles"): the main Redis holds queues, leases, job state and
+job results and must never evict; the result cache (`--cache-redis`, by default the main one)
+may. `EvictionPolicy` is what a start reads of the main Redis to say so.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings
 from redis.asyncio import ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vllm_srun.queue import protocol
@@ -45,3 +54,51 @@ def describe_url(url: str) -> str:
     if settings is None:
         return url
     return f"{url.split('://', 1)[0]}://{settings.host}:{settings.port}/{settings.database}"
+
+
+# What `maxmemory-policy` reads as where CONFIG is renamed or disabled (managed Redis services).
+UNKNOWN_POLICY = "unknown"
+
+
+@dataclass(frozen=True)
+class EvictionPolicy:
+    """The main Redis's `maxmemory-policy`: anything but `noeviction` may drop queue entries,
+    leases and job state under memory pressure, not only cached results."""
+
+    maxmemory_policy: str
+
+    @property
+    def evicting(self) -> bool:
+        return self.maxmemory_policy not in ("noeviction", UNKNOWN_POLICY)
+
+    @property
+    def warning(self) -> str | None:
+        if not self.evicting:
+            return None
+        return (
+            f"the main Redis evicts keys (maxmemory-policy {self.maxmemory_policy}): under memory "
+            "pressure it may drop queued work, leases and job state; set it to noeviction and put "
+            "the result cache on its own Redis with --cache-redis"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """What /health reports."""
+        return {"maxmemory_policy": self.maxmemory_policy, "evicting": self.evicting, "warning": self.warning}
+
+
+def policy_of(reply: Any) -> EvictionPolicy:
+    """The policy from a CONFIG GET maxmemory-policy reply (a dict, or a flat list)."""
+    if isinstance(reply, list | tuple):
+        reply = dict(zip(reply[::2], reply[1::2], strict=True))
+    value = dict(reply or {}).get("maxmemory-policy", dict(reply or {}).get(b"maxmemory-policy"))
+    if value is None:
+        return EvictionPolicy(UNKNOWN_POLICY)
+    return EvictionPolicy(value.decode() if isinstance(value, bytes) else str(value))
+
+
+async def eviction_policy(redis: ArqRedis) -> EvictionPolicy:
+    """The main Redis's policy; `unknown` where CONFIG is refused (renamed, or an ACL)."""
+    try:
+        return policy_of(await redis.config_get("maxmemory-policy"))
+    except ResponseError:
+        return EvictionPolicy(UNKNOWN_POLICY)

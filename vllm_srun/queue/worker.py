@@ -142,8 +142,12 @@ class DeviceWorker:
         # Chunks in flight per deployment: more than one, so the next chunk is planned and looked
         # up while another forwards and the device does not wait between chunks.
         bulk_chunks: int = 3,
+        # The result cache's Redis (--cache-redis); None: the main one.
+        cache_url: str | None = None,
     ) -> None:
         self.redis_url = redis_url
+        self.cache_url = cache_url
+        self._cache: ArqRedis | None = None
         self.deployments: dict[str, Deployment] = {d.name: d for d in deployments}
         self.stats = stats
         self.max_jobs = max_jobs
@@ -174,8 +178,9 @@ class DeviceWorker:
     async def start(self) -> None:
         """Connect and serve the deployments given so far; `add` serves more later."""
         self._redis = make_pool(self.redis_url)
+        self._cache = make_pool(self.cache_url) if self.cache_url else self._redis
         store = BulkStore(self._redis, ttl_s=self.job_ttl_s)
-        self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s)
+        self._chunks = ChunkRunner(self._redis, store, self.coalescers, self.result_ttl_s, cache=self._cache)
         self._leases = LeaseKeeper(
             self._redis, self._workers, lease_s=self.lease_s, renew_s=self.lease_renew_s
         )
@@ -270,6 +275,8 @@ class DeviceWorker:
                 for name in self.deployments:
                     await self._redis.zrem(keys.worker_key(name), self.worker_id)
             await self._redis.aclose()
+            if self._cache is not None and self._cache is not self._redis:
+                await self._cache.aclose()
         self._tasks.clear()
         self._workers.clear()
         self._pollers.clear()
@@ -319,10 +326,14 @@ class DeviceWorker:
                 forward_s=max((o.forward_s for o in outcomes), default=0.0),
             )
         # Stored before the reply and before arq acknowledges the job: see gateway.Ran.stored.
-        async with self.redis.pipeline(transaction=False) as pipe:
+        cache = self._cache if self._cache is not None else self.redis
+        async with cache.pipeline(transaction=False) as pipe:
             write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
-            pipe.publish(job.reply_to, protocol.encode(reply))
+            if cache is self.redis:  # one round trip when the cache is the main Redis
+                pipe.publish(job.reply_to, protocol.encode(reply))
             await pipe.execute()
+        if cache is not self.redis:
+            await self.redis.publish(job.reply_to, protocol.encode(reply))
         return len(job.items)
 
     async def _run_chunk(self, ctx: dict[str, Any], payload: bytes) -> int:
