@@ -3,8 +3,9 @@
 An input is split into *pieces*, each an array of positions into its `Encoded`, so every
 piece keeps its special tokens and every token keeps its offsets into the original text:
 
-- `reject` (default): an input over the limit gets the item error `max_length_exceeded`;
-  its siblings are answered.
+- `reject`: an input over the limit gets the item error `max_length_exceeded`; its siblings
+  are answered. It is what a request that names no policy gets, except on embeddings, where
+  the model refuses the whole request instead (OpenAI's contract; see `model.py`).
 - `truncate`: tokens are dropped from the end of the text (from its start with
   `truncation_direction` "left"); for a pair, from the longer of the two texts first
   (Transformers' "longest_first"). Special tokens always stay.
