@@ -156,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve this worker's metrics on a port (0: not served)",
     )
 
+    proxy = sub.add_parser("proxy", help="one port in front of app replicas: round-robin, streams unbuffered")
+    proxy.add_argument("--listen", default=f"{defaults.HOST}:8000", help="HOST:PORT to accept clients on")
+    proxy.add_argument(
+        "--upstream",
+        action="extend",
+        nargs="+",
+        required=True,
+        help="app replica URL(s); a name may resolve to many",
+    )
+    proxy.add_argument(
+        "--health-path", default="/health/live", help="what an upstream answers 200 on when up"
+    )
+    proxy.add_argument("--check-interval-s", type=SECONDS, default=2.0, help="seconds between health checks")
+
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
     plugins.add_argument("--json", action="store_true", help="print JSON")
 
@@ -302,11 +316,12 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from vllm_srun.app.main import create_app
+    from vllm_srun.app.main import create_app, stop_serving
     from vllm_srun.app.runtime import ServerSettings
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
     shared = _shared_settings(args)
+    stopped = False
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
@@ -330,8 +345,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             auto_truncate=args.auto_truncate,
             cache_redis_url=args.cache_redis,
         )
+        app = create_app(settings)
         config = uvicorn.Config(
-            create_app(settings),
+            app,
             host=args.host,
             port=args.port,
             log_config=None,
@@ -342,19 +358,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
         # start. The default one would end the process before `finally` stops Redis.
         signal.signal(signal.SIGTERM, _raise_stopped)
-        uvicorn.Server(config).run()
+        _stopping_server(config, partial(stop_serving, app)).run()
         return 0
     except _Stopped:
+        stopped = True
         return 0
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
         return 130
     finally:
         if embedded_redis is not None:
             embedded_redis.stop()
+        if stopped:
+            _exit_now(0)
 
 
 class _Stopped(Exception):
     """SIGTERM, after uvicorn's graceful shutdown."""
+
+
+def _stopping_server(config: Any, on_stop: Any) -> Any:
+    """uvicorn's server, which tells the app (`on_stop(grace_s)`) as it stops taking connections,
+    before it waits for the open ones: see `Runtime.stopping`."""
+    import uvicorn
+
+    class StoppingServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            on_stop(GRACEFUL_STOP_S)
+            await super().shutdown(sockets)
+
+    return StoppingServer(config)
+
+
+def _exit_now(code: int) -> None:
+    """End a stopped `serve` or `worker` now. Everything it holds is released by then (leases
+    given back, connections closed, Redis stopped); what is left is a forward thread that may be
+    midway through a batch nobody waits for, and the interpreter would join it before exiting."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _raise_stopped(signum: int, frame: Any) -> None:
@@ -427,10 +471,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         **_shared_settings(args), redis_url=args.redis, embedded=False, cache_redis_url=args.cache_redis
     )
     try:  # the event loop the server gets from uvicorn when uvloop is installed
-        import uvloop
+        from uvloop import run
     except ImportError:
-        return asyncio.run(_run_worker(settings, args.metrics_port))
-    return uvloop.run(_run_worker(settings, args.metrics_port))
+        run = asyncio.run
+    code = run(_run_worker(settings, args.metrics_port))
+    _exit_now(code)  # see _exit_now: a forward in progress must not hold the stop
+    return code
+
+
+def cmd_proxy(args: argparse.Namespace) -> int:
+    from vllm_srun.proxy import serve
+
+    serve(args.listen, args.upstream, health_path=args.health_path, check_interval_s=args.check_interval_s)
+    return 0
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -541,6 +594,7 @@ COMMANDS = {
     "models": cmd_models,
     "fixture": cmd_fixture,
     "check-config": cmd_check_config,
+    "proxy": cmd_proxy,
     "jobs": cmd_jobs,
 }
 
