@@ -135,3 +135,35 @@ def test_auto_truncate_deployment(module_server: Callable[..., Server], referenc
     raw = server.post("/v1/embeddings", {"model": MODEL, "input": [LONG], "options": {"overflow": "reject"}})
     assert raw.json()["data"][0]["error"]["code"] == "max_length_exceeded"
     assert server.get("/v1/models").json()["data"][0]["max_tokens"] == 256
+
+
+def test_a_third_party_family_never_answers_a_null_vector(
+    module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The example plugin answers an over-long input as a per-item error; the OpenAI route
+    turns that into the request's 400 naming the input, unless per-item errors are asked for."""
+    from helpers import write_keywords
+
+    package = write_keywords(tmp_path_factory.mktemp("short") / "kw", variant="short")
+    server = module_server(str(package), "--served-model-name", "kw")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    ok = client.embeddings.create(model="kw", input=["refund", "parcel"], encoding_format="float")
+    assert all(item.embedding for item in ok.data)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(model="kw", input=["refund", "refund parcel invoice refund parcel refund"])
+    body = raised.value.body
+    assert isinstance(body, dict)
+    assert body.get("param") == "input[1]" and body.get("code") == "invalid_request"
+    # Asked for explicitly, the per-item error stays (our own clients read it).
+    import httpx
+
+    explicit = httpx.post(
+        f"{server.url}/v1/embeddings",
+        json={
+            "model": "kw",
+            "input": ["refund", "refund parcel invoice refund parcel refund"],
+            "options": {"overflow": "reject"},
+        },
+    )
+    assert explicit.status_code == 200
+    assert explicit.json()["data"][1]["error"]["code"] == "max_length_exceeded"
