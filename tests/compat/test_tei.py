@@ -323,6 +323,26 @@ def test_huggingface_hub_feature_extraction_on_minilm(minilm: Server) -> None:
     np.testing.assert_allclose(one[0], vectors[0], atol=CLOSE)
 
 
+def test_normalize_false_is_the_pooled_vector_before_the_packages_normalize(minilm: Server) -> None:
+    """TEI's `normalize: false` on a package with a Normalize module answers the pooled vector,
+    as sentence-transformers' modules before Normalize give it (TEI does not read modules.json)."""
+    from huggingface_hub import InferenceClient
+    from sentence_transformers import SentenceTransformer
+
+    texts = ["A man is eating food.", "The new movie is awesome"]
+    full = SentenceTransformer(str(minilm_dir()), device="cpu")
+    pooled_only = SentenceTransformer(modules=[full[0], full[1]], device="cpu")
+    reference = pooled_only.encode(texts, convert_to_numpy=True)
+    assert not np.allclose(np.linalg.norm(reference, axis=1), 1.0, atol=1e-3)
+    raw = np.asarray(ok(minilm, "/embed", {"inputs": texts, "normalize": False}))
+    np.testing.assert_allclose(np.linalg.norm(raw, axis=1), np.linalg.norm(reference, axis=1), rtol=1e-4)
+    assert np.sum(_unit(raw) * _unit(reference), axis=1).min() >= 0.99999
+    via_client = InferenceClient(base_url=minilm.url).feature_extraction(texts, normalize=False)
+    np.testing.assert_allclose(via_client, raw, atol=CLOSE)
+    # /v1/embeddings follows the package (unit vectors) unless the option says otherwise.
+    assert np.allclose(np.linalg.norm(openai_vectors(minilm, texts), axis=1), 1.0, atol=1e-5)
+
+
 def test_an_absent_truncate_is_the_servers_auto_truncate(minilm: Server) -> None:
     info = minilm.get("/info").json()
     assert info["auto_truncate"] is True

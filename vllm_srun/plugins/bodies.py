@@ -26,7 +26,9 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     `overflow` left out (None) means the server's default for a long input: truncation under
     `serve --auto-truncate`, else `reject` (a 400 on OpenAI-shaped embeddings, the item's own
     error elsewhere). `truncation_direction` says which end `truncate` cuts: "left" keeps a
-    text's last tokens (TEI's `truncation_direction: Left`).
+    text's last tokens (TEI's `truncation_direction: Left`). `normalize` (embeddings) left out
+    follows the package; `false` answers the vector before a trailing Normalize module (TEI's
+    `normalize: false`), `true` a unit vector whatever the package says.
     """
 
     return_meta: bool = False
@@ -37,6 +39,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     return_tokens: bool = False
     head: str | None = None
     deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    normalize: bool | None = None
 
     @property
     def overflow_mode(self) -> Overflow:

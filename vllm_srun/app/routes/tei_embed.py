@@ -1,10 +1,10 @@
 """POST /embed (text-embeddings-inference): the embeddings surface, answered as a bare list of
 vectors.
 
-`normalize: true` (TEI's default) answers unit vectors; `false` answers what /v1/embeddings
-answers, which follows the package (a sentence-transformers package with a Normalize module
-stays normalised, as `SentenceTransformer.encode` does). `inputs` takes texts or token ids
-(TEI's `InputType`: a list of ids is one input), read as /v1/embeddings reads them.
+`normalize: true` (TEI's default) answers unit vectors; `false` answers the pooled vector as
+TEI does, before any Normalize module of a sentence-transformers package (the surface's
+`options.normalize`). `inputs` takes texts or token ids (TEI's `InputType`: a list of ids is
+one input), read as /v1/embeddings reads them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-import numpy as np
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
@@ -43,39 +42,27 @@ class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
 def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRequest:
     """The embeddings request that `data` asks for, on the model this route reaches."""
     runtime = request.app.state.runtime
+    surface_options = options(runtime, data.truncate, data.truncation_direction)
+    surface_options.normalize = data.normalize
     converted = EmbeddingsRequest(
         input=data.inputs,
         dimensions=data.dimensions,
         prompt_name=data.prompt_name,
-        options=options(runtime, data.truncate, data.truncation_direction),
+        options=surface_options,
     )
     check_batch(runtime, len(converted.inputs()) if data.inputs else 0, "inputs")
     converted.model, _ = model_for(runtime, EMBEDDINGS.name)
     return converted
 
 
-def vectors(normalize: bool) -> Any:
+def vectors(body: EmbeddingsResponse) -> list[list[float]]:
     """The shape of /embed's answer: each input's vector, in order; any failed input fails all."""
-
-    def shape(body: EmbeddingsResponse) -> list[list[float]]:
-        out: list[list[float]] = []
-        for item in body.data:
-            if item.error is not None:
-                raise_item_error("inputs", item.index, item.error)
-            assert isinstance(item.embedding, list)
-            out.append(_unit(item.embedding) if normalize else item.embedding)
-        return out
-
-    return shape
-
-
-def _unit(vector: list[float]) -> list[float]:
-    v = np.asarray(vector, dtype=np.float64)
-    norm = float(np.linalg.norm(v))
-    # A vector the model already normalised is answered as it is, not rounded again.
-    if norm == 0.0 or abs(norm - 1.0) < 1e-6:
-        return vector
-    out: list[float] = (v / norm).astype(np.float32).tolist()
+    out: list[list[float]] = []
+    for item in body.data:
+        if item.error is not None:
+            raise_item_error("inputs", item.index, item.error)
+        assert isinstance(item.embedding, list)
+        out.append(item.embedding)
     return out
 
 
@@ -83,4 +70,4 @@ def _unit(vector: list[float]) -> list[float]:
 async def embed(
     request: Request[Any, Any, Any], data: JSONBody[EmbedRequest], state: State
 ) -> Response[list[list[float]]]:
-    return await respond(request, state, EMBEDDINGS, convert(request, data), shape=vectors(data.normalize))
+    return await respond(request, state, EMBEDDINGS, convert(request, data), shape=vectors)

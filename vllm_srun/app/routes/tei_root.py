@@ -74,7 +74,7 @@ async def root(
     if kind == "embedding":
         embed = _body(data, tei_embed.EmbedRequest)
         converted = tei_embed.convert(request, embed)
-        return await respond(request, state, EMBEDDINGS, converted, shape=tei_embed.vectors(embed.normalize))
+        return await respond(request, state, EMBEDDINGS, converted, shape=tei_embed.vectors)
     if kind == "reranker" and "query" in data:
         ranked = _body(data, tei_rerank.TeiRerankRequest)
         return await respond(

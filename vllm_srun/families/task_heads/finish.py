@@ -76,13 +76,14 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
     as_base64 = state.extra.get("encoding_format") == "base64"
     data: list[EmbeddingData] = []
     dimension = model.info.embedding.dimension if model.info.embedding else 0
+    normalize = model.normalize if state.options.normalize is None else state.options.normalize
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         item = EmbeddingData(index=index, input=planned.split.info)
         if isinstance(rows, ItemError):
             item.error = _error(rows)
         else:
-            vectors = model.embedding_rows(state, planned, rows)
-            vector = heads.pooled(vectors, normalize=model.normalize, dimensions=dimensions)
+            vectors = model.embedding_rows(state, planned, rows, normalize=normalize)
+            vector = heads.pooled(vectors, normalize=normalize, dimensions=dimensions)
             dimension = int(vector.shape[0])
             # OpenAI's base64 format: the float32 little-endian bytes of the vector.
             item.embedding = (
@@ -97,7 +98,7 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
             "representation": {
                 "model_sha256": model.info.model_sha256,
                 "dimension": dimensions or dimension,
-                "normalized": model.normalize,
+                "normalized": normalize,
             }
         }
     return response

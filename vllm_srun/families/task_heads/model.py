@@ -366,7 +366,7 @@ class TaskHeadsModel(LoadedModel):
         return (self.hidden_size,)
 
     def embedding_rows(
-        self, state: PlanState, planned: PlannedInput, rows: list[np.ndarray]
+        self, state: PlanState, planned: PlannedInput, rows: list[np.ndarray], *, normalize: bool = True
     ) -> list[np.ndarray]:
         """One input's vectors, one per piece, as sentence-transformers' modules leave them:
         pooled (here, from token states, when a prompt is left out of pooling), then Dense and
@@ -376,4 +376,4 @@ class TaskHeadsModel(LoadedModel):
                 pool_tokens(row, piece >= state.skip, self.pooling or "mean")
                 for row, piece in zip(rows, planned.split.pieces, strict=True)
             ]
-        return [self.post_pooling(row) for row in rows]
+        return [self.post_pooling(row, final_normalize=normalize) for row in rows]

@@ -297,9 +297,13 @@ class PostPooling:
 
     steps: Sequence[Dense | str] = ()
 
-    def __call__(self, vector: np.ndarray) -> np.ndarray:
+    def __call__(self, vector: np.ndarray, *, final_normalize: bool = True) -> np.ndarray:
+        """`vector` through the modules; `final_normalize=False` leaves out a trailing Normalize."""
         out = vector.astype(np.float64).reshape(-1)
-        for step in self.steps:
+        steps = self.steps
+        if not final_normalize and steps and steps[-1] == "normalize":
+            steps = steps[:-1]
+        for step in steps:
             if isinstance(step, Dense):
                 out = step(out)
             else:
