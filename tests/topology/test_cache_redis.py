@@ -17,6 +17,7 @@ import redis
 from helpers import Proc, RedisProcess, Server, free_port, start_worker, wait_healthy, write_keywords
 
 from vllm_srun.queue import keys
+from vllm_srun.queue.redis import policy_of
 from vllm_srun.queue.redis_server import find_redis_server
 
 
@@ -139,3 +140,18 @@ def test_a_redis_without_config_is_unknown_and_serves(tmp_path: Path) -> None:
         if app is not None:
             app.stop()
         proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("reply", "policy", "evicting"),
+    [
+        ({"maxmemory-policy": "noeviction"}, "noeviction", False),
+        ({b"maxmemory-policy": b"allkeys-lru"}, "allkeys-lru", True),
+        ([b"maxmemory-policy", b"volatile-ttl"], "volatile-ttl", True),
+        ({}, "unknown", False),
+    ],
+)
+def test_policy_of_a_config_get_reply(reply: object, policy: str, evicting: bool) -> None:
+    read = policy_of(reply)
+    assert (read.maxmemory_policy, read.evicting) == (policy, evicting)
+    assert (read.warning is not None) == evicting
