@@ -471,10 +471,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         **_shared_settings(args), redis_url=args.redis, embedded=False, cache_redis_url=args.cache_redis
     )
     try:  # the event loop the server gets from uvicorn when uvloop is installed
-        from uvloop import run
+        import uvloop
     except ImportError:
-        run = asyncio.run
-    code = run(_run_worker(settings, args.metrics_port))
+        code = asyncio.run(_run_worker(settings, args.metrics_port))
+    else:
+        code = uvloop.run(_run_worker(settings, args.metrics_port))
     _exit_now(code)  # see _exit_now: a forward in progress must not hold the stop
     return code
 

@@ -134,6 +134,13 @@ async def _api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler
         raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
 
 
+def stop_serving(app: Litestar, grace_s: float) -> None:
+    """Called as the server stops taking connections: see `Runtime.stopping`."""
+    runtime: Runtime | None = getattr(app.state, "runtime", None)
+    if runtime is not None:
+        runtime.stopping(grace_s)
+
+
 @get("/openapi.json", summary="The OpenAPI document", include_in_schema=False)
 async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()

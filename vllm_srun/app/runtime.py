@@ -311,7 +311,7 @@ class Serving:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loading
         if self.worker is not None:
-            await self.worker.close()
+            await _bounded("device worker", self.worker.close(), 2.0)
         self.executors.shutdown()
 
 
@@ -356,9 +356,22 @@ class Runtime:
         await serving.start(stats)
         return runtime
 
+    def stopping(self, grace_s: float) -> None:
+        """The server stops taking connections and gives open requests `grace_s` to finish.
+
+        Event streams end now (a client resumes from its Last-Event-ID on another replica);
+        requests still waiting for a result `REFUSE_BEFORE_S` before the grace ends are answered
+        503, so that none is cut off without a response when the server cancels what is left.
+        """
+        self.bulk.end_streams()
+        asyncio.get_running_loop().call_later(
+            max(0.0, grace_s - REFUSE_BEFORE_S), self.queue.refuse, "the server is stopping"
+        )
+
     async def close(self) -> None:
-        await self.serving.close()
-        await self.queue.close()
+        # Within the grace period left after uvicorn's own (cli.GRACEFUL_STOP_S).
+        await _bounded("serving", self.serving.close(), 2.5)
+        await _bounded("queue client", self.queue.close(), 1.0)
 
     def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:
         """The model a request names (the only model when it names none), if it is ready."""
@@ -397,6 +410,25 @@ def _shown(name: str) -> str:
 
 async def _nothing(_: ServedModel) -> None:
     return None
+
+
+# How long before a stop's grace period ends the requests still waiting are answered 503.
+REFUSE_BEFORE_S = 1.0
+
+
+async def _bounded(step: str, closing: Awaitable[None], timeout_s: float) -> None:
+    """Run one step of a stop for at most `timeout_s`; one that overruns is left behind with a
+    warning naming it (the process is ending), never waited for. A stop must fit the 10 s that
+    a supervisor (docker stop, Kubernetes, systemd) grants before SIGKILL, whatever state Redis
+    or a forward is in."""
+    task = asyncio.ensure_future(closing)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        log.warning("stop_step_overran", step=step, timeout_s=timeout_s)
+        return
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("stop_step_failed", step=step, error=repr(task.exception()))
 
 
 def sinks(plugins: Plugins) -> list[StatLoggerBase]:

@@ -12,6 +12,8 @@ therefore never counts or streams an item twice.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import time
 import uuid
@@ -140,6 +142,13 @@ class BulkStore:
         self.chunk_size = chunk_size
         self._store_chunk = redis.register_script(_STORE_CHUNK)
         self._move_status = redis.register_script(_MOVE_STATUS)
+        self._streams_ended = asyncio.Event()
+
+    def end_streams(self) -> None:
+        """End every `events` stream at once, without a final status: this process is stopping,
+        and a client resumes from its Last-Event-ID on another replica. An open stream would
+        otherwise hold the stop for the whole grace period."""
+        self._streams_ended.set()
 
     async def create(
         self,
@@ -291,7 +300,9 @@ class BulkStore:
         await self.get(job_id)
         key = keys.job_events_key(job_id)
         while True:
-            batch = await self.redis.xread({key: last_id}, count=500, block=block_ms)
+            batch = await self._read_events(key, last_id, block_ms)
+            if self._streams_ended.is_set():
+                return
             for _, entries in batch or []:
                 for entry_id, fields in entries:
                     last_id = entry_id.decode()
@@ -310,6 +321,22 @@ class BulkStore:
                 # status event, so a client knows not to reconnect.
                 yield last_id, "status", msgspec.json.encode({"status": job.status})
                 return
+
+    async def _read_events(self, key: str, last_id: str, block_ms: int) -> Any:
+        """One XREAD of `key` after `last_id`, given up (None) when the streams are ended."""
+        if self._streams_ended.is_set():
+            return None
+        read = asyncio.ensure_future(self.redis.xread({key: last_id}, count=500, block=block_ms))
+        ended = asyncio.ensure_future(self._streams_ended.wait())
+        try:
+            await asyncio.wait({read, ended}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (read, ended):
+                if not waiting.done():
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+        return read.result() if not read.cancelled() else None
 
 
 def _optional_float(fields: dict[str, str], name: str) -> float | None:

@@ -41,6 +41,9 @@ WORKER_CHECK_TTL_S = 1.0
 class QueueClient:
     """One per app process: owns its Redis pool and its reply subscription."""
 
+    # Set by `refuse`: why requests are answered 503 now (None: they are served).
+    _refusal: str | None = None
+
     def __init__(
         self,
         redis_url: str,
@@ -85,6 +88,15 @@ class QueueClient:
             await self.redis.aclose()
             if self.cache is not self.redis:
                 await self.cache.aclose()
+
+    def refuse(self, reason: str) -> None:
+        """Answer every request still waiting for a reply, and every later one, with 503
+        `unavailable` (this process is stopping): a client hears why rather than losing its
+        connection. Their jobs leave the queue; a worker that already runs one still stores it."""
+        self._refusal = reason
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(Unavailable(reason))
 
     async def _listen(self) -> None:
         # The loops check `_closing` as well as being cancelled: redis-py can swallow a
@@ -160,6 +172,8 @@ class QueueClient:
         deadline_s: float | None,
     ) -> Ran:
         """One job for `items`; the worker stores their results before it replies."""
+        if self._refusal is not None:
+            raise Unavailable(self._refusal)
         request_id = uuid.uuid4().hex
         reply_future: asyncio.Future[protocol.JobReply] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = reply_future
@@ -179,6 +193,10 @@ class QueueClient:
             return await self._await_reply(deployment, items, reply_future, timeout_s)
         except asyncio.CancelledError:
             await asyncio.shield(self._withdraw(deployment, request_id))
+            raise
+        except Unavailable:
+            if self._refusal is not None:
+                await asyncio.shield(self._withdraw(deployment, request_id))
             raise
         finally:
             self._waiting.pop(request_id, None)
