@@ -126,6 +126,7 @@ class ChunkRunner:
                     items=misses,
                     crashes=crashes,
                     ttl_s=self.gateway.ttl_s,
+                    cache=self.gateway.cache,
                 )
                 return Ran(list(isolated), stored=True)
             outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK))

@@ -131,16 +131,17 @@ async def run_isolated(
     items: Sequence[WorkItem],
     crashes: int,
     ttl_s: int,
+    cache: ArqRedis | None = None,
 ) -> list[bytes]:
     """Encoded results for `items` of a job that crashed workers `crashes` times: one item per
-    forward, each stored in the result cache as soon as it is done (see the module docstring).
-    Results are stored here: callers report them as `Ran(stored=True)`."""
+    forward, each stored in the result cache (`cache`, else `redis`) as soon as it is done (see
+    the module docstring). Results are stored here: callers report them as `Ran(stored=True)`.
+    The crash marks stay in `redis`, the main Redis, which does not evict them."""
+    cache = cache if cache is not None else redis
     names = [item.cache_key or str(index) for index, item in enumerate(items)]
     marks_key = keys.isolation_key(job_id)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.mget([keys.result_key(deployment, item.cache_key or "-") for item in items])
-        pipe.hmget(marks_key, names)
-        stored, marks = await pipe.execute()
+    stored = await cache.mget([keys.result_key(deployment, item.cache_key or "-") for item in items])
+    marks = await redis.hmget(marks_key, names)  # type: ignore[misc]
     out: list[bytes] = []
     for item, name, raw, mark in zip(items, names, stored, marks, strict=True):
         if raw and item.cache_key:
@@ -151,12 +152,12 @@ async def run_isolated(
             log.error("poison_input", model=deployment, job=job_id, item=name)
             out.append(_failed("this input stopped the worker process when forwarded alone"))
         else:
-            out.append(await _solo(redis, marks_key, name, model, executor, item, deployment, ttl_s))
+            out.append(await _solo((redis, cache), marks_key, name, model, executor, item, deployment, ttl_s))
     return out
 
 
 async def _solo(
-    redis: ArqRedis,
+    connections: tuple[ArqRedis, ArqRedis],
     marks_key: str,
     name: str,
     model: LoadedModel,
@@ -166,7 +167,9 @@ async def _solo(
     ttl_s: int,
 ) -> bytes:
     """Forward `item` alone. The mark goes up once the executor thread has started this forward
-    (and nothing else), and down when it ends, so it survives only a crash of this forward."""
+    (and nothing else), and down when it ends, so it survives only a crash of this forward.
+    `connections`: (the main Redis, the result cache's)."""
+    redis, cache = connections
     loop = asyncio.get_running_loop()
     started = asyncio.Event()
     go = threading.Event()
@@ -192,8 +195,8 @@ async def _solo(
     except Exception as exc:  # a Python error fails this item, as the coalescer's forward does
         result = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
     encoded = encode_result(result)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.hincrby(marks_key, name, -1)
+    async with cache.pipeline(transaction=False) as pipe:
         write_back(pipe, deployment, [item], [encoded], ttl_s)
         await pipe.execute()
+    await redis.hincrby(marks_key, name, -1)  # type: ignore[misc]
     return encoded

@@ -314,6 +314,7 @@ class DeviceWorker:
                 items=job.items,
                 crashes=crashes,
                 ttl_s=job.ttl_s,
+                cache=self._cache,
             )
             reply = protocol.JobReply(request_id=job.request_id, results=encoded, queue_s=0.0, forward_s=0.0)
         else:
