@@ -365,3 +365,24 @@ def test_huggingface_hub_text_classification(classifier: Server) -> None:
     np.testing.assert_allclose([e.score for e in answered], [s for s, _ in expected], atol=CLOSE)
     top = client.text_classification(TEXTS[1], top_k=1)
     assert [e.label for e in top] == [expected[0][1]]
+
+
+def test_tokenize_reaches_any_family_through_the_plugin_contract(
+    module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """/tokenize asks the model for its tokenizer (LoadedModel.tokenizer), so it serves an NLI
+    decision model too, and refuses a plugin model without one in TEI's shape."""
+    from tokenizers import Tokenizer
+
+    from vllm_srun.testing.nli_fixtures import write_fixture as write_nli_fixture
+
+    root = tmp_path_factory.mktemp("tokenize-families")
+    nli = write_nli_fixture(root / "nli")
+    server = module_server(str(nli))
+    tokens = ok(server, "/tokenize", {"inputs": "the parcel arrived"})
+    expected = Tokenizer.from_file(str(nli / "tokenizer.json")).encode("the parcel arrived")
+    assert [t["id"] for t in tokens[0]] == expected.ids
+    from helpers import write_keywords
+
+    keywords = module_server(str(write_keywords(root / "kw")))
+    tei_error(keywords, "/tokenize", {"inputs": "refund"}, 424, "backend")

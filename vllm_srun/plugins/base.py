@@ -18,6 +18,8 @@ import msgspec
 import numpy as np
 
 if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
     from vllm_srun.plugins.package import ModelPackage
 
 
@@ -265,6 +267,16 @@ class LoadedModel(abc.ABC):
         """Turn results (aligned with `plan.items`) into the response Struct of `plan.surface`
         (its descriptor's `response_type`); a plan of a surface it does not serve raises
         UnsupportedSurface."""
+
+    def tokenizer(self) -> Tokenizer | None:
+        """The `tokenizers.Tokenizer` the model plans with (padding and truncation off), for
+        routes that expose or count tokens (TEI's /tokenize, Cohere's max_tokens_per_doc);
+        None for a model without one, which those routes refuse."""
+        return None
+
+    def prompts(self) -> dict[str, str]:
+        """The prompts the model's package names (sentence-transformers' `prompts`); {} for none."""
+        return {}
 
     def run(self, items: Sequence[WorkItem]) -> list[np.ndarray]:
         """One forward over `items`. Runs on the device worker's thread, never in the app."""

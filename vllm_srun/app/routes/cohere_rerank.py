@@ -30,7 +30,6 @@ from litestar.params import JSONBody
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest
-from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankDocument, RerankRequest, RerankResponse
 
@@ -105,12 +104,13 @@ def joined(document: str | CohereDocument) -> str:
 
 def cut(model: LoadedModel, texts: list[str], max_tokens: int) -> list[str]:
     """Each text up to the end of its `max_tokens`-th token by the model's own tokenizer."""
-    if not isinstance(model, TaskHeadsModel):
+    tokenizer = model.tokenizer()
+    if tokenizer is None:
         raise InvalidRequest(
             f"max_tokens_per_doc: model {model.info.name!r} has no tokenizer to count tokens with",
             param="max_tokens_per_doc",
         )
-    encodings = model.encoder.tokenizer.encode_batch(texts, add_special_tokens=False)
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
     return [
         text if len(enc.ids) <= max_tokens else text[: enc.offsets[max_tokens - 1][1]]
         for text, enc in zip(texts, encodings, strict=True)

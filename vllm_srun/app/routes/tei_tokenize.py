@@ -18,7 +18,7 @@ from litestar.params import JSONBody
 from tokenizers import Tokenizer
 
 from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, check_batch, model_for
-from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.plugins.base import LoadedModel
 
 
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -44,19 +44,20 @@ class DecodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     skip_special_tokens: bool = True
 
 
-def model_of(request: Request[Any, Any, Any]) -> TaskHeadsModel:
-    """The model these routes reach, if it has a tokenizer to expose."""
+def model_of(request: Request[Any, Any, Any]) -> tuple[LoadedModel, Tokenizer]:
+    """The model these routes reach and its tokenizer, if it has one to expose."""
     name, model = model_for(request.app.state.runtime, None)
-    if not isinstance(model, TaskHeadsModel):
+    tokenizer = model.tokenizer()
+    if tokenizer is None:
         raise TeiError("backend", f"model {name!r} ({model.info.family}) has no tokenizer to expose")
-    return model
+    return model, tokenizer
 
 
-def prompt_of(model: TaskHeadsModel, name: str | None) -> str:
+def prompt_of(model: LoadedModel, name: str | None) -> str:
     """The text of the package's prompt `name` (TEI prepends it to each input), "" for none."""
     if name is None:
         return ""
-    prompts = model.sentence.prompts if model.sentence is not None else {}
+    prompts = model.prompts()
     if name not in prompts:
         known = ", ".join(repr(p) for p in prompts) or "none"
         raise TeiError(
@@ -84,9 +85,9 @@ async def tokenize(
 ) -> list[list[SimpleToken]]:
     texts = [data.inputs] if isinstance(data.inputs, str) else data.inputs
     check_batch(request.app.state.runtime, len(texts), "inputs")
-    model = model_of(request)
+    model, tokenizer = model_of(request)
     prompt = prompt_of(model, data.prompt_name)
-    return [_tokens(model.encoder.tokenizer, prompt + text, data.add_special_tokens) for text in texts]
+    return [_tokens(tokenizer, prompt + text, data.add_special_tokens) for text in texts]
 
 
 def _id_lists(ids: list[Any]) -> list[list[int]]:
@@ -101,7 +102,7 @@ def _id_lists(ids: list[Any]) -> list[list[int]]:
 async def decode(request: Request[Any, Any, Any], data: JSONBody[DecodeRequest]) -> list[str]:
     batch = _id_lists(data.ids)
     check_batch(request.app.state.runtime, len(batch), "ids")
-    tokenizer = model_of(request).encoder.tokenizer
+    _, tokenizer = model_of(request)
     vocabulary = tokenizer.get_vocab_size(with_added_tokens=True)
     for i, one in enumerate(batch):
         unknown = next((v for v in one if v >= vocabulary), None)

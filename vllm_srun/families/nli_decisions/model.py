@@ -65,6 +65,9 @@ class NliDecisionModel(DecisionModel):
         self.contradiction = contradiction
         self.uses_type_ids = uses_type_ids
 
+    def tokenizer(self) -> Tokenizer:
+        return self.plain
+
     def plan(self, state: DecisionState, question: Question, options: Options) -> list[WorkItem]:
         if options.overflow == "window":
             raise InvalidRequest("options.overflow: 'window' is not supported by /v1/decisions")

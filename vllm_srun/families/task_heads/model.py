@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
@@ -122,6 +123,12 @@ class TaskHeadsModel(LoadedModel):
         self.post_pooling = post_pooling or PostPooling()
         self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         self.heads = {head.name: head for head in info.heads}
+
+    def tokenizer(self) -> Tokenizer:
+        return self.encoder.tokenizer
+
+    def prompts(self) -> dict[str, str]:
+        return dict(self.sentence.prompts) if self.sentence is not None else {}
 
     # Planning -------------------------------------------------------------------------------
 
