@@ -7,6 +7,7 @@ or see when a request body's first bytes arrive: what a buffering proxy would ge
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import threading
 import time
@@ -164,3 +165,19 @@ def test_request_bodies_stream_unbuffered(two: tuple[Upstream, Upstream, str]) -
 
     reply = httpx.post(url + "/upload", content=body(), timeout=10)
     assert reply.text.endswith(" 2000") and seen == [True]
+
+
+def test_sigterm_stops_the_proxy_with_a_stream_open(tmp_path: Path) -> None:
+    upstream = Upstream("a").start()
+    proc, url = start_proxy(tmp_path, f"http://127.0.0.1:{upstream.port}")
+    try:
+        with httpx.stream("GET", url + "/stream", timeout=30) as reply:
+            assert next(reply.iter_lines()) == "first"
+            started = time.monotonic()
+            proc.proc.send_signal(signal.SIGTERM)
+            proc.proc.wait(timeout=15)
+        assert time.monotonic() - started < 10, "a held stream kept the proxy from stopping"
+    finally:
+        proc.stop()
+        upstream.release.set()
+        upstream.stop()

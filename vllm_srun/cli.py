@@ -483,7 +483,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_proxy(args: argparse.Namespace) -> int:
     from vllm_srun.proxy import serve
 
-    serve(args.listen, args.upstream, health_path=args.health_path, check_interval_s=args.check_interval_s)
+    serve(
+        args.listen,
+        args.upstream,
+        health_path=args.health_path,
+        check_interval_s=args.check_interval_s,
+        graceful_stop_s=GRACEFUL_STOP_S,
+    )
     return 0
 
 

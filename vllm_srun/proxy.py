@@ -258,8 +258,12 @@ async def _unavailable(send: Any, message: str = "no app replica is healthy") ->
     await send({"type": "http.response.body", "body": body})
 
 
-def serve(listen: str, upstreams: list[str], *, health_path: str, check_interval_s: float) -> None:
-    """Run the proxy on `listen` (HOST:PORT) until SIGINT or SIGTERM."""
+def serve(
+    listen: str, upstreams: list[str], *, health_path: str, check_interval_s: float, graceful_stop_s: float
+) -> None:
+    """Run the proxy on `listen` (HOST:PORT) until SIGINT or SIGTERM; connections still open
+    `graceful_stop_s` after the signal (an event stream stays open for as long as its job runs)
+    are closed then."""
     import uvicorn
 
     host, _, port = listen.rpartition(":")
@@ -272,5 +276,6 @@ def serve(listen: str, upstreams: list[str], *, health_path: str, check_interval
         access_log=False,
         interface="asgi3",
         lifespan="on",
+        timeout_graceful_shutdown=graceful_stop_s,
     )
     uvicorn.Server(config).run()
