@@ -75,6 +75,7 @@ def test_an_evicting_main_redis_is_reported_in_health(tmp_path: Path) -> None:
     main = RedisProcess(tmp_path / "main.log", maxmemory="64mb")  # allkeys-lru
     package = write_keywords(tmp_path / "kw")
     app = Server([str(package), "--redis", main.url], tmp_path / "app.log")
+    worker = None
     try:
         app.wait_ready()
         body = app.get("/health").json()  # 503 until a worker serves it: the detail is there anyway
@@ -82,8 +83,14 @@ def test_an_evicting_main_redis_is_reported_in_health(tmp_path: Path) -> None:
         assert body["redis"]["evicting"] is True
         assert "noeviction" in body["redis"]["warning"]
         assert "redis_evicts" in app.log()
+        worker = start_worker(tmp_path, package, main.url)
+        assert "redis_evicts" in worker.log()
+        wait_healthy(app)  # it serves all the same: a warning, not a refusal
+        assert app.get("/health").json()["redis"]["evicting"] is True
     finally:
         app.stop()
+        if worker is not None:
+            worker.stop()
         main.stop()
 
 
