@@ -220,8 +220,30 @@ def test_predict_answers_the_classify_surface_in_teis_shape(classifier: Server) 
     assert [p["label"] for p in pair] == [label for _, label in expected[1]]
     batch = ok(classifier, "/predict", {"inputs": [[TEXTS[0]], ["a", "b"]]})
     assert batch == [single, pair]
-    # A softmax head keeps no logits to answer raw_scores with.
-    tei_error(classifier, "/predict", {"inputs": "a", "raw_scores": True}, 422, "validation")
+
+
+def test_predict_raw_scores_are_the_heads_logits(classifier: Server, packages: dict[str, Path]) -> None:
+    """TEI's raw_scores on a softmax head: the logits, as Transformers computes them (and whose
+    softmax is the surface's probabilities)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    [raw] = ok(classifier, "/predict", {"inputs": [[TEXTS[0]]], "raw_scores": True})
+    surface = ok(classifier, "/v1/classify", {"input": TEXTS[0], "options": {"return_logits": True}})
+    result = surface["results"][0]
+    logits = np.asarray(result["logits"])
+    np.testing.assert_allclose(np.exp(logits) / np.exp(logits).sum(), result["probabilities"], atol=1e-6)
+    by_label = dict(zip(surface["labels"], logits, strict=True))
+    assert [p["score"] for p in raw] == sorted((p["score"] for p in raw), reverse=True)
+    np.testing.assert_allclose([p["score"] for p in raw], [by_label[p["label"]] for p in raw], atol=CLOSE)
+    tokenizer = Tokenizer.from_file(str(packages["sequence"] / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    ids = torch.tensor([tokenizer.encode(TEXTS[0]).ids])
+    reference = AutoModelForSequenceClassification.from_pretrained(str(packages["sequence"])).eval()
+    with torch.no_grad():
+        want = reference(input_ids=ids).logits[0].numpy()
+    np.testing.assert_allclose(logits, want, atol=1e-4)
 
 
 def test_predict_on_a_reranker_gives_its_sigmoid_or_its_logit(reranker: Server) -> None:

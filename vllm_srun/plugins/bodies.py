@@ -28,7 +28,9 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     error elsewhere). `truncation_direction` says which end `truncate` cuts: "left" keeps a
     text's last tokens (TEI's `truncation_direction: Left`). `normalize` (embeddings) left out
     follows the package; `false` answers the vector before a trailing Normalize module (TEI's
-    `normalize: false`), `true` a unit vector whatever the package says.
+    `normalize: false`), `true` a unit vector whatever the package says. `return_logits`
+    (classify) adds each sequence result's raw logits, which probabilities fix only up to a
+    constant (TEI's `raw_scores`).
     """
 
     return_meta: bool = False
@@ -40,6 +42,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     head: str | None = None
     deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
     normalize: bool | None = None
+    return_logits: bool = False
 
     @property
     def overflow_mode(self) -> Overflow:

@@ -123,6 +123,7 @@ class ClassifyResult(msgspec.Struct, omit_defaults=True):
     label: str | None = None
     score: float | None = None
     probabilities: list[float] | None = None
+    logits: list[float] | None = None
     selected: list[str] | None = None
     spans: list[Span] | None = None
     tokens: list[dict[str, Any]] | None = None

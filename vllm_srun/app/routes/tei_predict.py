@@ -2,14 +2,11 @@
 `[{score, label}]` by descending score for one input (a text, or a pair `[a, b]`), a list of
 those for a batch (`[[a], [a, b], ...]`).
 
-`raw_scores: true` answers logits. A sigmoid head's logit is recovered from its probability;
-a softmax head's probabilities fix its logits only up to a constant, so there it is refused
-rather than answered with numbers TEI would not give.
+`raw_scores: true` answers the head's logits (the classify surface's `options.return_logits`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import msgspec
@@ -70,32 +67,24 @@ def convert(request: Request[Any, Any, Any], data: PredictRequest) -> ClassifyRe
     check_batch(runtime, len(pairs), "inputs")
     name, _ = model_for(runtime, CLASSIFY.name)
     inputs: list[str | TextPair] = [*pairs]
-    return ClassifyRequest(
-        input=inputs, model=name, options=options(runtime, data.truncate, data.truncation_direction)
-    )
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-300), 1.0 - 1e-16)
-    return math.log(p) - math.log1p(-p)
+    surface_options = options(runtime, data.truncate, data.truncation_direction)
+    surface_options.return_logits = data.raw_scores
+    return ClassifyRequest(input=inputs, model=name, options=surface_options)
 
 
 def predictions(body: ClassifyResponse, result: ClassifyResult, raw_scores: bool) -> list[Prediction]:
     """One input's labels and scores, best first."""
     if result.error is not None:
         raise_item_error("inputs", result.index, result.error)
+    if raw_scores and result.logits is None:
+        raise TeiError("backend", f"head {body.head!r} answers no logits")
     if result.probabilities is not None:
-        if raw_scores and result.selected is None:
-            raise TeiError(
-                "validation",
-                f"raw_scores: head {body.head!r} answers softmax probabilities, whose logits it does not keep",
-                status=422,
-            )
-        scores = [_logit(p) if raw_scores else p for p in result.probabilities]
+        scores = result.logits if raw_scores else result.probabilities
+        assert scores is not None
         pairs = list(zip(body.labels, scores, strict=True))
     elif result.label is not None and result.score is not None:
         # A one-label head (a cross-encoder): its sigmoid, or its logit.
-        pairs = [(result.label, _logit(result.score) if raw_scores else result.score)]
+        pairs = [(result.label, result.logits[0] if raw_scores and result.logits else result.score)]
     else:
         raise TeiError("backend", f"head {body.head!r} does not classify whole sequences")
     ordered = sorted(pairs, key=lambda pair: -pair[1])

@@ -58,12 +58,16 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
         elif head.kind == heads.RELEVANCE:
             relevance = heads.relevance(rows)
             result.label, result.score = labels[-1], relevance.score
+            if options.return_logits:
+                result.logits = [relevance.logit]
         else:
             logits = heads.max_logits(rows)
             probs = heads.sigmoid(logits) if head.kind == heads.SCORES else heads.softmax(logits)
             best = int(probs.argmax())
             result.label, result.score = labels[best], float(probs[best])
             result.probabilities = probs.tolist()
+            if options.return_logits:
+                result.logits = logits.tolist()
             if head.kind == heads.SCORES:
                 threshold = options.threshold if options.threshold is not None else heads.DEFAULT_THRESHOLD
                 result.selected = [label for label, p in zip(labels, probs, strict=True) if p >= threshold]
