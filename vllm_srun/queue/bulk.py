@@ -17,19 +17,21 @@ import contextlib
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import wraps
 from string import Template
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 from arq.connections import ArqRedis
 
 from vllm_srun import defaults
-from vllm_srun.errors import JobNotFound
+from vllm_srun.errors import JobNotFound, Unavailable
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
+from vllm_srun.queue.redis import REDIS_ERRORS
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -41,6 +43,24 @@ DONE, FAILED, CACHED, SKIPPED = "d", "f", "c", "x"
 # Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
 _TOMBSTONE_S = 3600
 _APPEND_BATCH = 1000
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _redis_unavailable(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+    """A lost Redis is `Unavailable` (503, retry), never a bug: a job lives in Redis, so it is
+    neither gone nor failed while Redis restarts."""
+
+    @wraps(method)
+    async def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await method(*args, **kwargs)
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+
+    return call
 
 
 class JobCounts(msgspec.Struct):
@@ -150,6 +170,7 @@ class BulkStore:
         otherwise hold the stop for the whole grace period."""
         self._streams_ended.set()
 
+    @_redis_unavailable
     async def create(
         self,
         *,
@@ -219,6 +240,7 @@ class BulkStore:
             await self.store_chunk(job_id, 0, 1, [])
         return await self.get(job_id), True
 
+    @_redis_unavailable
     async def _write(self, job_id: str, lines: Sequence[ResultLine]) -> None:
         """Store pre-recorded results without finishing any chunk."""
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -228,6 +250,7 @@ class BulkStore:
                 pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
             await pipe.execute()
 
+    @_redis_unavailable
     async def store_chunk(self, job_id: str, chunk: int, chunks: int, lines: Sequence[ResultLine]) -> None:
         argv: list[Any] = [chunk, chunks, time.time(), self.ttl_s + _TOMBSTONE_S]
         for line in lines:
@@ -240,6 +263,7 @@ class BulkStore:
         ]
         await self._store_chunk(keys=job_keys, args=argv)
 
+    @_redis_unavailable
     async def raw(self, job_id: str) -> dict[str, str]:
         if not JOB_ID.fullmatch(job_id):
             return {}
@@ -267,10 +291,12 @@ class BulkStore:
             expires_at=expires_at,
         )
 
+    @_redis_unavailable
     async def mark_running(self, job_id: str) -> None:
         await self.redis.hsetnx(keys.job_key(job_id), "started_at", str(time.time()))  # type: ignore[misc]
         await self._move_status([keys.job_key(job_id)], ["running", "queued"])
 
+    @_redis_unavailable
     async def cancel(self, job_id: str) -> JobStatus:
         job = await self.get(job_id)
         if job.status in TERMINAL:  # "expired" is only computed, never stored
@@ -278,6 +304,7 @@ class BulkStore:
         await self._move_status([keys.job_key(job_id)], ["cancelling", "queued", "running"])
         return await self.get(job_id)
 
+    @_redis_unavailable
     async def results(self, job_id: str, offset: int, limit: int) -> list[bytes]:
         """Result lines in input order from `offset`; stops at the first one not yet stored."""
         job = await self.get(job_id)
@@ -300,7 +327,10 @@ class BulkStore:
         await self.get(job_id)
         key = keys.job_events_key(job_id)
         while True:
-            batch = await self._read_events(key, last_id, block_ms)
+            try:
+                batch = await self._read_events(key, last_id, block_ms)
+            except REDIS_ERRORS as exc:
+                raise Unavailable(f"Redis is unreachable: {exc}") from exc
             if self._streams_ended.is_set():
                 return
             for _, entries in batch or []:

@@ -21,7 +21,7 @@ import structlog
 from arq.connections import ArqRedis
 
 from vllm_srun import defaults
-from vllm_srun.errors import SrunError
+from vllm_srun.errors import SrunError, Unavailable
 from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
 from vllm_srun.plugins.surfaces import request_type
 from vllm_srun.queue import keys
@@ -40,6 +40,7 @@ from vllm_srun.queue.gateway import Ran, ResultGateway
 from vllm_srun.queue.leases import run_isolated
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.protocol import ChunkPayload
+from vllm_srun.queue.redis import REDIS_ERRORS
 from vllm_srun.queue.results import encode_result
 
 log = structlog.get_logger("vllm_srun.bulk")
@@ -97,6 +98,8 @@ class ChunkRunner:
             await self.store.mark_running(chunk.job_id)
             try:
                 lines = await self._compute(chunk, todo, job_id, crashes)
+            except (Unavailable, *REDIS_ERRORS):
+                raise  # Redis is away, not the requests wrong: the chunk runs again (worker.py)
             except Exception as exc:  # a bug must fail these requests, not stall the job
                 log.exception("chunk_failed", job=chunk.job_id, chunk=chunk.index)
                 body = error_body("forward_failed", f"{type(exc).__name__}: {exc}")

@@ -17,16 +17,18 @@ import contextlib
 import os
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import structlog
 from arq.connections import ArqRedis
 from arq.worker import func
 
 from vllm_srun import defaults
+from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
@@ -43,6 +45,11 @@ log = structlog.get_logger("vllm_srun.worker")
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TTL_S = 6.0
+# A job that meets a lost Redis tries again after this, doubling up to the maximum.
+OUTAGE_RETRY_S = 0.1
+OUTAGE_RETRY_MAX_S = 2.0
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -326,6 +333,12 @@ class DeviceWorker:
                 queue_s=max((o.queue_s for o in outcomes), default=0.0),
                 forward_s=max((o.forward_s for o in outcomes), default=0.0),
             )
+        await self._through_outage(partial(self._store_and_reply, job, encoded, reply), ctx)
+        return len(job.items)
+
+    async def _store_and_reply(
+        self, job: protocol.JobPayload, encoded: list[bytes], reply: protocol.JobReply
+    ) -> None:
         # Stored before the reply and before arq acknowledges the job: see gateway.Ran.stored.
         cache = self._cache if self._cache is not None else self.redis
         async with cache.pipeline(transaction=False) as pipe:
@@ -335,16 +348,36 @@ class DeviceWorker:
             await pipe.execute()
         if cache is not self.redis:
             await self.redis.publish(job.reply_to, protocol.encode(reply))
-        return len(job.items)
 
     async def _run_chunk(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: one chunk of a bulk job."""
         assert self._chunks is not None
         chunk = protocol.decode_chunk(payload)
-        done = await self._chunks.run(chunk, job_id=ctx["job_id"], crashes=self._crashes(ctx))
+        run = partial(self._chunks.run, chunk, job_id=ctx["job_id"], crashes=self._crashes(ctx))
+        done = await self._through_outage(run, ctx)
         # A free chunk slot: wake the workers now rather than at their next fallback poll.
-        await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
+        with contextlib.suppress(*REDIS_ERRORS):
+            await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
         return done
+
+    async def _through_outage(self, attempt: Callable[[], Awaitable[_T]], ctx: dict[str, Any]) -> _T:
+        """`attempt()`, run again (with backoff) while Redis is unreachable, until it is back.
+
+        A job that failed on a lost Redis would be lost with it: arq would finish it as failed
+        once Redis answers again. Every attempt is idempotent (results by SET of the same bytes,
+        bulk results by HSETNX), so running one again is safe. The job keeps its lease meanwhile;
+        arq's job timeout still bounds it, and a stopping worker gives up at once.
+        """
+        delay_s = OUTAGE_RETRY_S
+        while True:
+            try:
+                return await attempt()
+            except (Unavailable, *REDIS_ERRORS) as exc:
+                if self._closing:
+                    raise
+                log.warning("job_waits_for_redis", job=ctx.get("job_id"), error=str(exc))
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, OUTAGE_RETRY_MAX_S)
 
     def _crashes(self, ctx: dict[str, Any]) -> int:
         """How many times the job in `ctx` lost its lease before this run (see leases.py)."""

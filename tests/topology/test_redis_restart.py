@@ -1,0 +1,172 @@
+"""A Redis restart loses no job: `kill -9` the main Redis mid-job, restart it from its file.
+
+The main Redis runs as production runs it (an append-only file, `appendfsync everysec`); an
+app replica and a device worker run as processes against it over TCP. While a bulk job runs,
+Redis is killed with SIGKILL and started again on the same port from the same directory. The
+job must complete with every item exactly once, interactive requests must get 503
+`unavailable` during the outage and be served again after it, and neither of our processes may
+be restarted. The worker runs the keyword model on a test engine that spends a few
+milliseconds per forward, so the job is still running when Redis dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import Proc, Server, fake_distribution, free_port, start_worker, wait_healthy, write_keywords
+
+from vllm_srun.queue.redis_server import find_redis_server
+
+ENGINE = """
+import time
+
+from vllm_sr_example.engine import CountsEngine, CountsModel
+
+
+class PacedModel(CountsModel):
+    def encode(self, batch):
+        time.sleep(0.02)  # a forward's worth of time, so a job lasts long enough to interrupt
+        return super().encode(batch)
+
+
+class PacedEngine(CountsEngine):
+    auto_priority = 1  # chosen before example_counts wherever this is installed
+
+    def load(self, spec, device, dtype, host):
+        return PacedModel(int(spec.config["vocab_size"]), device, dtype)
+"""
+
+
+class DurableRedis(Proc):
+    """redis-server with an append-only file in `data`, restartable on the same port."""
+
+    def __init__(self, data: Path, port: int, log_path: Path) -> None:
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        args = [find_redis_server(), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+        args += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+        args += ["--maxmemory-policy", "noeviction"]
+        super().__init__(args, log_path)
+        deadline = time.monotonic() + 20
+        while True:  # up once it answers PING (it loads the file first)
+            try:
+                import redis
+
+                if redis.Redis(port=port, socket_timeout=1).ping():
+                    return
+            except Exception:
+                assert self.alive() and time.monotonic() < deadline, self.log()
+                time.sleep(0.05)
+
+
+@pytest.fixture
+def paced_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    fake_distribution(
+        plugins, "paced-counts", {"vllm_srun.engines": {"paced_counts": "paced_counts:PacedEngine"}}, ENGINE
+    )
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
+    )
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.stop(signal.SIGKILL)
+
+
+def lines(n: int) -> list[dict[str, Any]]:
+    return [
+        {"input": [f"{'refund ' * (1 + i % 97)}{'parcel ' * (1 + i // 97)}x"], "custom_id": f"r{i}"}
+        for i in range(n)
+    ]
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def job(url: str, job_id: str) -> dict[str, Any]:
+    r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10)
+    return dict(r.json()) if r.status_code == 200 else {"status": f"http {r.status_code}", "counts": {}}
+
+
+@pytest.mark.slow
+def test_a_redis_kill_and_restart_loses_no_job(paced_engine: None, tmp_path: Path, procs: list[Proc]) -> None:
+    data = tmp_path / "redis-data"
+    data.mkdir()
+    port = free_port()
+    redis_proc = DurableRedis(data, port, tmp_path / "redis.log")
+    procs.append(redis_proc)
+    package = write_keywords(tmp_path / "kw")
+    app = Server([str(package), "--redis", redis_proc.url], tmp_path / "app.log")
+    procs.append(app)
+    worker = start_worker(tmp_path, package, redis_proc.url)
+    procs.append(worker)
+    app.wait_ready()
+    wait_healthy(app)
+    assert app.post("/v1/classify", {"input": "refund"}).status_code == 200
+
+    n = 12_000
+    created = httpx.post(
+        f"{app.url}/v1/jobs?surface=classify",
+        content="\n".join(json.dumps(line) for line in lines(n)),
+        headers={"content-type": "application/x-ndjson"},
+        timeout=60,
+    )
+    assert created.status_code == 202, created.text
+    job_id = created.json()["id"]
+    wait_for(lambda: job(app.url, job_id)["counts"].get("done", 0) >= 1500, 60, "the job to be under way")
+    time.sleep(1.5)  # the job's creation is past the fsync second: it must survive
+
+    before = job(app.url, job_id)
+    redis_proc.stop(signal.SIGKILL)
+    assert before["counts"]["done"] < n, "killed while the job still ran"
+    during = httpx.get(f"{app.url}/v1/jobs/{job_id}", timeout=10)
+    assert during.status_code == 503 and during.json()["error"]["code"] == "unavailable", during.text
+    for text in ("refund during the outage", "parcel during the outage"):
+        started = time.monotonic()
+        down = app.post("/v1/classify", {"input": text})
+        assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable", down.text
+        assert time.monotonic() - started < 5
+    time.sleep(2)
+
+    redis_proc = DurableRedis(data, port, tmp_path / "redis-again.log")
+    procs.append(redis_proc)
+
+    def served() -> bool:
+        return app.post("/v1/classify", {"input": "invoice after the restart"}).status_code == 200
+
+    wait_for(served, 30, "interactive requests to be served again")
+    wait_for(lambda: job(app.url, job_id)["status"] == "completed", 120, "the job to complete")
+    status = job(app.url, job_id)
+    assert status["counts"]["total"] == n and status["counts"]["done"] == n, status
+    assert status["counts"]["failed"] == 0, status
+    stored = httpx.get(
+        f"{app.url}/v1/jobs/{job_id}/results?limit=100000",
+        headers={"accept": "application/x-ndjson"},
+        timeout=60,
+    ).content.splitlines()
+    results = [json.loads(line) for line in stored]
+    assert [r["index"] for r in results] == list(range(n)), "every item once, in order"
+    assert [r["custom_id"] for r in results] == [f"r{i}" for i in range(n)]
+    assert all("response" in r for r in results)
+    assert app.alive() and worker.alive(), "no process of ours was restarted"
+    assert "unhandled_error" not in app.log(), "the outage was 503s, not 500s"
+    assert app.post("/v1/classify", {"input": "charge"}).json()["results"][0]["label"] == "billing"
