@@ -15,7 +15,8 @@ def topology(tmp_path: Path) -> Iterator[Callable[..., Topology]]:
     made: list[Topology] = []
 
     def make(package: Path, *, worker_args: tuple[str, ...] = (), app_args: tuple[str, ...] = ()) -> Topology:
-        redis = RedisProcess(tmp_path / "redis.log", maxmemory="256mb")
+        # The main Redis holds queues and job state: it must not evict (the cache may, apart).
+        redis = RedisProcess(tmp_path / "redis.log")
         apps = [
             Server([str(package), "--redis", redis.url, *app_args], tmp_path / f"app-{i}.log")
             for i in range(2)
