@@ -122,3 +122,19 @@ def test_bad_input_raises_the_client_s_errors(client: cohere.ClientV2) -> None:
     assert client.rerank(model=MODEL, query=QUERY, documents=DOCUMENTS, priority=1).results
     with pytest.raises(cohere.NotFoundError):
         client.rerank(model="rerank-english-v2.0", query=QUERY, documents=DOCUMENTS)
+
+
+def test_scores_equal_sentence_transformers_cross_encoder(client: cohere.ClientV2, package: Path) -> None:
+    """The reference a user compares against: sentence-transformers' CrossEncoder on the same
+    package (sigmoid of the one-label logit), within 1e-4."""
+    from sentence_transformers import CrossEncoder
+
+    reference = CrossEncoder(str(package), device="cpu")
+    want = reference.predict([(QUERY, d) for d in DOCUMENTS])
+    answer = client.rerank(model=MODEL, query=QUERY, documents=DOCUMENTS)
+    for result in answer.results:
+        assert math.isclose(result.relevance_score, float(want[result.index]), abs_tol=1e-4), (
+            result.index,
+            result.relevance_score,
+            float(want[result.index]),
+        )
