@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import structlog
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi import ResponseSpec
 
 from vllm_srun.errors import SrunError
 
@@ -34,6 +36,46 @@ _HTTP_CODES = {
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
+class ErrorDetail(msgspec.Struct):
+    """What went wrong: the runtime's `code` and `message`, OpenAI's `type` and `param`."""
+
+    code: str
+    message: str
+    type: str
+    param: str | None
+
+
+class ErrorResponse(msgspec.Struct):
+    """Every error this app answers outside the TEI-shaped routes."""
+
+    error: ErrorDetail
+
+
+# The statuses a route may answer with an error body, and why; the OpenAPI document lists
+# them on every route (see `documented`), so a generated client knows the body of each.
+ERROR_STATUSES = {
+    400: "The request is malformed or fails validation (invalid_request)",
+    401: "An API key is required and was missing or wrong (unauthorized)",
+    404: "No such model or job (model_not_found, job_not_found, not_found)",
+    413: "The body, or the number of inputs, is larger than allowed (request_too_large)",
+    422: "The model does not serve this surface (unsupported_surface)",
+    429: "The queue is full (overloaded); Retry-After says when to try again",
+    500: "The server failed this request (internal_error)",
+    503: "The model is not ready, or Redis is unavailable (not_ready, unavailable)",
+}
+
+
+def error_specs(body: type[Any], statuses: dict[int, str] = ERROR_STATUSES) -> dict[int, ResponseSpec]:
+    """The OpenAPI response of each error status, each with `body` as its JSON schema."""
+    return {
+        status: ResponseSpec(body, description=description, generate_examples=False)
+        for status, description in statuses.items()
+    }
+
+
+ERROR_RESPONSES = error_specs(ErrorResponse)
+
+
 def error_type(status: int) -> str:
     """OpenAI's `type` for an error of this HTTP status."""
     return _OPENAI_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
@@ -47,8 +89,9 @@ def error_response(
     *,
     param: str | None = None,
 ) -> Response[Any]:
+    body = ErrorResponse(ErrorDetail(code=code, message=message, type=error_type(status), param=param))
     return Response(
-        {"error": {"code": code, "message": message, "type": error_type(status), "param": param}},
+        msgspec.to_builtins(body),
         status_code=status,
         media_type=MediaType.JSON,
         headers=headers or {},

@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Response, get
 from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
 
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import SrunError
@@ -30,7 +31,14 @@ def failures(runtime: Runtime) -> dict[str, str]:
     return {name: s.reason for name, s in runtime.models.items() if s.reason}
 
 
-@get("/health", summary="Readiness: 200 only when every model is ready", opt={"public": True})
+@get(
+    "/health",
+    summary="Readiness: 200 only when every model is ready",
+    opt={"public": True},
+    responses={
+        503: ResponseSpec(dict[str, Any], description="Not ready: the same body", generate_examples=False)
+    },
+)
 async def health(state: State) -> Response[dict[str, Any]]:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)

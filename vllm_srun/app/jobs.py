@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
@@ -38,6 +40,22 @@ class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
     requests: list[dict[str, Any]]
     model: str | None = None
     on_error: OnError | None = None  # None: the query's on_error (default reject)
+
+
+@dataclass
+class CreateJobOperation(Operation):
+    """POST /v1/jobs reads its body itself (JSON or JSONL, by content type), so Litestar sees no
+    body to document; this documents both: the JSON body is `JobRequest`'s own schema, as
+    msgspec (which decodes it) writes it, and JSONL is one surface request per line."""
+
+    def __post_init__(self) -> None:
+        (job,), components = msgspec.json.schema_components([JobRequest])
+        content = {"application/json": OpenAPIMediaType(schema=components[job["$ref"].rpartition("/")[2]])}
+        # Its other names (application/jsonl, application/json-lines) are taken the same way.
+        content[NDJSON_TYPES[0]] = OpenAPIMediaType(
+            schema=Schema(type=OpenAPIType.STRING, description="One surface request (a JSON object) per line")
+        )
+        self.request_body = RequestBody(content=content, required=True)
 
 
 _AT_PATH = re.compile(r"(?s)(.*) - at `\$\.?(.+)`")
@@ -227,5 +245,6 @@ def job_routes(max_job_bytes: int) -> list[Any]:
         summary="Create a bulk job (JSON or JSONL)",
         status_code=202,
         request_max_body_size=max_job_bytes,
+        operation_class=CreateJobOperation,
     )(create_job)
     return [create, job_status, cancel_job, job_results, job_events]

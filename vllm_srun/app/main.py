@@ -24,16 +24,18 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_srun import __version__, defaults
-from vllm_srun.app.errors import EXCEPTION_HANDLERS
+from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
 from vllm_srun.app.routes.tei_info import info as tei_info
 from vllm_srun.app.routes.tei_root import root as tei_root
+from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
 from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
 from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
+from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
@@ -67,6 +69,17 @@ TEI_ROUTES = [
 # The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
 # body limit that is a setting, so `create_app` adds both.
 OWN_ROUTES = [list_models, retrieve_model, health, live, metrics, *TEI_ROUTES]
+
+
+def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
+    """`handlers`, each listing in the OpenAPI document the error body of every status its
+    exception handlers answer: TEI's on the routes that answer in TEI's shape, the app's own
+    elsewhere (both replace Litestar's `{status_code, detail}`, which this app never sends).
+    A response a handler declares itself (a 503 with another body) is kept."""
+    for handler in handlers:
+        tei = TeiError in (handler.exception_handlers or {})
+        handler.responses = {**(TEI_RESPONSES if tei else ERROR_RESPONSES), **(handler.responses or {})}
+    return handlers
 
 
 def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:
@@ -169,7 +182,10 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
 
     max_job_bytes = settings.max_job_bytes if settings else ServerSettings.max_job_bytes
     return Litestar(
-        route_handlers=[*surface_routes(surfaces), *OWN_ROUTES, *job_routes(max_job_bytes), openapi_document],
+        route_handlers=[
+            *documented([*surface_routes(surfaces), *OWN_ROUTES, *job_routes(max_job_bytes)]),
+            openapi_document,
+        ],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_paths(surfaces))],
@@ -177,6 +193,7 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
         state=State({}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
         openapi_config=OpenAPIConfig(title="vllm-srun", version=__version__, path="/docs"),
+        plugins=[StrictStructSchemaPlugin()],
         logging_config=None,
         debug=False,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from litestar import Response, get
+from litestar import MediaType, Response, get
 from litestar.datastructures import State
 
 from vllm_srun.app.runtime import Runtime
@@ -10,7 +10,7 @@ from vllm_srun.queue import keys
 from vllm_srun.queue.redis import REDIS_ERRORS
 
 
-@get("/metrics", summary="Prometheus metrics", include_in_schema=True)
+@get("/metrics", summary="Prometheus metrics", media_type=MediaType.TEXT, include_in_schema=True)
 async def metrics(state: State) -> Response[bytes]:
     runtime: Runtime = state.runtime
     for name in runtime.models:
@@ -20,4 +20,6 @@ async def metrics(state: State) -> Response[bytes]:
             continue
         runtime.stats.record_queue_depth(model=name, depth=int(depth))
     body, content_type = runtime.stats.render()
-    return Response(body, media_type=content_type)
+    # Litestar appends `charset=utf-8` to every text/* type; one the renderer names too repeats it.
+    params = [p for p in content_type.split(";") if not p.strip().lower().startswith("charset=")]
+    return Response(body, media_type=";".join(params))

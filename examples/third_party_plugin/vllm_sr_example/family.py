@@ -160,8 +160,11 @@ class KeywordModel(LoadedModel):
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _item(self, text: str, options: Options) -> tuple[WorkItem | ItemError, InputInfo]:
-        ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
+    def _item(self, text: str | list[int], options: Options) -> tuple[WorkItem | ItemError, InputInfo]:
+        if isinstance(text, list):  # token ids (OpenAI's embeddings input): ours, unknown ones 0
+            ids = [i if 0 < i <= len(self.ids) else 0 for i in text]
+        else:
+            ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
         info = InputInfo(tokens=len(ids), processed_tokens=len(ids))
         if len(ids) > self.max_tokens:
             if options.overflow == "reject":

@@ -18,7 +18,7 @@ import structlog
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 
-from vllm_srun.app.errors import handle_http_error
+from vllm_srun.app.errors import error_specs, handle_http_error
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import (
     InvalidRequest,
@@ -62,6 +62,21 @@ class TeiError(Exception):
 class TeiErrorBody(msgspec.Struct):
     error: str
     error_type: str
+
+
+# The statuses a TEI-shaped route answers with `TeiErrorBody`, and why (see the module docstring).
+TEI_STATUSES = {
+    400: "An empty batch (empty)",
+    401: "An API key is required and was missing or wrong (validation)",
+    404: "No such model (validation)",
+    413: "Too many inputs, or an input over the limit without truncation (validation)",
+    422: "The body does not decode, or its content is refused (validation, tokenizer)",
+    424: "The model cannot do this, or its forward failed (backend)",
+    429: "The queue is full (overloaded)",
+    500: "The server failed this request (backend)",
+    503: "The model is not ready (unhealthy)",
+}
+TEI_RESPONSES = error_specs(TeiErrorBody, TEI_STATUSES)
 
 
 def _tei(status: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> Response[Any]:
