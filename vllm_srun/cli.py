@@ -12,7 +12,7 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm_srun import defaults
 from vllm_srun.errors import SrunError
@@ -321,7 +321,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
     shared = _shared_settings(args)
-    stopped = False
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
@@ -356,24 +355,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=GRACEFUL_STOP_S,
         )
         # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
-        # start. The default one would end the process before `finally` stops Redis.
-        signal.signal(signal.SIGTERM, _raise_stopped)
+        # start. The default one would end the process before Redis is stopped.
+        signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis))
         _stopping_server(config, partial(stop_serving, app)).run()
-        return 0
-    except _Stopped:
-        stopped = True
         return 0
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
         return 130
     finally:
         if embedded_redis is not None:
             embedded_redis.stop()
-        if stopped:
-            _exit_now(0)
 
 
-class _Stopped(Exception):
-    """SIGTERM, after uvicorn's graceful shutdown."""
+def _stopped(embedded_redis: Any, signum: int, frame: Any) -> None:
+    """SIGTERM, raised again by uvicorn once its graceful shutdown is done and the app's
+    lifespan has closed: stop the embedded Redis and exit now. Leaving through asyncio.run
+    instead would first join every thread of its default executor (a model still loading, a
+    large request still tokenizing), for as long as they take."""
+    if embedded_redis is not None:
+        embedded_redis.stop()
+    _exit_now(0)
 
 
 def _stopping_server(config: Any, on_stop: Any) -> Any:
@@ -389,7 +389,7 @@ def _stopping_server(config: Any, on_stop: Any) -> Any:
     return StoppingServer(config)
 
 
-def _exit_now(code: int) -> None:
+def _exit_now(code: int) -> NoReturn:
     """End a stopped `serve` or `worker` now. Everything it holds is released by then (leases
     given back, connections closed, Redis stopped); what is left is a forward thread that may be
     midway through a batch nobody waits for, and the interpreter would join it before exiting."""
@@ -399,10 +399,6 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise _Stopped
 
 
 async def _run_worker(settings: Any, metrics_port: int | None) -> int:
@@ -427,7 +423,7 @@ async def _run_worker(settings: Any, metrics_port: int | None) -> int:
     print(f"worker ready: {', '.join(ready)}", file=sys.stderr, flush=True)
     await stop.wait()
     await serving.close()
-    return 0
+    _exit_now(0)  # not through asyncio.run's end, which joins its executor's threads: see _stopped
 
 
 def _stats(plugins: Any, metrics_port: int | None) -> Any:
@@ -473,11 +469,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:  # the event loop the server gets from uvicorn when uvloop is installed
         import uvloop
     except ImportError:
-        code = asyncio.run(_run_worker(settings, args.metrics_port))
-    else:
-        code = uvloop.run(_run_worker(settings, args.metrics_port))
-    _exit_now(code)  # see _exit_now: a forward in progress must not hold the stop
-    return code
+        return asyncio.run(_run_worker(settings, args.metrics_port))
+    return uvloop.run(_run_worker(settings, args.metrics_port))
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
