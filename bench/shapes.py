@@ -25,6 +25,7 @@ from bench.corpus import warm_texts
 from vllm_srun.client import TERMINAL, AsyncClient, next_offset
 
 REQUEST_TIMEOUT_S = 120.0
+EMBEDDINGS = "/v1/embeddings"  # another server's OpenAI-shaped route is passed as `path`
 JOB_POLL_S = 0.05
 IDLE_HITS = 128
 
@@ -87,17 +88,22 @@ def _hit(body: dict[str, Any]) -> bool:
 
 
 async def embed(
-    client: http1.Client, texts: list[str], encoding: str, out: Outcome, hits: Outcome | None = None
+    client: http1.Client,
+    texts: list[str],
+    encoding: str,
+    out: Outcome,
+    hits: Outcome | None = None,
+    path: str = EMBEDDINGS,
 ) -> bool:
-    """One POST /v1/embeddings, timed and checked into `out`. With `hits`, the request asks for
-    `meta`, and a cache hit's latency and Server-Timing are recorded in `hits` as well."""
+    """One POST to `path` (/v1/embeddings), timed and checked into `out`. With `hits`, the request
+    asks for `meta`, and a cache hit's latency and Server-Timing are recorded in `hits` as well."""
     body: dict[str, Any] = {"input": texts, "encoding_format": encoding}
     if hits is not None:
         body["options"] = {"return_meta": True}
     started = time.perf_counter()
     try:
         response = await client.post(
-            "/v1/embeddings", content=msgspec.json.encode(body), headers={"content-type": "application/json"}
+            path, content=msgspec.json.encode(body), headers={"content-type": "application/json"}
         )
     except http1.HTTPError as exc:
         out.fail(len(texts), str(exc))
@@ -161,7 +167,12 @@ def batch_summary(before: dict[str, float], after: dict[str, float], seconds: fl
 
 
 async def _closed_loop(
-    url: str, batches: list[list[str]], concurrency: int, encoding: str, deadline: float
+    url: str,
+    batches: list[list[str]],
+    concurrency: int,
+    encoding: str,
+    deadline: float,
+    path: str = EMBEDDINGS,
 ) -> Outcome:
     out = Outcome()
     queue = iter(batches)
@@ -172,7 +183,7 @@ async def _closed_loop(
                 if time.monotonic() > deadline:
                     out.extra["stopped_at_deadline"] = True
                     return
-                await embed(client, batch, encoding, out)
+                await embed(client, batch, encoding, out, path=path)
 
         cpu, started = time.process_time(), time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
@@ -180,23 +191,34 @@ async def _closed_loop(
     return out
 
 
-async def warm(url: str, concurrency: int, encoding: str, round_: int) -> None:
+async def warm(url: str, concurrency: int, encoding: str, round_: int, path: str = EMBEDDINGS) -> None:
     """Traffic on texts that no shape measures: the code paths, connections and batch shapes."""
     texts = warm_texts(max(64, 2 * concurrency), round_=round_)
     deadline = time.monotonic() + 120
-    await _closed_loop(url, [[t] for t in texts], concurrency, encoding, deadline)
-    await _closed_loop(url, [texts[i : i + 64] for i in range(0, len(texts), 64)], 4, encoding, deadline)
+    await _closed_loop(url, [[t] for t in texts], concurrency, encoding, deadline, path)
+    batches = [texts[i : i + 64] for i in range(0, len(texts), 64)]
+    await _closed_loop(url, batches, 4, encoding, deadline, path)
 
 
 async def closed_loop(
-    url: str, texts: list[str], *, concurrency: int, per_request: int, encoding: str, timeout_s: float
+    url: str,
+    texts: list[str],
+    *,
+    concurrency: int,
+    per_request: int,
+    encoding: str,
+    timeout_s: float,
+    path: str = EMBEDDINGS,
 ) -> Outcome:
-    """`concurrency` callers, each sending `per_request` texts per request until none are left."""
-    await warm(url, concurrency, encoding, round_=concurrency * 1000 + per_request)
+    """`concurrency` callers, each sending `per_request` texts per request until none are left.
+    The batch counters come from vllm-srun's /metrics: only when `path` is its own route."""
+    await warm(url, concurrency, encoding, round_=concurrency * 1000 + per_request, path=path)
     batches = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
-    before = await batch_counters(url)
-    out = await _closed_loop(url, batches, concurrency, encoding, time.monotonic() + timeout_s)
-    out.extra["server_batches"] = batch_summary(before, await batch_counters(url), out.seconds)
+    ours = path == EMBEDDINGS
+    before = await batch_counters(url) if ours else {}
+    out = await _closed_loop(url, batches, concurrency, encoding, time.monotonic() + timeout_s, path)
+    if ours:
+        out.extra["server_batches"] = batch_summary(before, await batch_counters(url), out.seconds)
     return out
 
 
