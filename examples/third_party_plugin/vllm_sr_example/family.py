@@ -181,7 +181,7 @@ class KeywordModel(LoadedModel):
         if surface == "classify":
             texts = [p.text + (" " + p.text_pair if p.text_pair else "") for p in texts_of(request.input)]
         elif surface == "embeddings":
-            texts = [request.input] if isinstance(request.input, str) else list(request.input)
+            texts = request.inputs()
             if request.dimensions is not None and request.dimensions > len(self.ids):
                 raise InvalidRequest(f"dimensions: at most {len(self.ids)} for this model")
         elif surface == "rerank":

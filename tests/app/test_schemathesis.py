@@ -1,0 +1,105 @@
+"""The server agrees with its own OpenAPI document: schemathesis, every check, against real
+servers on cheap fixtures (the example keyword model; a tiny random BERT embedder, which has
+a tokenizer for the TEI /tokenize and /decode routes), over the document they serve.
+
+Two checks run with statuses of their own, each for a stated reason; everything else is
+schemathesis's default.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from helpers import Server, write_keywords
+
+pytest.importorskip("schemathesis")
+
+# Bounded so the whole module stays well under two minutes on two cores. (Not --max-time:
+# schemathesis keeps fuzzing until a time budget is spent.)
+MAX_EXAMPLES = 20
+TIMEOUT_S = 120
+
+# Not fuzzed: an event stream stays open until its job ends, so each case would wait out
+# the request timeout instead of testing anything.
+EXCLUDED_PATHS = r"/events$"
+
+CONFIG = """
+[checks.positive_data_acceptance]
+# A request the document allows may still be refused for what only the served model knows:
+# a surface, an option (overflow "window") or a tokenizer it lacks (422 unsupported_surface,
+# 400 invalid_request, TEI's 424), or an input it cannot take (TEI's empty batch, 400).
+# Each of those answers is documented, and its body is checked against the document.
+expected-statuses = ["2xx", "400", "401", "404", "409", "413", "422", "424", "429"]
+
+[checks.negative_data_rejection]
+# Bodies decode leniently by design, as msgspec's strict=False does (Litestar's default):
+# "4" for an integer and 0 or "true" for a boolean are accepted, so a case schemathesis makes
+# invalid by such a type alone is answered 200. Every other refusal is a documented 4xx.
+expected-statuses = ["2xx", "400", "401", "404", "405", "406", "409", "413", "415", "422", "424", "429"]
+"""
+
+
+def schemathesis_run(server: Server, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG)
+    st = shutil.which("st") or shutil.which("schemathesis")
+    command = [st] if st else [sys.executable, "-m", "schemathesis.cli"]
+    return subprocess.run(
+        [
+            *command,
+            "--config-file",
+            str(config),
+            "--no-color",
+            "run",
+            f"{server.url}/openapi.json",
+            "--checks",
+            "all",
+            "--max-examples",
+            str(MAX_EXAMPLES),
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--exclude-path-regex",
+            EXCLUDED_PATHS,
+            "--workers",
+            "2",
+            "--seed",
+            "1",
+            "--generation-database",
+            "none",
+            "--request-timeout",
+            "30",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        cwd=tmp_path,
+    )
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    root = tmp_path_factory.mktemp("pkgs")
+    return {
+        "keywords": write_keywords(root / "kw"),
+        "embedder": write_fixture(root / "emb", variant="bert-embedding"),
+    }
+
+
+@pytest.mark.parametrize("model", ["keywords", "embedder"])
+def test_server_agrees_with_its_document(
+    model: str,
+    packages: dict[str, Path],
+    module_server: Callable[..., Server],
+    tmp_path: Path,
+) -> None:
+    server = module_server(str(packages[model]), "--served-model-name", model)
+    result = schemathesis_run(server, tmp_path)
+    assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-4000:]
+    assert "passed" in result.stdout, result.stdout[-4000:]
