@@ -35,6 +35,9 @@ __all__ = ["QueueClient", "Submission"]
 log = structlog.get_logger("vllm_srun.queue")
 
 FALLBACK_POLL_S = 1.0
+# The reply subscription, once lost, is tried again after this, doubling up to the maximum.
+RESUBSCRIBE_S = 0.1
+RESUBSCRIBE_MAX_S = 2.0
 WORKER_CHECK_TTL_S = 1.0
 
 
@@ -101,19 +104,27 @@ class QueueClient:
     async def _listen(self) -> None:
         # The loops check `_closing` as well as being cancelled: redis-py can swallow a
         # cancellation that lands while it reads, and the listener would never end.
+        # Lost (Redis restarted, a failover): subscribe again, sooner than a fixed poll would
+        # and without hammering a Redis that is still down; one warning per outage.
+        delay_s = RESUBSCRIBE_S
         while not self._closing:
             pubsub = self._subscriber.pubsub()
             try:
                 await pubsub.subscribe(self._reply_channel)
                 self._subscribed.set()
+                if delay_s > RESUBSCRIBE_S:
+                    log.info("reply_channel_back")
+                delay_s = RESUBSCRIBE_S
                 while not self._closing:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._on_reply(message["data"])
             except REDIS_ERRORS as exc:
                 self._subscribed.clear()
-                log.warning("reply_channel_lost", error=str(exc))
-                await asyncio.sleep(0.5)
+                if delay_s == RESUBSCRIBE_S:
+                    log.warning("reply_channel_lost", error=str(exc))
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
             finally:
                 with contextlib.suppress(*REDIS_ERRORS):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

@@ -76,13 +76,19 @@ class LeaseKeeper:
         self._stopping = True
 
     async def run(self) -> None:
+        # Every `renew_s` even while Redis is away (no backoff): once it is back, the leases of
+        # work still running here must be renewed before any reaper finds them lapsed.
+        failing = False
         while not self._stopping:
             try:
                 requeued = await self.beat()
+                failing = False
                 if requeued:
                     log.warning("leases_lapsed", jobs=requeued)
             except REDIS_ERRORS as exc:
-                log.warning("lease_renewal_failed", error=str(exc))
+                if not failing:  # one warning per outage
+                    log.warning("lease_renewal_failed", error=str(exc))
+                failing = True
             await asyncio.sleep(self.renew_s)
 
     async def beat(self) -> list[str]:

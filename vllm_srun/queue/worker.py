@@ -45,6 +45,8 @@ log = structlog.get_logger("vllm_srun.worker")
 
 HEARTBEAT_S = 2.0
 HEARTBEAT_TTL_S = 6.0
+# A poller that lost Redis reconnects after this, doubling up to its fallback poll interval.
+RECONNECT_S = 0.1
 # A job that meets a lost Redis tries again after this, doubling up to the maximum.
 OUTAGE_RETRY_S = 0.1
 OUTAGE_RETRY_MAX_S = 2.0
@@ -103,6 +105,9 @@ class _WakeablePoller:
         pubsub = subscriber.pubsub()
         subscribed = False
         channels = [self.wake_channel] + ([self.cancel_channel] if self.cancel_channel else [])
+        # Redis lost (restarted, a failover): reconnect and subscribe again, with backoff up to
+        # the fallback poll's interval; one warning per outage.
+        delay_s = RECONNECT_S
         try:
             while not self._stopping:
                 try:
@@ -110,6 +115,9 @@ class _WakeablePoller:
                         await pubsub.subscribe(*channels)
                         subscribed = True
                     await worker.poll()
+                    if delay_s > RECONNECT_S:
+                        log.info("redis_reachable_again", queue=worker.queue_name)
+                    delay_s = RECONNECT_S
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=worker.poll_delay_s
                     )
@@ -117,11 +125,13 @@ class _WakeablePoller:
                         self._handle(message)
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
                 except REDIS_ERRORS as exc:
-                    log.warning("redis_unreachable", queue=worker.queue_name, error=str(exc))
+                    if delay_s == RECONNECT_S:
+                        log.warning("redis_unreachable", queue=worker.queue_name, error=str(exc))
                     subscribed = False
                     with contextlib.suppress(*REDIS_ERRORS):
                         await pubsub.reset()
-                    await asyncio.sleep(worker.poll_delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, max(worker.poll_delay_s, RECONNECT_S))
         finally:
             with contextlib.suppress(*REDIS_ERRORS):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
@@ -289,11 +299,15 @@ class DeviceWorker:
         self._pollers.clear()
 
     async def _heartbeat(self) -> None:
+        failing = False
         while not self._closing:  # see _WakeablePoller.stop: a cancellation alone may be lost
             try:
                 await self._beat()
+                failing = False
             except REDIS_ERRORS as exc:
-                log.warning("heartbeat_failed", error=str(exc))
+                if not failing:  # one warning per outage
+                    log.warning("heartbeat_failed", error=str(exc))
+                failing = True
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _beat(self) -> None:
