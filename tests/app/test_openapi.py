@@ -20,3 +20,55 @@ def test_document_describes_every_surface() -> None:
         assert path in doc["paths"], path
     schemas = doc["components"]["schemas"]
     assert "ClassifyRequest" in schemas and "EmbeddingsResponse" in schemas
+
+
+def test_question_types_agree_with_the_parser() -> None:
+    """The document's question types (decision_surface.QuestionBody) accept what
+    parse_question accepts and refuse what it refuses, on each kind of question."""
+    import msgspec
+    import pytest
+
+    from vllm_srun.plugins.decision_surface import QuestionBody, QuestionInvalid, parse_question
+
+    accepted = [
+        {"type": "choice", "instructions": "Topic?", "criteria": {"a": "about A", "b": "about B"}},
+        {
+            "type": "choice",
+            "instructions": "Topic?",
+            "choices": [{"key": "a", "description": "A"}, {"key": "b", "description": "B"}],
+        },
+        {"type": "noul", "instructions": "Is it polite?"},
+        {"type": "noul", "instructions": "Is it polite?", "criteria": {"true": "polite"}},
+        {"type": "score", "instructions": "How polite?", "levels": ["rude", "neutral", "polite"]},
+    ]
+    refused = [
+        {"type": "score", "instructions": "How polite?", "levels": ["only one"]},
+        {"type": "noul", "instructions": "Is it polite?", "criteria": None},
+        {"type": "noul", "instructions": "   "},
+        {"type": "noul", "instructions": "Is it polite?", "levels": ["a", "b"]},
+        {"type": "choice", "instructions": "Topic?", "criteria": {"a": "only one"}},
+        {"type": "ask", "instructions": "Topic?"},
+    ]
+    for raw in accepted:
+        msgspec.convert(raw, QuestionBody)
+        parse_question("q", raw, "questions.q")
+    for raw in refused:
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert(raw, QuestionBody)
+        with pytest.raises(QuestionInvalid):
+            parse_question("q", raw, "questions.q")
+
+
+def test_document_types_questions_and_job_bodies() -> None:
+    import json
+
+    doc = json.loads(document_text())
+    questions = doc["components"]["schemas"]["DecisionsRequest"]["properties"]["questions"]
+    kinds = [q["properties"]["type"]["enum"] for q in questions["additionalProperties"]["anyOf"]]
+    assert kinds == [["choice"], ["noul"], ["score"]]
+    create = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert create["application/json"]["schema"]["required"] == ["surface", "requests"]
+    assert "application/x-ndjson" in create
+    error = doc["paths"]["/v1/classify"]["post"]["responses"]["404"]["content"]["application/json"]["schema"]
+    assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert "text/plain" in doc["paths"]["/metrics"]["get"]["responses"]["200"]["content"]

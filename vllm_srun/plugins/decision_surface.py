@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,12 +33,88 @@ ANSWER_FIELDS = ("answer", "response")
 
 StateValue = str | dict[str, Any]
 
+# -- questions as the OpenAPI document describes them ------------------------------------------
+#
+# A request's questions stay raw JSON until `parse_question` validates each one alone (so one
+# bad question fails alone); these types say what it accepts, for the document and clients.
+
+# What `_text_field` takes: a string with something other than whitespace in it.
+Text = Annotated[str, msgspec.Meta(pattern=r"\S")]
+Unset = msgspec.UnsetType  # a field that may be left out, but not given as null
+
+
+class ChoiceOption(msgspec.Struct, forbid_unknown_fields=True):
+    key: Text
+    description: Text
+
+
+class ChoiceQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="choice", tag_field="type"):
+    """Picks one option: exactly one of `criteria` ({key: description}) or `choices` (said
+    here only: a JSON schema of a tagged union cannot say it)."""
+
+    instructions: Text
+    criteria: (
+        Annotated[dict[Text, Text], msgspec.Meta(min_length=MIN_CHOICES, max_length=MAX_CHOICES)] | Unset
+    ) = msgspec.UNSET
+    choices: (
+        Annotated[list[ChoiceOption], msgspec.Meta(min_length=MIN_CHOICES, max_length=MAX_CHOICES)] | Unset
+    ) = msgspec.UNSET
+
+
+class NoulCriteria(msgspec.Struct, forbid_unknown_fields=True):
+    """What "true" and "false" mean; either may be left out."""
+
+    true: Text | Unset = msgspec.UNSET
+    false: Text | Unset = msgspec.UNSET
+
+
+class NoulQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="noul", tag_field="type"):
+    instructions: Text
+    criteria: NoulCriteria | Unset = msgspec.UNSET
+
+
+class ScoreQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="score", tag_field="type"):
+    instructions: Text
+    levels: Annotated[list[Text], msgspec.Meta(min_length=MIN_LEVELS, max_length=MAX_LEVELS)]
+
+
+QuestionBody = ChoiceQuestion | NoulQuestion | ScoreQuestion
+
+
+def _inlined(kind: Any) -> dict[str, Any]:
+    """`kind`'s JSON schema as msgspec writes it, with its `$defs` put in place of their refs
+    (a schema inside another document cannot point at its own root)."""
+    schema = msgspec.json.schema(kind)
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            own = {k: inline(v) for k, v in node.items() if k not in ("$ref", "discriminator")}
+            if ref.startswith("#/$defs/"):
+                return {**inline(defs[ref.removeprefix("#/$defs/")]), **own}
+            return own
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    inlined: dict[str, Any] = inline(schema)
+    return inlined
+
+
+# `questions` as the document shows it: {id: a choice, noul or score question}. Litestar reads
+# `extra` from a field's `extra_json_schema` into the field's schema.
+Questions = Annotated[
+    dict[str, Any],
+    msgspec.Meta(extra_json_schema={"extra": {"additional_properties": _inlined(QuestionBody)}}),
+]
+
 
 class StateQuestions(msgspec.Struct, forbid_unknown_fields=True):
     """One named extra state of a request and the questions asked about it."""
 
     state: StateValue
-    questions: dict[str, Any]
+    questions: Questions
 
 
 class DecisionsRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -49,7 +125,7 @@ class DecisionsRequest(msgspec.Struct, forbid_unknown_fields=True):
     """
 
     state: StateValue | None = None
-    questions: dict[str, Any] = msgspec.field(default_factory=dict)
+    questions: Questions = msgspec.field(default_factory=dict)
     states: dict[str, StateQuestions] | None = None
     model: str | None = None
     options: Options = msgspec.field(default_factory=Options)
