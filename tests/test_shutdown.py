@@ -170,7 +170,7 @@ def test_serve_stops_on_sigterm_after_load(slow_engine: None, tmp_path: Path, pr
     assert codes == {200: 2000}, codes
     held = Held(server.url)
     in_flight = held.slow_request()
-    time.sleep(0.5)  # taken by the worker of this process, its forward now sleeping
+    time.sleep(1.5)  # sent, and queued behind the job's sleeping forward
     stop(server)
     assert held.stream_ended.is_set(), "the event stream was ended, not left open"
     answer = in_flight.result(timeout=5)
