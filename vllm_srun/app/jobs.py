@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.openapi import ResponseSpec
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
@@ -35,8 +36,12 @@ EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 BAD_JSON = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
+# The surfaces bulk jobs take, as the document lists them (`REGISTRY.for_jobs` refuses others).
+JOB_SURFACES = [surface.name for surface in REGISTRY if surface.bulk]
+
+
 class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
-    surface: str
+    surface: Annotated[str, msgspec.Meta(extra_json_schema={"enum": JOB_SURFACES})]
     requests: list[dict[str, Any]]
     model: str | None = None
     on_error: OnError | None = None  # None: the query's on_error (default reject)
@@ -56,6 +61,16 @@ class CreateJobOperation(Operation):
             schema=Schema(type=OpenAPIType.STRING, description="One surface request (a JSON object) per line")
         )
         self.request_body = RequestBody(content=content, required=True)
+
+
+class JobResults(msgspec.Struct):
+    """A page of a job's results as JSON (`job_results` writes it from the stored lines)."""
+
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    offset: int
+    total: int
+    has_more: bool
 
 
 _AT_PATH = re.compile(r"(?s)(.*) - at `\$\.?(.+)`")
@@ -133,7 +148,9 @@ def _validate(
 async def create_job(
     request: Request[Any, Any, Any],
     state: State,
-    surface: Annotated[str | None, QueryParameter(name="surface")] = None,
+    surface: Annotated[
+        str | None, QueryParameter(name="surface", schema_extra={"enum": JOB_SURFACES})
+    ] = None,
     model: Annotated[str | None, QueryParameter(name="model")] = None,
     on_error: Annotated[OnError, QueryParameter(name="on_error")] = "reject",
     idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
@@ -191,7 +208,11 @@ async def cancel_job(job_id: FromPath[str], state: State) -> JobStatus:
     return await runtime.bulk.cancel(job_id)
 
 
-@get("/v1/jobs/{job_id:str}/results", summary="Results in input order (JSON, or JSONL by Accept)")
+@get(
+    "/v1/jobs/{job_id:str}/results",
+    summary="Results in input order (JSON, or JSONL by Accept)",
+    responses={200: ResponseSpec(JobResults, description="A page of results", generate_examples=False)},
+)
 async def job_results(
     job_id: FromPath[str],
     request: Request[Any, Any, Any],
@@ -246,5 +267,12 @@ def job_routes(max_job_bytes: int) -> list[Any]:
         status_code=202,
         request_max_body_size=max_job_bytes,
         operation_class=CreateJobOperation,
+        responses={
+            200: ResponseSpec(
+                JobStatus,
+                description="The job an earlier request with this Idempotency-Key created",
+                generate_examples=False,
+            )
+        },
     )(create_job)
     return [create, job_status, cancel_job, job_results, job_events]
