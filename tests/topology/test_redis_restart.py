@@ -21,8 +21,20 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import Proc, Server, fake_distribution, free_port, start_worker, wait_healthy, write_keywords
+from helpers import (
+    Proc,
+    RedisProcess,
+    Server,
+    fake_distribution,
+    free_port,
+    start_worker,
+    wait_healthy,
+    write_keywords,
+)
 
+from vllm_srun.queue import keys
+from vllm_srun.queue.bulk import BulkStore
+from vllm_srun.queue.redis import make_pool
 from vllm_srun.queue.redis_server import find_redis_server
 
 ENGINE = """
@@ -170,3 +182,29 @@ def test_a_redis_kill_and_restart_loses_no_job(paced_engine: None, tmp_path: Pat
     assert app.alive() and worker.alive(), "no process of ours was restarted"
     assert "unhandled_error" not in app.log(), "the outage was 503s, not 500s"
     assert app.post("/v1/classify", {"input": "charge"}).json()["results"][0]["label"] == "billing"
+
+
+async def test_an_idempotency_key_whose_job_was_lost_makes_a_new_job(redis_proc: RedisProcess) -> None:
+    # The key is written before the job's transaction, so a crash can keep the one and lose
+    # the other: a retry with the same key must make the job rather than answer 404 forever.
+    redis = make_pool(redis_proc.url)
+    try:
+        store = BulkStore(redis, ttl_s=60)
+        await redis.set(keys.idempotency_key("m", "k"), "job_" + "0" * 32)
+        made = [
+            await store.create(
+                deployment="m",
+                surface="classify",
+                requests=[b'{"input": "refund"}'],
+                custom_ids=[""],
+                errors={},
+                idempotency_key="k",
+            )
+            for _ in range(2)
+        ]
+        (first, new), (again, new_again) = made
+        assert new and first.status == "queued" and first.id != "job_" + "0" * 32
+        assert not new_again and again.id == first.id
+        assert await redis.zcard(keys.bulk_queue_name("m")) == 1, "its one chunk is queued"
+    finally:
+        await redis.aclose()

@@ -181,74 +181,81 @@ class BulkStore:
         errors: dict[int, bytes],
         idempotency_key: str | None = None,
     ) -> tuple[JobStatus, bool]:
-        """A new job (or, for a known Idempotency-Key, the job it made); True when new."""
+        """A new job (or, for a known Idempotency-Key, the job it made); True when new.
+
+        The job is written whole or not at all (one transaction: its state, its requests, the
+        results of requests refused up front and its chunks on the queue), so a Redis that
+        dies meanwhile leaves no job that would never run. A key whose job is gone (written in
+        the second an append-only Redis lost to a crash) makes a new one."""
         job_id = "job_" + uuid.uuid4().hex
-        if idempotency_key:
-            idem = keys.idempotency_key(deployment, idempotency_key)
-            if not await self.redis.set(idem, job_id, nx=True, ex=self.ttl_s):
-                existing = await self.redis.get(idem)
+        idem = keys.idempotency_key(deployment, idempotency_key) if idempotency_key else None
+        if idem is not None and not await self.redis.set(idem, job_id, nx=True, ex=self.ttl_s):
+            existing = await self.redis.get(idem)
+            if existing is not None and await self.raw(existing.decode()):
                 return await self.get(existing.decode()), False
+            await self.redis.set(idem, job_id, ex=self.ttl_s)
         now = time.time()
         chunks = [
             (i, s, min(s + self.chunk_size, len(requests)))
             for i, s in enumerate(range(0, len(requests), self.chunk_size))
         ]
         keep_s = self.ttl_s + _TOMBSTONE_S
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                keys.job_key(job_id),
-                mapping={
-                    "surface": surface,
-                    "model": deployment,
-                    "status": "queued",
-                    "total": len(requests),
-                    "done": 0,
-                    "failed": 0,
-                    "cached": 0,
-                    "created_at": now,
-                    "expires_at": now + self.ttl_s,
-                    "chunks": len(chunks),
-                },
-            )
-            for start in range(0, len(requests), _APPEND_BATCH):
-                pipe.rpush(keys.job_requests_key(job_id), *requests[start : start + _APPEND_BATCH])
-                pipe.rpush(keys.job_custom_ids_key(job_id), *custom_ids[start : start + _APPEND_BATCH])
-            for key in (keys.job_key(job_id), keys.job_requests_key(job_id), keys.job_custom_ids_key(job_id)):
-                pipe.expire(key, keep_s)
-            await pipe.execute()
-        if errors:
-            lines = [
-                ResultLine(i, FAILED, result_line(i, custom_ids[i], body, error=True))
-                for i, body in errors.items()
-            ]
-            await self._write(job_id, lines)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for index, start, end in chunks:
-                payload = protocol.encode(
-                    ChunkPayload(job_id, deployment, surface, index, start, end, len(chunks))
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.hset(
+                    keys.job_key(job_id),
+                    mapping={
+                        "surface": surface,
+                        "model": deployment,
+                        "status": "queued",
+                        "total": len(requests),
+                        "done": 0,
+                        "failed": 0,
+                        "cached": 0,
+                        "created_at": now,
+                        "expires_at": now + self.ttl_s,
+                        "chunks": len(chunks),
+                    },
                 )
-                add_job(
+                for start in range(0, len(requests), _APPEND_BATCH):
+                    pipe.rpush(keys.job_requests_key(job_id), *requests[start : start + _APPEND_BATCH])
+                    pipe.rpush(keys.job_custom_ids_key(job_id), *custom_ids[start : start + _APPEND_BATCH])
+                for key in (
+                    keys.job_key(job_id),
+                    keys.job_requests_key(job_id),
+                    keys.job_custom_ids_key(job_id),
+                ):
+                    pipe.expire(key, keep_s)
+                # Before any chunk can run, so a chunk that finishes the job counts them.
+                _write_errors(
                     pipe,
-                    queue=keys.bulk_queue_name(deployment),
-                    function=keys.RUN_CHUNK,
-                    payload=payload,
-                    expires_s=self.ttl_s,
+                    job_id,
+                    [
+                        ResultLine(i, FAILED, result_line(i, custom_ids[i], body, error=True))
+                        for i, body in errors.items()
+                    ],
                 )
-            pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
-            await pipe.execute()
+                for index, start, end in chunks:
+                    payload = protocol.encode(
+                        ChunkPayload(job_id, deployment, surface, index, start, end, len(chunks))
+                    )
+                    add_job(
+                        pipe,
+                        queue=keys.bulk_queue_name(deployment),
+                        function=keys.RUN_CHUNK,
+                        payload=payload,
+                        expires_s=self.ttl_s,
+                    )
+                pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
+                await pipe.execute()
+        except REDIS_ERRORS:
+            if idem is not None:  # the key must not name a job that was never written
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await self.redis.delete(idem)
+            raise
         if not chunks:
             await self.store_chunk(job_id, 0, 1, [])
         return await self.get(job_id), True
-
-    @_redis_unavailable
-    async def _write(self, job_id: str, lines: Sequence[ResultLine]) -> None:
-        """Store pre-recorded results without finishing any chunk."""
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for line in lines:
-                pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)  # type: ignore[arg-type]
-                pipe.hincrby(keys.job_key(job_id), "failed", 1)
-                pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
-            await pipe.execute()
 
     @_redis_unavailable
     async def store_chunk(self, job_id: str, chunk: int, chunks: int, lines: Sequence[ResultLine]) -> None:
@@ -367,6 +374,14 @@ class BulkStore:
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
         return read.result() if not read.cancelled() else None
+
+
+def _write_errors(pipe: Any, job_id: str, lines: Sequence[ResultLine]) -> None:
+    """Queue on `pipe` the results of requests refused before the job ran, counted as failed."""
+    for line in lines:
+        pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)
+        pipe.hincrby(keys.job_key(job_id), "failed", 1)
+        pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
 
 
 def _optional_float(fields: dict[str, str], name: str) -> float | None:
