@@ -207,6 +207,8 @@ def _notes(result: dict[str, Any], by_name: dict[str, list[dict[str, Any]]]) -> 
             f"c1: p50 {_num(c1['p50_ms'], 2)} ms round trip (server total p50 {_num(c1['server_total_p50_ms'], 2)} ms)"
             f" vs ceiling single p50 {_num(c1.get('ceiling_single_p50_ms'), 2)} ms (mean of the passes around c1)"
         )
+        if c1.get("p50_minus_infinity_ms") is not None:
+            out.append(f"c1: p50 minus Infinity's c1 p50: {_num(c1['p50_minus_infinity_ms'], 2)} ms")
     cache = shapes.get("cache")
     if cache:
         hit, idle = cache.get("hit_server_total", {}), cache.get("idle_hit_server_total", {})

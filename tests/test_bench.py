@@ -115,6 +115,7 @@ def test_report_infinity_columns() -> None:
     assert inf.split()[5:] == ["64", "60.0", "500.0", "1000.0", "1500.0", "0", "0.60"]
     assert any(line.startswith("inf c4 x 64 texts") and "failed: RuntimeError" in line for line in lines)
     assert any("infinity-emb 0.0.77 (torch engine, cpu, batch size 32, 2 threads)" in line for line in lines)
+    assert "c1: p50 minus Infinity's c1 p50: -6.00 ms" in lines
 
 
 def test_report_infinity_skipped() -> None:
