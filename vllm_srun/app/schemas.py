@@ -1,32 +1,86 @@
 """How the OpenAPI document describes a msgspec Struct: as Litestar does, plus what msgspec
 enforces that Litestar leaves out.
 
-A Struct with `forbid_unknown_fields=True` refuses a field it does not declare, so its schema
-says `additionalProperties: false`; without it a generated client (or a fuzzer) may send
-fields the server answers with a 400.
+- A Struct with `forbid_unknown_fields=True` refuses a field it does not declare, so its schema
+  says `additionalProperties: false`; without it a generated client (or a fuzzer) may send
+  fields the server answers with a 400.
+- Litestar keeps a field's bounds only at its top level: a bound on a member of a union (the
+  `min_length=1` of `str | Annotated[list[str], Meta(min_length=1)]`) is lost. Such a field is
+  described by msgspec's own schema of its type, the type msgspec validates it with.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, get_type_hints
 
 import msgspec
 
 # Litestar's own plugin for Structs; it has no public name, and this one only adds to it.
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
-from litestar.openapi.spec import Schema
+from litestar.openapi.spec import Reference, Schema
 from litestar.typing import FieldDefinition
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
 
+# The JSON Schema keywords that bound a value; a field whose msgspec schema has one Litestar's
+# lacks is described by msgspec's schema.
+BOUNDS = frozenset(
+    {
+        "minLength",
+        "maxLength",
+        "minItems",
+        "maxItems",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "pattern",
+        "minProperties",
+        "maxProperties",
+    }
+)
+
+
+def _bounds(node: Any) -> list[tuple[str, Any]]:
+    """Every bound in a schema, wherever it sits (compared as numbers: 1 and 1.0 are one bound)."""
+    found: list[tuple[str, Any]] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in BOUNDS:
+                found.append((key, float(value) if isinstance(value, int | float) else value))
+            found.extend(_bounds(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_bounds(value))
+    return found
+
+
+def msgspec_schema(annotation: Any) -> dict[str, Any]:
+    """msgspec's JSON schema of `annotation`, its Structs referred to as document components
+    (Litestar names a Struct's component after the class, as msgspec does)."""
+    schema = msgspec.json.schema(annotation, ref_template="#/components/schemas/{name}")
+    schema.pop("$defs", None)
+    return schema
+
 
 class StrictStructSchemaPlugin(StructSchemaPlugin):
-    """Litestar's Struct schema, closed (`additionalProperties: false`) where msgspec closes it."""
+    """Litestar's Struct schema, closed where msgspec closes it and with the bounds it keeps."""
 
     def to_openapi_schema(self, field_definition: FieldDefinition, schema_creator: SchemaCreator) -> Schema:
         schema = super().to_openapi_schema(field_definition, schema_creator)
         info = msgspec.inspect.type_info(field_definition.type_)
-        if isinstance(info, msgspec.inspect.StructType) and info.forbid_unknown_fields:
+        if not isinstance(info, msgspec.inspect.StructType):
+            return schema
+        if info.forbid_unknown_fields:
             schema.additional_properties = False
+        hints = get_type_hints(field_definition.type_, include_extras=True)
+        for field in info.fields:
+            ours = (schema.properties or {}).get(field.encode_name)
+            if ours is None or isinstance(ours, Reference):
+                continue
+            theirs = msgspec_schema(hints[field.name])
+            if set(_bounds(theirs)) - set(_bounds(ours.to_schema())):
+                theirs.update({k: v for k, v in ours.to_schema().items() if k in ("default", "description")})
+                schema.properties[field.encode_name] = theirs  # type: ignore[assignment,index]  # a dict is written out as is
         return schema

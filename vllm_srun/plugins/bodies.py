@@ -14,15 +14,10 @@ import msgspec
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]
 
-# Litestar's OpenAPI generator drops a bound whose value is 0 (it tests the bound's truth, not
-# its presence); `extra` restates it so the document keeps what msgspec enforces.
-_AT_LEAST_0 = {"extra": {"minimum": 0}}
-_ABOVE_0 = {"extra": {"exclusive_minimum": 0}}
-
 
 class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
     tokens: Annotated[int, msgspec.Meta(ge=2)]
-    overlap: Annotated[int, msgspec.Meta(ge=0, extra_json_schema=_AT_LEAST_0)] = 0
+    overlap: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -42,10 +37,10 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     overflow: Overflow | None = None
     truncation_direction: TruncationDirection = "right"
     window: WindowOptions | None = None
-    threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0, extra_json_schema=_AT_LEAST_0)] | None = None
+    threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     return_tokens: bool = False
     head: str | None = None
-    deadline_ms: Annotated[int, msgspec.Meta(gt=0, extra_json_schema=_ABOVE_0)] | None = None
+    deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
     normalize: bool | None = None
     return_logits: bool = False
 

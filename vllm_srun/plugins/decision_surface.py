@@ -102,11 +102,10 @@ def _inlined(kind: Any) -> dict[str, Any]:
     return inlined
 
 
-# `questions` as the document shows it: {id: a choice, noul or score question}. Litestar reads
-# `extra` from a field's `extra_json_schema` into the field's schema.
+# `questions` as the document shows it: {id: a choice, noul or score question}.
 Questions = Annotated[
     dict[str, Any],
-    msgspec.Meta(extra_json_schema={"extra": {"additional_properties": _inlined(QuestionBody)}}),
+    msgspec.Meta(extra_json_schema={"additionalProperties": _inlined(QuestionBody)}),
 ]
 
 
