@@ -11,11 +11,13 @@ milliseconds per forward, so the job is still running when Redis dies.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +34,16 @@ from helpers import (
     write_keywords,
 )
 
+from vllm_srun.plugins.discovery import load_plugins
+from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
 from vllm_srun.queue.bulk import BulkStore
+from vllm_srun.queue.client import QueueClient
+from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.redis import make_pool
 from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.queue.worker import HEARTBEAT_TTL_S, Deployment, DeviceWorker
+from vllm_srun.registry.loader import ModelOptions, load_model
 
 ENGINE = """
 import time
@@ -208,3 +216,49 @@ async def test_an_idempotency_key_whose_job_was_lost_makes_a_new_job(redis_proc:
         assert await redis.zcard(keys.bulk_queue_name("m")) == 1, "its one chunk is queued"
     finally:
         await redis.aclose()
+
+
+async def test_a_worker_outlives_a_redis_that_refuses_writes(
+    redis_proc: RedisProcess, tmp_path: Path
+) -> None:
+    # A main Redis out of memory under noeviction refuses every write with an error that is not
+    # a lost connection. The worker's loops (heartbeat, lease keeper, pollers) must go on and
+    # serve again once it accepts writes; one that ended would leave the worker unseen by the
+    # apps (no heartbeat) or its work lapsing (no lease renewal) for good.
+    model, _ = load_model(
+        load_plugins(),
+        ModelOptions(ref=str(write_keywords(tmp_path / "kw")), engine="example_counts"),
+        with_engine=True,
+    )
+    executor = ThreadPoolExecutor(max_workers=1)
+    deployment = Deployment(model=model, limits=BatchLimits(batch_wait_ms=0), executor=executor)
+    worker = DeviceWorker(
+        redis_url=redis_proc.url, deployments=[deployment], stats=Stats([]), poll_delay_s=0.2
+    )
+    client = QueueClient(redis_proc.url)
+    admin = make_pool(redis_proc.url)
+    await worker.start()
+    await client.start()
+    try:
+        await admin.config_set("maxmemory-policy", "noeviction")
+        await admin.config_set("maxmemory", "1")  # every write refused from now on
+        await asyncio.sleep(2.5)  # past a heartbeat and a few lease renewals, all refused
+        await admin.config_set("maxmemory", "0")
+        await asyncio.sleep(HEARTBEAT_TTL_S + 0.5)  # the heartbeat written before has expired
+        assert await client.live_workers("kw") == 1, "the heartbeat goes on"
+        items = [item for item in _classify(model, "refund please")]
+        answer = await client.submit("kw", model.info.model_sha256, items, timeout_s=10)
+        assert answer.results[0] is not None and answer.misses == 1
+    finally:
+        await admin.config_set("maxmemory", "0")
+        await client.close()
+        await worker.close()
+        await admin.aclose()
+        executor.shutdown(wait=False)
+
+
+def _classify(model: object, text: str) -> list[object]:
+    from vllm_srun.plugins.surfaces import ClassifyRequest
+    from vllm_srun.queue.planning import plan_with_keys
+
+    return list(plan_with_keys(model, "classify", ClassifyRequest(input=[text])).items)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from vllm_srun import defaults
+from vllm_srun import defaults, tracing
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
@@ -119,10 +119,10 @@ class QueueClient:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self._on_reply(message["data"])
-            except REDIS_ERRORS as exc:
+            except Exception as exc:  # an ended listener leaves requests to the fallback
                 self._subscribed.clear()
                 if delay_s == RESUBSCRIBE_S:
-                    log.warning("reply_channel_lost", error=str(exc))
+                    log.warning("reply_channel_lost", error=repr(exc))
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
             finally:
@@ -167,12 +167,19 @@ class QueueClient:
     ) -> Submission:
         """Results for `items` (each with its cache key), through the result gateway; its misses
         go to a device worker as one job."""
+        # The cache span covers the gateway's lookup, up to the job for the misses (its sibling).
+        lookup = tracing.start("cache", deployment=deployment, items=len(items))
 
         async def run(misses: list[WorkItem]) -> Ran:
-            await self._require_worker(deployment)
-            return await self._run(deployment, (model_sha256, numerics), misses, timeout_s, deadline_s)
+            lookup.end(misses=len(misses))
+            with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
+                await self._require_worker(deployment)
+                return await self._run(deployment, (model_sha256, numerics), misses, timeout_s, deadline_s)
 
-        return await self.gateway.resolve(deployment, items, run, timeout_s=timeout_s)
+        try:
+            return await self.gateway.resolve(deployment, items, run, timeout_s=timeout_s)
+        finally:
+            lookup.end(misses=0)
 
     async def _run(
         self,
@@ -198,6 +205,7 @@ class QueueClient:
             enqueued_s=time.time(),
             deadline_s=deadline_s,
             ttl_s=self.result_ttl_s,
+            trace=tracing.inject(),
         )
         try:
             await self._enqueue(deployment, request_id, protocol.encode(payload), timeout_s)

@@ -85,9 +85,9 @@ class LeaseKeeper:
                 failing = False
                 if requeued:
                     log.warning("leases_lapsed", jobs=requeued)
-            except REDIS_ERRORS as exc:
-                if not failing:  # one warning per outage
-                    log.warning("lease_renewal_failed", error=str(exc))
+            except Exception as exc:  # an ended keeper lets every lease lapse
+                if not failing:  # one warning per outage (a lost Redis, or one refusing writes)
+                    log.warning("lease_renewal_failed", error=repr(exc))
                 failing = True
             await asyncio.sleep(self.renew_s)
 

@@ -27,7 +27,7 @@ import structlog
 from arq.connections import ArqRedis
 from arq.worker import func
 
-from vllm_srun import defaults
+from vllm_srun import defaults, tracing
 from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
@@ -116,7 +116,7 @@ class _WakeablePoller:
                         subscribed = True
                     await worker.poll()
                     if delay_s > RECONNECT_S:
-                        log.info("redis_reachable_again", queue=worker.queue_name)
+                        log.info("poll_recovered", queue=worker.queue_name)
                     delay_s = RECONNECT_S
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=worker.poll_delay_s
@@ -124,9 +124,12 @@ class _WakeablePoller:
                     while message is not None:  # one poll answers every wake-up queued so far
                         self._handle(message)
                         message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
-                except REDIS_ERRORS as exc:
+                except Exception as exc:  # the poller must outlive any one failure
+                    # A lost Redis, or one that refuses (out of memory under noeviction, a
+                    # replica gone read-only): a poller that ended here would stop this worker
+                    # taking work from the queue for good.
                     if delay_s == RECONNECT_S:
-                        log.warning("redis_unreachable", queue=worker.queue_name, error=str(exc))
+                        log.warning("poll_failed", queue=worker.queue_name, error=repr(exc))
                     subscribed = False
                     with contextlib.suppress(*REDIS_ERRORS):
                         await pubsub.reset()
@@ -304,9 +307,9 @@ class DeviceWorker:
             try:
                 await self._beat()
                 failing = False
-            except REDIS_ERRORS as exc:
+            except Exception as exc:  # see _WakeablePoller.run: must not end
                 if not failing:  # one warning per outage
-                    log.warning("heartbeat_failed", error=str(exc))
+                    log.warning("heartbeat_failed", error=repr(exc))
                 failing = True
             await asyncio.sleep(HEARTBEAT_S)
 
@@ -323,6 +326,18 @@ class DeviceWorker:
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: run one job's items, store and publish their results."""
         job = protocol.decode_job(payload)
+        # A child of the app's queue span: the job joins the trace of the request that made it.
+        with tracing.span(
+            "job",
+            kind="consumer",
+            parent=tracing.extract(job.trace),
+            deployment=job.deployment,
+            items=len(job.items),
+            job_id=ctx.get("job_id"),
+        ):
+            return await self._run_job(ctx, job)
+
+    async def _run_job(self, ctx: dict[str, Any], job: protocol.JobPayload) -> int:
         crashes = self._crashes(ctx)
         deployment = self.deployments.get(job.deployment)
         if crashes >= defaults.POISON_CRASHES and deployment is not None and self._refusal(job) is None:
