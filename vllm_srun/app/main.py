@@ -23,7 +23,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from vllm_srun import __version__, defaults
+from vllm_srun import __version__, defaults, tracing
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
@@ -112,11 +112,16 @@ def _edge_middleware(app: ASGIApp, *, surface_of_path: dict[str, str]) -> ASGIAp
                     message["headers"] = headers
             await send(message)
 
+        # The request's span; a caller's `traceparent` header makes it part of the caller's trace.
+        surface = surface_of_path.get(scope["path"])
         try:
-            await app(scope, receive, timed_send)
+            with _request_span(scope, surface) as request_span:
+                try:
+                    await app(scope, receive, timed_send)
+                finally:
+                    request_span.set(**{"http.response.status_code": status})
         finally:
             latency_s = time.perf_counter() - started
-            surface = surface_of_path.get(scope["path"])
             runtime: Runtime | None = getattr(scope["app"].state, "runtime", None)
             if surface and runtime is not None:
                 # The model is known once the body decoded; a malformed request counts under "".
@@ -133,6 +138,30 @@ def _edge_middleware(app: ASGIApp, *, surface_of_path: dict[str, str]) -> ASGIAp
             )
 
     return middleware
+
+
+def _request_span(scope: Scope, surface: str | None) -> Any:
+    """The span of one HTTP request: named by its route when it is a surface's (a bounded set of
+    names, as OpenTelemetry's HTTP conventions ask), else by its method alone."""
+    if not tracing.ON:  # no header scan for a process that does not trace
+        return tracing.span("")
+    method = str(scope.get("method", ""))
+    headers = {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in scope.get("headers", [])
+        if name in (b"traceparent", b"tracestate")
+    }
+    attributes: dict[str, Any] = {
+        "http.request.method": method,
+        "url.path": scope["path"],
+        "surface": surface,
+    }
+    return tracing.span(
+        f"{method} {scope['path']}" if surface else method,
+        kind="server",
+        parent=tracing.extract(headers),
+        **attributes,
+    )
 
 
 async def _api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:

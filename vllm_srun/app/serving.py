@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
@@ -89,10 +90,12 @@ async def serve_surface(
     # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
     plan_request = partial(plan_with_keys, model, surface.name, request, default_overflow=unset)
-    if count > _THREAD_PLAN_INPUTS or surface.text_chars(request) > _THREAD_PLAN_CHARS:
-        plan = await asyncio.to_thread(plan_request)
-    else:
-        plan = plan_request()
+    with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
+        if count > _THREAD_PLAN_INPUTS or surface.text_chars(request) > _THREAD_PLAN_CHARS:
+            plan = await asyncio.to_thread(plan_request)
+        else:
+            plan = plan_request()
+        planned.set(items=len(plan.items))
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
     deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None
@@ -115,7 +118,8 @@ async def serve_surface(
         _release(runtime, name, len(plan.items), tokens)
     timing.queue_s, timing.forward_s = submission.queue_s, submission.forward_s
     runtime.stats.record_cache(model=name, hits=submission.hits, misses=submission.misses)
-    body = model.finish_surface(plan, submission.results)
+    with tracing.span("finish", surface=surface.name):
+        body = model.finish_surface(plan, submission.results)
     if options.return_meta:
         body.meta = {
             **(body.meta or {}),

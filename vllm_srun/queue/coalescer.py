@@ -17,11 +17,12 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import structlog
 
-from vllm_srun import defaults
+from vllm_srun import defaults, tracing
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
 from vllm_srun.plugins.stats import Stats
 
@@ -58,6 +59,9 @@ class _Slot:
     enqueued_s: float
     deadline_s: float | None
     waiters: list[asyncio.Future[Outcome]] = field(default_factory=list)
+    # The trace context of each submit that waits here (tracing.current); None when off, so an
+    # untraced item costs no list.
+    traces: list[Any] | None = None
 
 
 class Coalescer:
@@ -118,6 +122,7 @@ class Coalescer:
         self._burst = arrival - self._last_arrival_s < self.limits.batch_wait_ms / 1000.0
         self._last_arrival_s = arrival
         futures: list[asyncio.Future[Outcome]] = []
+        trace = tracing.current()
         for item in items:
             key = item.cache_key or f"anon:{id(item)}"
             slot = self._pending.get(key)
@@ -133,6 +138,8 @@ class Coalescer:
                     slot.deadline_s = max(slot.deadline_s, deadline_s)
             future: asyncio.Future[Outcome] = loop.create_future()
             slot.waiters.append(future)
+            if trace is not None:
+                slot.traces = [*(slot.traces or ()), trace]
             futures.append(future)
         self._event.set()
         return futures
@@ -196,10 +203,24 @@ class Coalescer:
                     await self._forward(loop, batch)
 
     async def _forward(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot]) -> None:
+        # One batch serves many jobs: its span is a child of the first job's span and links to
+        # every job it serves (the first included), so each job's trace finds the batch.
+        traces = [trace for slot in batch if slot.traces for trace in slot.traces]
+        with tracing.span(
+            "batch",
+            parent=traces[0] if traces else None,
+            links=traces,
+            model=self.name,
+            size=len(batch),
+        ):
+            await self._forward_batch(loop, batch)
+
+    async def _forward_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot]) -> None:
         items = [slot.item for slot in batch]
         started = time.time()
         try:
-            arrays = await loop.run_in_executor(self.executor, self.model.run, items)
+            with tracing.span("forward", model=self.name, size=len(items)):
+                arrays = await loop.run_in_executor(self.executor, self.model.run, items)
             if len(arrays) != len(items):
                 raise RuntimeError(f"model returned {len(arrays)} results for {len(items)} items")
         except Exception as exc:

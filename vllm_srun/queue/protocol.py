@@ -27,6 +27,10 @@ class JobPayload(msgspec.Struct, array_like=True):
     deadline_s: float | None = None
     ttl_s: int = defaults.CACHE_TTL_S
     priority: int = 0
+    # The W3C trace context of the app's queue span (tracing.inject), so the worker's job span
+    # joins the request's trace; None when the app does not trace. Last, with a default: a
+    # payload from an app without it still decodes.
+    trace: dict[str, str] | None = None
 
 
 class ChunkPayload(msgspec.Struct, array_like=True):
