@@ -26,6 +26,8 @@ from vllm_srun.tracing import OTLP_ENV, TRACE_FILE_ENV
 # The caller's own trace: the request's span must join it.
 CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_PARENT = f"00-{CALLER_TRACE_ID}-00f067aa0ba902b7-01"
+BULK_TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+BULK_PARENT = f"00-{BULK_TRACE_ID}-b7ad6b7169203331-01"
 
 
 def spans(path: Path) -> list[dict[str, Any]]:
@@ -70,13 +72,23 @@ def test_one_trace_covers_the_app_and_the_worker(tmp_path: Path, monkeypatch: py
             "/v1/classify", {"input": "a refund for the parcel"}, headers={"traceparent": CALLER_PARENT}
         )
         assert response.status_code == 200, response.text
-        worker_spans = wait_for_span(worker_file, "job")
+        wait_for_span(worker_file, "job")
+        created = app.post(
+            "/v1/jobs",
+            {"surface": "classify", "requests": [{"input": "where is my parcel"}]},
+            headers={"traceparent": BULK_PARENT},
+        )
+        assert created.status_code == 202, created.text
+        worker_spans = wait_for_span(worker_file, "chunk")
         app_spans = wait_for_span(app_file, "POST /v1/classify")
     finally:
         app.stop()
         worker.stop()
         redis.stop()
 
+    bulk_spans = [s for s in app_spans + worker_spans if s["trace_id"] == BULK_TRACE_ID]
+    app_spans = [s for s in app_spans if s["trace_id"] != BULK_TRACE_ID]
+    worker_spans = [s for s in worker_spans if s["trace_id"] != BULK_TRACE_ID]
     request = one(app_spans, "POST /v1/classify")
     assert request["kind"] == "SERVER"
     assert request["attributes"]["http.response.status_code"] == 200
@@ -97,6 +109,12 @@ def test_one_trace_covers_the_app_and_the_worker(tmp_path: Path, monkeypatch: py
     traced = [s for s in app_spans + worker_spans if s["name"] != "GET"]
     assert {s["trace_id"] for s in traced} == {CALLER_TRACE_ID}, traced
     assert {s["pid"] for s in app_spans}.isdisjoint({s["pid"] for s in worker_spans})
+
+    # A bulk job's chunks carry the trace of the request that made the job.
+    create, chunk = one(bulk_spans, "POST"), one(bulk_spans, "chunk")
+    assert create["attributes"]["http.response.status_code"] == 202
+    assert chunk["parent_id"] == create["span_id"]
+    assert one(bulk_spans, "batch")["parent_id"] == chunk["span_id"]
 
 
 NO_TRACING = textwrap.dedent(

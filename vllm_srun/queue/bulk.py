@@ -26,7 +26,7 @@ from typing import Any, ParamSpec, TypeVar
 import msgspec
 from arq.connections import ArqRedis
 
-from vllm_srun import defaults
+from vllm_srun import defaults, tracing
 from vllm_srun.errors import JobNotFound, Unavailable
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
@@ -235,9 +235,10 @@ class BulkStore:
                         for i, body in errors.items()
                     ],
                 )
+                trace = tracing.inject()  # each chunk's span joins the creating request's trace
                 for index, start, end in chunks:
                     payload = protocol.encode(
-                        ChunkPayload(job_id, deployment, surface, index, start, end, len(chunks))
+                        ChunkPayload(job_id, deployment, surface, index, start, end, len(chunks), trace)
                     )
                     add_job(
                         pipe,

@@ -43,6 +43,8 @@ class ChunkPayload(msgspec.Struct, array_like=True):
     start: int
     end: int
     chunks: int
+    # The trace context of the request that made the bulk job (see JobPayload.trace).
+    trace: dict[str, str] | None = None
 
 
 class JobReply(msgspec.Struct, array_like=True):

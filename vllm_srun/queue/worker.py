@@ -383,7 +383,15 @@ class DeviceWorker:
         assert self._chunks is not None
         chunk = protocol.decode_chunk(payload)
         run = partial(self._chunks.run, chunk, job_id=ctx["job_id"], crashes=self._crashes(ctx))
-        done = await self._through_outage(run, ctx)
+        with tracing.span(
+            "chunk",
+            kind="consumer",
+            parent=tracing.extract(chunk.trace),
+            job_id=chunk.job_id,
+            chunk=chunk.index,
+            requests=chunk.end - chunk.start,
+        ):
+            done = await self._through_outage(run, ctx)
         # A free chunk slot: wake the workers now rather than at their next fallback poll.
         with contextlib.suppress(*REDIS_ERRORS):
             await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
