@@ -11,7 +11,9 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +110,7 @@ def test_one_trace_covers_the_app_and_the_worker(tmp_path: Path, monkeypatch: py
     # Every span but the readiness polls' (each a trace of its own) is in the caller's trace.
     traced = [s for s in app_spans + worker_spans if s["name"] != "GET"]
     assert {s["trace_id"] for s in traced} == {CALLER_TRACE_ID}, traced
+    assert {s["service"] for s in traced} == {"vllm-srun"}  # when OTEL_SERVICE_NAME names none
     assert {s["pid"] for s in app_spans}.isdisjoint({s["pid"] for s in worker_spans})
 
     # A bulk job's chunks carry the trace of the request that made the job.
@@ -167,3 +170,45 @@ def test_a_job_from_an_app_without_trace_context_still_decodes() -> None:
     assert protocol.decode_job(old) == job
     traced = msgspec.structs.replace(job, trace={"traceparent": CALLER_PARENT})
     assert protocol.decode_job(protocol.encode(traced)).trace == {"traceparent": CALLER_PARENT}
+
+
+def test_spans_go_out_over_otlp_when_the_endpoint_is_set(tmp_path: Path) -> None:
+    """A real OTLP/HTTP exporter against a collector stand-in that decodes what it is sent."""
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.http")
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[bytes] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = {k: v for k, v in os.environ.items() if k != TRACE_FILE_ENV}
+    env |= {OTLP_ENV: f"http://127.0.0.1:{server.server_port}", "OTEL_SERVICE_NAME": "srun-test"}
+    script = "from vllm_srun import tracing\nwith tracing.span('plan', inputs=2):\n    pass\n"
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        server.shutdown()
+    assert run.returncode == 0, run.stderr
+    names, services = [], []
+    for body in received:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            services += [
+                a.value.string_value for a in resource_spans.resource.attributes if a.key == "service.name"
+            ]
+            names += [span.name for scope in resource_spans.scope_spans for span in scope.spans]
+    assert names == ["plan"]
+    assert services == ["srun-test"]

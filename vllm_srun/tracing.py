@@ -134,8 +134,12 @@ def _setup() -> Any:
             log.warning("tracing_off", reason="install vllm-srun[otel] to export traces")
             ON = False
             return None
-        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still apply (Resource.create reads them).
-        provider = TracerProvider(resource=Resource.create({"service.name": "vllm-srun"}))
+        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES apply (Resource.create reads them); the
+        # SDK's "unknown_service" stands only for a name nobody gave.
+        resource = Resource.create()
+        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": "vllm-srun"}))
+        provider = TracerProvider(resource=resource)
         trace_file = os.environ.get(TRACE_FILE_ENV)
         if trace_file:
             # Written as each span ends: a process stopped by a signal loses none.
