@@ -16,7 +16,8 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
-from vllm_srun.errors import SrunError
+from vllm_srun.errors import InvalidRequest, SrunError, Unavailable
+from vllm_srun.plugins.bodies import ErrorBody
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -63,6 +64,25 @@ ERROR_STATUSES = {
     500: "The server failed this request (internal_error)",
     503: "The model is not ready, or Redis is unavailable (not_ready, unavailable)",
 }
+
+
+# Item error codes that are the input's fault; any other failed on the server's side.
+_CLIENT_ITEM_CODES = frozenset(
+    {"max_length_exceeded", "invalid_input", "invalid_request", "invalid_question"}
+)
+
+
+def item_failure(field: str, index: int, error: ErrorBody) -> SrunError:
+    """One input's error as the whole request's, for routes whose API has no per-item errors
+    (OpenAI's embeddings, Cohere's rerank): the input's fault is a 400 naming `field[index]`, a
+    passed deadline or lost service a 503, anything else a 500."""
+    param = f"{field}[{index}]"
+    message = f"{param}: {error.message}"
+    if error.code in _CLIENT_ITEM_CODES:
+        return InvalidRequest(message, param=param)
+    if error.code in ("deadline_exceeded", "unavailable"):
+        return Unavailable(message, param=param)
+    return SrunError(message, param=param)
 
 
 def error_specs(body: type[Any], statuses: dict[int, str] = ERROR_STATUSES) -> dict[int, ResponseSpec]:

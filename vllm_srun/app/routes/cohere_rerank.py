@@ -27,6 +27,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest
@@ -139,9 +140,7 @@ def answer(data: CohereRerankRequest) -> Any:
         results = []
         for result in body.results:
             if result.error is not None:
-                raise InvalidRequest(
-                    f"documents[{result.index}]: {result.error.message}", param=f"documents[{result.index}]"
-                )
+                raise item_failure("documents", result.index, result.error)
             assert result.relevance_score is not None
             document = data.documents[result.index] if data.return_documents else None
             if isinstance(document, str):

@@ -15,12 +15,9 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
-from vllm_srun.errors import InvalidRequest, SrunError, Unavailable
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
-
-# Item error codes that are the input's fault (a 400); any other failed the server's side.
-_CLIENT_CODES = frozenset({"max_length_exceeded", "invalid_input", "invalid_request"})
 
 
 @post("/v1/embeddings", status_code=200, summary="Embed texts (OpenAI-compatible)")
@@ -36,13 +33,6 @@ def no_null_vectors(body: EmbeddingsResponse) -> EmbeddingsResponse:
     """`body` unchanged when every input has its vector; else the first failed input's error,
     naming `input[i]`, as the request's error."""
     for item in body.data:
-        if item.error is None:
-            continue
-        message = f"input[{item.index}]: {item.error.message}"
-        param = f"input[{item.index}]"
-        if item.error.code in _CLIENT_CODES:
-            raise InvalidRequest(message, param=param)
-        if item.error.code == "deadline_exceeded":
-            raise Unavailable(message, param=param)
-        raise SrunError(message, param=param)
+        if item.error is not None:
+            raise item_failure("input", item.index, item.error)
     return body
