@@ -20,8 +20,8 @@ from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
 # with one long text (or many windows of it) must not hold up the small ones.
-_THREAD_PLAN_INPUTS = 16
-_THREAD_PLAN_CHARS = 2048
+THREAD_PLAN_INPUTS = 16
+THREAD_PLAN_CHARS = 2048
 
 
 @dataclass
@@ -91,7 +91,7 @@ async def serve_surface(
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
     plan_request = partial(plan_with_keys, model, surface.name, request, default_overflow=unset)
     with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
-        if count > _THREAD_PLAN_INPUTS or surface.text_chars(request) > _THREAD_PLAN_CHARS:
+        if count > THREAD_PLAN_INPUTS or surface.text_chars(request) > THREAD_PLAN_CHARS:
             plan = await asyncio.to_thread(plan_request)
         else:
             plan = plan_request()

@@ -10,6 +10,7 @@ are into that whole text.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -18,6 +19,7 @@ from litestar.params import JSONBody
 from tokenizers import Tokenizer
 
 from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, check_batch, model_for
+from vllm_srun.app.serving import THREAD_PLAN_CHARS, THREAD_PLAN_INPUTS
 from vllm_srun.plugins.base import LoadedModel
 
 
@@ -87,7 +89,14 @@ async def tokenize(
     check_batch(request.app.state.runtime, len(texts), "inputs")
     model, tokenizer = model_of(request)
     prompt = prompt_of(model, data.prompt_name)
-    return [_tokens(tokenizer, prompt + text, data.add_special_tokens) for text in texts]
+
+    def run() -> list[list[SimpleToken]]:
+        return [_tokens(tokenizer, prompt + text, data.add_special_tokens) for text in texts]
+
+    # As planning does: a large batch is tokenised off the event loop, so small requests go on.
+    if len(texts) > THREAD_PLAN_INPUTS or sum(map(len, texts)) > THREAD_PLAN_CHARS:
+        return await asyncio.to_thread(run)
+    return run()
 
 
 def _id_lists(ids: list[Any]) -> list[list[int]]:
