@@ -279,12 +279,15 @@ class DeviceWorker:
             poller.stop()
         if self._leases is not None:
             self._leases.stop()
-            await self._leases.release_all()  # others take this worker's jobs now, not on lapse
+        # The pollers end before the leases are handed back: a poll still in flight could claim
+        # jobs after the hand-back, whose leases would then lapse and count as a crash.
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, *REDIS_ERRORS):
                 await task
+        if self._leases is not None:
+            await self._leases.release_all()  # others take this worker's jobs now, not on lapse
         for worker in self._workers:
             for job_task in worker.running():
                 job_task.cancel()
