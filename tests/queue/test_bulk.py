@@ -7,7 +7,7 @@ import pytest
 from arq.connections import ArqRedis
 from arq.jobs import Job
 
-from vllm_srun.errors import JobNotFound
+from vllm_srun.errors import JobNotFound, Unavailable
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.bulk import CACHED, DONE, FAILED, SKIPPED, BulkStore, ResultLine, error_body, result_line
 
@@ -112,6 +112,37 @@ async def test_an_idempotency_key_returns_the_first_job_and_unknown_ids_are_not_
     for job_id in ("job_" + "0" * 32, first.id + ":results", "../x"):
         with pytest.raises(JobNotFound):
             await store.get(job_id)
+
+
+async def test_a_key_whose_job_is_still_being_written_makes_no_second_job(redis: ArqRedis) -> None:
+    """The key is set before the job's transaction is sent: a retry that finds the key but not
+    yet its job is told to retry (503), not given a second job; once the claim is old, the job
+    counts as lost and the key is taken over."""
+    import time
+
+    store = BulkStore(redis, ttl_s=60)
+    idem = keys.idempotency_key("m", "k")
+
+    async def create() -> tuple[str, bool]:
+        job, new = await store.create(
+            deployment="m",
+            surface="classify",
+            requests=requests(1),
+            custom_ids=[""],
+            errors={},
+            idempotency_key="k",
+        )
+        return job.id, new
+
+    pending = "job_" + "1" * 32
+    await redis.set(idem, f"{pending} {time.time()}")
+    with pytest.raises(Unavailable):
+        await create()
+    assert await redis.zcard(keys.bulk_queue_name("m")) == 0, "no second job was made"
+    await redis.set(idem, f"{pending} {time.time() - 3600}")
+    job_id, new = await create()
+    assert new and job_id != pending
+    assert await create() == (job_id, False)
 
 
 async def test_results_stop_at_the_first_request_not_yet_stored(redis: ArqRedis) -> None:

@@ -42,6 +42,19 @@ JOB_ID = re.compile(r"job_[0-9a-f]{32}")
 DONE, FAILED, CACHED, SKIPPED = "d", "f", "c", "x"
 # Job data outlives the job's TTL by this much, so a reader sees "expired" rather than 404.
 _TOMBSTONE_S = 3600
+# An Idempotency-Key names its job from before the job's transaction is sent (a large body
+# takes a while to write): for this long, a key whose job is not there yet is being created,
+# not lost, and a retry is told to wait instead of making a second job.
+_CREATING_S = 120.0
+# Takes an Idempotency-Key over for a new job only if it still names the lost one: of two
+# requests that find the same job lost, one creates the replacement.
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
+  return 1
+end
+return 0
+"""
 _APPEND_BATCH = 1000
 
 
@@ -162,6 +175,7 @@ class BulkStore:
         self.chunk_size = chunk_size
         self._store_chunk = redis.register_script(_STORE_CHUNK)
         self._move_status = redis.register_script(_MOVE_STATUS)
+        self._take_over = redis.register_script(_TAKE_OVER)
         self._streams_ended = asyncio.Event()
 
     def end_streams(self) -> None:
@@ -186,15 +200,29 @@ class BulkStore:
         The job is written whole or not at all (one transaction: its state, its requests, the
         results of requests refused up front and its chunks on the queue), so a Redis that
         dies meanwhile leaves no job that would never run. A key whose job is gone (written in
-        the second an append-only Redis lost to a crash) makes a new one."""
+        the second an append-only Redis lost to a crash) makes a new one; a key whose job is
+        still being written is Unavailable (retry), so two uploads with one key make one job."""
         job_id = "job_" + uuid.uuid4().hex
-        idem = keys.idempotency_key(deployment, idempotency_key) if idempotency_key else None
-        if idem is not None and not await self.redis.set(idem, job_id, nx=True, ex=self.ttl_s):
-            existing = await self.redis.get(idem)
-            if existing is not None and await self.raw(existing.decode()):
-                return await self.get(existing.decode()), False
-            await self.redis.set(idem, job_id, ex=self.ttl_s)
         now = time.time()
+        idem = keys.idempotency_key(deployment, idempotency_key) if idempotency_key else None
+        claim = f"{job_id} {now}"
+        if idem is not None and not await self.redis.set(idem, claim, nx=True, ex=self.ttl_s):
+            existing = await self.redis.get(idem)
+            if existing is not None:
+                existing_id, _, made = existing.decode().partition(" ")
+                if await self.raw(existing_id):
+                    return await self.get(existing_id), False
+                if now - float(made or 0) < _CREATING_S:
+                    raise Unavailable(
+                        "Idempotency-Key: the job of this key is still being created; retry",
+                        headers={"Retry-After": "1"},
+                    )
+            taken = await self._take_over(keys=[idem], args=[existing or b"", claim, self.ttl_s])
+            if not taken:
+                raise Unavailable(
+                    "Idempotency-Key: another request is creating this key's job; retry",
+                    headers={"Retry-After": "1"},
+                )
         chunks = [
             (i, s, min(s + self.chunk_size, len(requests)))
             for i, s in enumerate(range(0, len(requests), self.chunk_size))
