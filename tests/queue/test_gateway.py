@@ -146,5 +146,23 @@ async def test_the_runner_failing_releases_everyone_waiting(redis: ArqRedis) -> 
         pass
     else:
         raise AssertionError("the runner's error must reach its caller")
+    # The waiter does not inherit the owner's failure: it runs the item itself, in its own time.
     result = (await asyncio.wait_for(waiter, 1)).results[0]
-    assert isinstance(result, ItemError) and result.code == "deadline_exceeded"
+    assert not isinstance(result, ItemError) and float(result[0]) == 14.0
+
+
+async def test_a_cancelled_owner_leaves_its_waiters_to_run_the_item(redis: ArqRedis) -> None:
+    """A client that disconnects (its request cancelled) must not fail an identical request
+    from another caller that was waiting on the same item."""
+    gateway = ResultGateway(redis, ttl_s=60)
+    stalled = Runner()
+    stalled.release.clear()
+    owner = asyncio.create_task(gateway.resolve("m", [item(15)], stalled))
+    await asyncio.sleep(0.05)
+    runner = Runner()
+    waiter = asyncio.create_task(gateway.resolve("m", [item(15)], runner, timeout_s=5))
+    await asyncio.sleep(0.05)
+    owner.cancel()
+    result = (await asyncio.wait_for(waiter, 2)).results[0]
+    assert not isinstance(result, ItemError) and float(result[0]) == 15.0
+    assert runner.calls == [["key-15"]]

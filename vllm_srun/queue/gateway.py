@@ -95,16 +95,20 @@ class ResultGateway:
         """Results for `items` (each with its cache key): cached, in flight, or run by `run`.
 
         An item waited for longer than `timeout_s` (None: no limit) is `deadline_exceeded`.
+        An item another caller was running, whose run ended without its result (that caller
+        was cancelled, timed out or failed), is resolved again by this caller in its own time,
+        never given that caller's outcome.
         """
         if not items:
             return Submission([], 0, 0)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
         found = await self.cached(deployment, items)
         results: list[Result | None] = [decode_result(raw) if raw else None for raw in found]
         cached = [r is not None for r in results]
         hits = sum(cached)
         waits: dict[int, asyncio.Future[Result]] = {}
         misses: dict[str, WorkItem] = {}
-        loop = asyncio.get_running_loop()
         for index, (item, result) in enumerate(zip(items, results, strict=True)):
             if result is not None:
                 continue
@@ -121,9 +125,20 @@ class ResultGateway:
                 for cache_key in misses:
                     future = self._inflight.pop((deployment, cache_key), None)
                     if future is not None and not future.done():
-                        future.set_result(ItemError("deadline_exceeded", "no result before the deadline"))
+                        future.set_result(_GAVE_UP)
+        again: list[int] = []
         for index, future in waits.items():
-            results[index] = await _shielded(future, timeout_s)
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            result = await _shielded(future, remaining)
+            if result is _GAVE_UP and items[index].cache_key not in misses:
+                again.append(index)  # another caller's run ended without it: ours to run now
+            else:
+                results[index] = _DEADLINE if result is _GAVE_UP else result
+        if again:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            retried = await self.resolve(deployment, [items[i] for i in again], run, timeout_s=remaining)
+            for index, result in zip(again, retried.results, strict=True):
+                results[index] = result
         submission.results = [r if r is not None else _lost() for r in results]
         return submission
 
@@ -170,11 +185,16 @@ class ResultGateway:
                 future.set_result(decode_result(raw))
 
 
+# What an in-flight item's future holds when the run that owned it ended without its result.
+_GAVE_UP = ItemError("deadline_exceeded", "the run that owned this item ended without it")
+_DEADLINE = ItemError("deadline_exceeded", "no result before the deadline")
+
+
 async def _shielded(future: asyncio.Future[Result], timeout_s: float | None) -> Result:
     try:
         return await asyncio.wait_for(asyncio.shield(future), timeout_s)
     except TimeoutError:
-        return ItemError("deadline_exceeded", "no result before the deadline")
+        return _DEADLINE
 
 
 def _lost() -> ItemError:
