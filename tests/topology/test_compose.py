@@ -86,7 +86,11 @@ def test_topology_settings() -> None:
         assert command[command.index("--redis") + 1] == "redis://state-redis:6379/0"
         assert command[command.index("--cache-redis") + 1] == "redis://cache-redis:6379/0"
         assert "--strict-redis" in command
-        assert all(volume["read_only"] for volume in services[name]["volumes"])
+        volumes = {volume["target"]: volume for volume in services[name]["volumes"]}
+        assert volumes["/models/local"]["read_only"], "the mounted model is read-only"
+        # A downloaded model goes to one cache every replica and worker share.
+        assert volumes["/var/cache/huggingface"]["source"] == "hf-cache"
+        assert services[name]["environment"]["HF_HOME"] == "/var/cache/huggingface"
     assert services["app"]["command"][0] == "serve" and services["worker"]["command"][0] == "worker"
 
 
@@ -102,7 +106,8 @@ def test_the_image_carries_the_default_model() -> None:
     [
         ("", False, "{root}/default"),
         ("", True, "{root}/local"),
-        ("some/model@v1", True, "some/model@v1"),
+        # A repository id may be downloaded (into the shared HF_HOME volume).
+        ("some/model@v1", True, "some/model@v1 --allow-download"),
     ],
 )
 def test_the_entrypoint_picks_the_model(tmp_path: Path, model: str, local_files: bool, expected: str) -> None:
@@ -113,6 +118,7 @@ def test_the_entrypoint_picks_the_model(tmp_path: Path, model: str, local_files:
     printer.chmod(printer.stat().st_mode | stat.S_IEXEC)
     root = tmp_path / "models"
     (root / "local").mkdir(parents=True)
+    (root / "default").mkdir()
     if local_files:
         (root / "local" / "config.json").write_text("{}")
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "MODELS_ROOT": str(root), "MODEL": model}
@@ -120,7 +126,12 @@ def test_the_entrypoint_picks_the_model(tmp_path: Path, model: str, local_files:
     run = subprocess.run(
         [script, "worker", "--redis", "r"], env=env, capture_output=True, text=True, check=True
     )
-    assert run.stdout.split() == ["worker", expected.format(root=root), "--redis", "r"]
+    assert run.stdout.split() == ["worker", *expected.format(root=root).split(), "--redis", "r"]
+    # A command that names its own model is left as it is: no second model is added.
+    own = subprocess.run(
+        [script, "serve", "my-model", "--port", "1"], env=env, capture_output=True, text=True, check=True
+    )
+    assert own.stdout.split() == ["serve", "my-model", "--port", "1"]
     other = subprocess.run(
         [script, "proxy", "--listen", "x"], env=env, capture_output=True, text=True, check=True
     )
