@@ -174,3 +174,16 @@ def test_decision_model_refuses_to_finish_another_surface() -> None:
         model.finish_surface(Plan(surface="rerank", items=[], state=None), [])
     with pytest.raises(UnsupportedSurface):
         model.plan_surface("classify", ClassifyRequest(input="x"))
+
+
+def test_embeddings_input_takes_texts_or_token_ids_never_both() -> None:
+    from vllm_srun.errors import InvalidRequest
+    from vllm_srun.plugins.surfaces import EmbeddingsRequest
+
+    assert EmbeddingsRequest(input=[101, 102]).inputs() == [[101, 102]]
+    assert EmbeddingsRequest(input=[[101], [102, 103]]).inputs() == [[101], [102, 103]]
+    assert EmbeddingsRequest(input=["a", "b"]).inputs() == ["a", "b"]
+    for mixed in (["hello", [101, 102]], ["hello", 101]):
+        with pytest.raises(InvalidRequest) as raised:
+            EmbeddingsRequest(input=mixed).inputs()  # type: ignore[arg-type]
+        assert raised.value.param == "input"

@@ -79,6 +79,9 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
                 "input: a list of token ids must hold only ids; give several inputs as a list of lists",
                 param="input",
             )
+        if any(isinstance(v, str) for v in value) and any(isinstance(v, list) for v in value):
+            # As OpenAI: texts or token-id lists, not both (a default prompt applies to texts only).
+            raise InvalidRequest("input: give texts or lists of token ids, not both", param="input")
         return [v for v in value if not isinstance(v, int)]
 
 

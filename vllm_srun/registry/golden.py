@@ -21,6 +21,7 @@ import numpy as np
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.decisions import SELF_CHECK_REQUEST, DecisionModel
 from vllm_srun.plugins.surfaces import REGISTRY
+from vllm_srun.queue.planning import with_overflow
 from vllm_srun.registry.tables import GoldenRecord
 
 Status = Literal["verified", "unverified", "failed"]
@@ -53,7 +54,8 @@ def answer(model: LoadedModel, surface: str, request: Mapping[str, Any]) -> Any:
     """The JSON-able response of `model` to one surface request, computed in-process.
 
     The request is decoded by its surface's descriptor, as the surface's routes decode bodies."""
-    decoded = REGISTRY.get(surface).decode(dict(request))
+    # Long inputs as a request that names no overflow gets them on our own surfaces.
+    decoded = with_overflow(model, surface, REGISTRY.get(surface).decode(dict(request)), "reject")
     plan = model.plan_surface(surface, decoded)
     results = model.run(plan.items) if plan.items else []
     return msgspec.to_builtins(model.finish_surface(plan, results))
