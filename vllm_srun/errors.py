@@ -7,12 +7,20 @@ raises these and never thinks about HTTP beyond the class attribute.
 
 from __future__ import annotations
 
+import re
+
+
+# A message that starts with a request field: `input[3]: …`, `options.head: …`.
+_LEADING_FIELD = re.compile(r"([a-z_][\w]*(?:\[\d+\]|\.[a-z_]\w*)*): ")
+
 
 class SrunError(Exception):
     """Base of every error the runtime reports to a caller.
 
     `param` names the request field at fault where there is one ("input", "input[3]",
-    "options.head"): OpenAI's error field of that name, which its clients expose.
+    "options.head"): OpenAI's error field of that name, which its clients expose. Messages name
+    that field first (`options.head: no head 'x'`), so without a `param` the leading field of
+    the message is taken as it.
     """
 
     code = "internal_error"
@@ -24,6 +32,8 @@ class SrunError(Exception):
         super().__init__(message)
         self.message = message
         self.headers = headers or {}
+        if param is None and (named := _LEADING_FIELD.match(message)):
+            param = named.group(1)
         self.param = param
 
 

@@ -186,3 +186,15 @@ def test_start_refuses_unreachable_redis(tmp_path: Path, keywords: Path) -> None
     )
     assert proc.proc.wait(timeout=30) == 2
     assert "cannot reach Redis at redis://127.0.0.1" in proc.log()
+
+
+def test_param_names_the_field_a_message_starts_with() -> None:
+    """OpenAI clients expose `param`: every error whose message names its field first has it,
+    not only those raised with an explicit one."""
+    from vllm_srun.errors import InvalidRequest, Unavailable
+
+    assert InvalidRequest("options.head: no head 'x'").param == "options.head"
+    assert InvalidRequest("input[3]: 600 tokens").param == "input[3]"
+    assert InvalidRequest("anything", param="input").param == "input"
+    assert Unavailable("Redis is unreachable: refused").param is None
+    assert InvalidRequest("model 'x' is not served").param is None

@@ -204,8 +204,9 @@ class Coalescer:
 
     async def _forward(self, loop: asyncio.AbstractEventLoop, batch: list[_Slot]) -> None:
         # One batch serves many jobs: its span is a child of the first job's span and links to
-        # every job it serves (the first included), so each job's trace finds the batch.
-        traces = [trace for slot in batch if slot.traces for trace in slot.traces]
+        # every job it serves (the first included), so each job's trace finds the batch; a job's
+        # items all carry its context, so each context links once.
+        traces = list({id(t): t for slot in batch if slot.traces for t in slot.traces}.values())
         with tracing.span(
             "batch",
             parent=traces[0] if traces else None,

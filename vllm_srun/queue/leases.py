@@ -6,10 +6,11 @@ ms. The claim script writes the lease in the same step that claims the job
 (`arq_compat.DrivenWorker.start_jobs`). Each worker process runs one `LeaseKeeper`, which every
 `LEASE_RENEW_S` renews the leases of all the jobs it holds (one ZADD XX per queue, so a lease
 already given up is not brought back), drops those of jobs it finished, and then, as the
-reaper, runs `arq_compat.requeue_lapsed` on each queue it serves: a job whose lease expired
-more than `LEASE_S` ago loses its in-progress key (its body and queue entry never left, so it is
+reaper, runs `arq_compat.requeue_lapsed` on each queue it serves: a job whose lease has
+expired (its holder renewed it for none of the last `LEASE_S`) loses its in-progress key (its body and queue entry never left, so it is
 due again at its old score), its crash count goes up, and the queue's wake channel wakes the
-live workers. All of that is one pipeline, one round trip a second per worker process.
+live workers. All of that is one pipeline a second per worker process (redis-py checks that the
+scripts are loaded before a pipeline that runs them, so it may take a second round trip).
 
 The keeper runs on the event loop, and forwards run in the device's executor thread, so a
 long forward keeps its lease; only a process that is gone (or whose loop is stuck for
