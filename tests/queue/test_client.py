@@ -98,6 +98,8 @@ async def test_a_request_nobody_answers_times_out_per_item(
     got = await submit(client, keywords_model, classify_items("refund"), timeout_s=0.3)
     result = got.results[0]
     assert isinstance(result, ItemError) and result.code == "deadline_exceeded"
+    # Nobody waits for it any more: the job left the queue rather than run for no one.
+    assert await client.redis.zcard(keys.queue_name(name)) == 0
 
 
 async def test_a_result_stored_without_a_reply_is_found_by_the_fallback(

@@ -209,7 +209,11 @@ class QueueClient:
         )
         try:
             await self._enqueue(deployment, request_id, protocol.encode(payload), timeout_s)
-            return await self._await_reply(deployment, items, reply_future, timeout_s)
+            ran = await self._await_reply(deployment, items, reply_future, timeout_s)
+            if any(raw is None for raw in ran.results):
+                # Timed out: nobody waits for the rest any more, so it leaves the queue.
+                await asyncio.shield(self._withdraw(deployment, request_id))
+            return ran
         except asyncio.CancelledError:
             await asyncio.shield(self._withdraw(deployment, request_id))
             raise
