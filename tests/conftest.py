@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -50,3 +51,12 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts itself: whatever is still running at its end is killed."""
+    started: list[Proc] = []
+    yield started
+    for proc in started:
+        proc.stop(signal.SIGKILL)

@@ -199,3 +199,12 @@ def fake_distribution(root: Path, name: str, entry_points: dict[str, dict[str, s
         lines.append(f"[{group}]")
         lines += [f"{ep} = {target}" for ep, target in eps.items()]
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+def plugin_path(root: Path, name: str, entry_points: dict[str, dict[str, str]], code: str) -> str:
+    """`fake_distribution` in its own folder under `root`, and the PYTHONPATH that makes the
+    processes a test starts find it (ahead of whatever PYTHONPATH already holds)."""
+    plugins = root / "plugins"
+    plugins.mkdir()
+    fake_distribution(plugins, name, entry_points, code)
+    return os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))

@@ -16,14 +16,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
-from helpers import Proc, RedisProcess, Server, fake_distribution, start_worker, wait_healthy, write_keywords
+from helpers import Proc, RedisProcess, Server, plugin_path, start_worker, wait_healthy, write_keywords
 
 GRACE_S = 10.0  # docker stop's, Kubernetes' default terminationGracePeriodSeconds, systemd's
 SLOW = "invoice " * 6
@@ -56,22 +55,8 @@ class SlowEngine(CountsEngine):
 
 @pytest.fixture
 def slow_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    fake_distribution(
-        plugins, "slow-counts", {"vllm_srun.engines": {"slow_counts": "slow_counts:SlowEngine"}}, ENGINE
-    )
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
-    )
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop(signal.SIGKILL)
+    entry_points = {"vllm_srun.engines": {"slow_counts": "slow_counts:SlowEngine"}}
+    monkeypatch.setenv("PYTHONPATH", plugin_path(tmp_path, "slow-counts", entry_points, ENGINE))
 
 
 def load(url: str, n: int = 2000, concurrency: int = 16) -> dict[int, int]:

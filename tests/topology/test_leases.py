@@ -9,7 +9,6 @@ process with os._exit(1) (a poison input). Default lease settings throughout.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from helpers import Proc, RedisProcess, Server, fake_distribution, start_worker, wait_healthy, write_keywords
+from helpers import Proc, RedisProcess, Server, plugin_path, start_worker, wait_healthy, write_keywords
 
 SLOW_S = 10.0
 SLOW = "invoice " * 6
@@ -114,17 +113,8 @@ class Cluster:
 
 @pytest.fixture
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    fake_distribution(
-        plugins,
-        "faulty-counts",
-        {"vllm_srun.engines": {"faulty_counts": "faulty_counts:FaultyEngine"}},
-        ENGINE,
-    )
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
-    )
+    entry_points = {"vllm_srun.engines": {"faulty_counts": "faulty_counts:FaultyEngine"}}
+    monkeypatch.setenv("PYTHONPATH", plugin_path(tmp_path, "faulty-counts", entry_points, ENGINE))
     made = Cluster(tmp_path)
     yield made
     made.stop()

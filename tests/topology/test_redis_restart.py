@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,8 @@ from helpers import (
     Proc,
     RedisProcess,
     Server,
-    fake_distribution,
     free_port,
+    plugin_path,
     start_worker,
     wait_healthy,
     write_keywords,
@@ -89,22 +88,8 @@ class DurableRedis(Proc):
 
 @pytest.fixture
 def paced_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    fake_distribution(
-        plugins, "paced-counts", {"vllm_srun.engines": {"paced_counts": "paced_counts:PacedEngine"}}, ENGINE
-    )
-    monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
-    )
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in started:
-        proc.stop(signal.SIGKILL)
+    entry_points = {"vllm_srun.engines": {"paced_counts": "paced_counts:PacedEngine"}}
+    monkeypatch.setenv("PYTHONPATH", plugin_path(tmp_path, "paced-counts", entry_points, ENGINE))
 
 
 def lines(n: int) -> list[dict[str, Any]]:
