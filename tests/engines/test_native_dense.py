@@ -139,6 +139,19 @@ def test_without_onnx_small_batches_stay_on_torch(
         run(native, [[5, 6, 7]], "mean", path="onnx")
 
 
+def test_bfloat16_small_batches_stay_on_torch_close_to_packed(nt: Any, tmp_path: Path) -> None:
+    hf = nt.randomize(tiny_bert(transformers.BertModel))
+    native = nt.load_native(nt.save(hf, tmp_path), "bfloat16")
+    assert native.paths == ("packed", "dense")
+    rows = nt.token_rows(VOCAB, SHAPES["unequal"])
+    ref = nt.reference(hf, rows).last_hidden_state
+    for i, (dense, packed) in enumerate(
+        zip(run(native, rows, "mean", path="dense"), run(native, rows, "mean", path="packed"), strict=True)
+    ):
+        np.testing.assert_allclose(dense, packed, atol=0.05, rtol=0)
+        np.testing.assert_allclose(dense, ref[i, : len(rows[i])].mean(0).numpy(), atol=0.15, rtol=0.05)
+
+
 def test_int8_and_modernbert_run_packed_only(nt: Any, tmp_path: Path) -> None:
     native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "b"), "int8")
     assert native.paths == ("packed",)
