@@ -174,6 +174,8 @@ def onnx_path(graph: Path, threads: int) -> Path_:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    # As the engine's session: a spinning pool would steal the core from the next path timed.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
 
     def run(rows: list[list[int]]) -> np.ndarray:
