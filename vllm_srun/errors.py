@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 
-
 # A message that starts with a request field: `input[3]: …`, `options.head: …`.
 _LEADING_FIELD = re.compile(r"([a-z_][\w]*(?:\[\d+\]|\.[a-z_]\w*)*): ")
 
