@@ -101,7 +101,9 @@ def test_minilm_on_a_plugin_accelerator_matches_cpu(plugins: Plugins) -> None:
     assert len(on_npu) == len(TEXTS)
     for got, want in zip(on_npu, on_cpu, strict=True):
         assert got.shape == (384,)
-        np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+        # Small batches run on onnxruntime on cpu but on torch where an accelerator brings its
+        # own attention kernel; the engine holds both to torch within 1e-5 (its probe check).
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_an_accelerator_without_a_torch_device_is_declined_with_the_reason(
