@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from vllm_srun.engines.native import NativeEngine
+from vllm_srun.engines.native.engine import NativeModel
 from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem
 from vllm_srun.testing.corpus import corpus
 
@@ -43,6 +44,19 @@ def tokenize(path: Path, texts: list[str]) -> list[list[int]]:
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return [e.ids for e in tokenizer.encode_batch(texts)]
+
+
+def load_native(path: Path) -> NativeModel:
+    """The package at `path` on the native engine, float32 on the cpu."""
+    config = json.loads((path / "config.json").read_text())
+    spec = ModelSpec(
+        family="bench",
+        architecture=config["architectures"][0],
+        config=config,
+        weight_files=(path / "model.safetensors",),
+    )
+    engine = NativeEngine()
+    return engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
 
 
 def native_batches(rows: list[list[int]], size: int) -> list[Batch]:
@@ -112,15 +126,7 @@ def main() -> None:
 
     path = model_dir()
     rows = tokenize(path, corpus(args.texts))
-    config = json.loads((path / "config.json").read_text())
-    spec = ModelSpec(
-        family="bench",
-        architecture=config["architectures"][0],
-        config=config,
-        weight_files=(path / "model.safetensors",),
-    )
-    engine = NativeEngine()
-    native = engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
+    native = load_native(path)
     hf = AutoModel.from_pretrained(path).eval()
 
     nbatches, pbatches = native_batches(rows, args.batch), padded_batches(rows, args.batch)

@@ -25,7 +25,6 @@ the largest |difference| from the packed native output seen on any repetition.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -36,25 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.native_forward import model_dir, tokenize
-from vllm_srun.engines.native import NativeEngine
+from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.engines.native.engine import NativeModel
-from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem
+from vllm_srun.plugins.base import Batch, WorkItem
 from vllm_srun.testing.corpus import corpus
 
 Path_ = Callable[[list[list[int]]], np.ndarray]
-
-
-def load_native(path: Path) -> NativeModel:
-    config = json.loads((path / "config.json").read_text())
-    spec = ModelSpec(
-        family="bench",
-        architecture=config["architectures"][0],
-        config=config,
-        weight_files=(path / "model.safetensors",),
-    )
-    engine = NativeEngine()
-    return engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
 
 
 def padded(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
