@@ -208,3 +208,18 @@ def plugin_path(root: Path, name: str, entry_points: dict[str, dict[str, str]], 
     plugins.mkdir()
     fake_distribution(plugins, name, entry_points, code)
     return os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
+
+
+def submit_job(url: str, lines: list[dict], *, timeout_s: float = 120.0) -> str:
+    """A classify bulk job of `lines` (sent as JSONL) to the server at `url`; its id."""
+    import json
+
+    body = "\n".join(json.dumps(line) for line in lines)
+    r = httpx.post(
+        f"{url}/v1/jobs?surface=classify",
+        content=body,
+        headers={"content-type": "application/x-ndjson"},
+        timeout=timeout_s,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["id"])

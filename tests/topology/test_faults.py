@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import RedisProcess, Topology, metric, wait_healthy, write_keywords
+from helpers import RedisProcess, Topology, metric, submit_job, wait_healthy, write_keywords
 
 
 def bulk_lines(n: int) -> list[dict]:
@@ -22,18 +22,6 @@ def bulk_lines(n: int) -> list[dict]:
         {"input": [f"{'refund ' * (1 + i % 97)}{'parcel ' * (1 + i // 97)}x"], "custom_id": f"r{i}"}
         for i in range(n)
     ]
-
-
-def submit(url: str, lines: list[dict]) -> str:
-    body = "\n".join(json.dumps(line) for line in lines)
-    r = httpx.post(
-        f"{url}/v1/jobs?surface=classify",
-        content=body,
-        headers={"content-type": "application/x-ndjson"},
-        timeout=120,
-    )
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
 
 
 class EventReader(threading.Thread):
@@ -91,7 +79,7 @@ def test_bulk_job_of_20000_survives_a_worker_kill(topology: Callable[..., Topolo
     topo = topology(write_keywords(tmp_path / "kw"))
     first, second = topo.apps
     lines = bulk_lines(20_000)
-    job_id = submit(first.url, lines)
+    job_id = submit_job(first.url, lines)
     reader = EventReader(second.url, job_id)
     reader.start()
     wait_for(lambda: len(reader.results) > 2000, 120, "the first results")
@@ -133,7 +121,7 @@ def test_a_job_outlives_the_replica_that_created_it(
 ) -> None:
     topo = topology(write_keywords(tmp_path / "kw"))
     creator, other = topo.apps
-    job_id = submit(creator.url, bulk_lines(3000))
+    job_id = submit_job(creator.url, bulk_lines(3000))
     creator.stop(signal.SIGKILL)
     reader = EventReader(other.url, job_id)
     reader.start()

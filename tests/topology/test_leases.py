@@ -20,7 +20,16 @@ from typing import Any
 import httpx
 import pytest
 import redis
-from helpers import Proc, RedisProcess, Server, plugin_path, start_worker, wait_healthy, write_keywords
+from helpers import (
+    Proc,
+    RedisProcess,
+    Server,
+    plugin_path,
+    start_worker,
+    submit_job,
+    wait_healthy,
+    write_keywords,
+)
 
 SLOW_S = 10.0
 SLOW = "invoice " * 6
@@ -131,18 +140,6 @@ def bulk_lines(n: int, poison_at: int | None = None) -> list[dict[str, Any]]:
     return lines
 
 
-def submit(url: str, lines: list[dict[str, Any]]) -> str:
-    body = "\n".join(json.dumps(line) for line in lines)
-    r = httpx.post(
-        f"{url}/v1/jobs?surface=classify",
-        content=body,
-        headers={"content-type": "application/x-ndjson"},
-        timeout=60,
-    )
-    assert r.status_code == 202, r.text
-    return str(r.json()["id"])
-
-
 def job(url: str, job_id: str) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10).json())
 
@@ -173,7 +170,7 @@ def test_work_held_by_a_killed_worker_runs_again_on_the_other(cluster: Cluster) 
     cluster.ready()
     url = cluster.app.url
     n = 3000
-    job_id = submit(url, bulk_lines(n))
+    job_id = submit_job(url, bulk_lines(n))
     wait_for(lambda: job(url, job_id)["counts"]["done"] >= 256, 60, "the first chunk")
     # Interactive requests whose forward outlasts a lease, held by the worker about to die.
     pool = ThreadPoolExecutor(4)
@@ -214,7 +211,7 @@ def test_a_poison_input_fails_alone_and_a_worker_stays_up(cluster: Cluster) -> N
     cluster.supervise()
     url = cluster.app.url
     n, poison_at = 600, 300
-    job_id = submit(url, bulk_lines(n, poison_at))
+    job_id = submit_job(url, bulk_lines(n, poison_at))
     answer = classify(url, ["refund now", POISON + "parcel", "parcel please"])
     assert answer.status_code == 200, answer.text
     interactive = answer.json()["results"]
