@@ -25,6 +25,13 @@ PORT = 8000
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 MAX_INPUTS = 2048
 REQUEST_TIMEOUT_S = 60.0
+# Most tasks one POST /v1/bundle carries (the upstream contract's `limits.max_bundle_tasks`);
+# more is a 413 for the whole bundle, so a client splits its work to fit.
+MAX_BUNDLE_TASKS = 64
+
+# The version of the upstream runtime's contract (its OpenAPI `info.version`) this server
+# speaks: /v1/models and /health report it, and a client refuses another major version.
+API_VERSION = "2.3.0"
 
 # Admission, per deployment and replica.
 MAX_QUEUED_ITEMS = 100_000

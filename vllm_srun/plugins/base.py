@@ -120,19 +120,61 @@ class Verification:
     licence: str | None = None
 
 
+class HeadWindow(msgspec.Struct):
+    """The windows a head reads a long input in by default (the upstream contract's HeadWindow)."""
+
+    tokens: int
+    overlap: int
+
+
 class HeadInfo(msgspec.Struct, omit_defaults=True):
+    """One head. The fields after `threshold` are the upstream contract's HeadCard facts a
+    family knows of a classify head; None where it states none (the card leaves them out).
+
+    `inputs` the forms it accepts (text, pair, grounded); `thresholds` the packaged operating
+    point, one per label; `overflow` its policy for a long input; `reduction` how windows
+    combine (max, span_union)."""
+
     name: str
     kind: str
     labels: list[str] | None = None
     threshold: float | None = None
+    inputs: list[str] | None = None
+    default_threshold: float | None = None
+    thresholds: list[float] | None = None
+    overflow: str | None = None
+    window: HeadWindow | None = None
+    reduction: str | None = None
 
 
 class EmbeddingView(msgspec.Struct):
+    """An embedder's facts. `dimensions` the output sizes a request may ask for (empty: only
+    `dimension`), `layers` the layers whose pooled output a request may ask for (empty: the
+    last only), `input_types` the roles (query, document) it has prompts for."""
+
     dimension: int
     normalized: bool
     pooling: str = "mean"
     # sentence-transformers' similarity function for the vectors (cosine, dot, ...), if stated.
     similarity_fn_name: str | None = None
+    dimensions: list[int] = msgspec.field(default_factory=list)
+    layers: list[int] = msgspec.field(default_factory=list)
+    modalities: list[str] = msgspec.field(default_factory=lambda: ["text"])
+    input_types: list[str] = msgspec.field(default_factory=list)
+
+
+class RerankExit(msgspec.Struct):
+    """A pair scorer's exit: the layer it reads out at and that readout's width."""
+
+    layer: int
+    dimension: int
+
+
+class RerankView(msgspec.Struct):
+    """A pair scorer's exits and the one a request gets by default."""
+
+    exits: list[RerankExit]
+    default: RerankExit
 
 
 class ModelInfo(msgspec.Struct, omit_defaults=True):
@@ -147,6 +189,13 @@ class ModelInfo(msgspec.Struct, omit_defaults=True):
     embedding: EmbeddingView | None = None
     max_tokens: int | None = None
     licence: str | None = None
+    # Decision models: the question types it answers and the questions it defines (upstream's
+    # `question_types`, `presets`); empty: the decisions base's types, no preset.
+    question_types: list[str] = msgspec.field(default_factory=list)
+    presets: list[str] = msgspec.field(default_factory=list)
+    rerank: RerankView | None = None
+    # The weights' element count, where the family knows it.
+    parameters: int | None = None
 
 
 class Plugin:
