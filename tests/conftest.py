@@ -7,6 +7,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+# Every response on upstream's paths is checked against its contract (tests/contract/hook.py).
+from contract.hook import (  # noqa: F401
+    pytest_runtest_call,
+    pytest_runtest_protocol,
+    pytest_terminal_summary,
+    upstream_contract,
+)
 from helpers import Proc, RedisProcess, Server, write_keywords
 
 
