@@ -33,6 +33,10 @@ MAX_BUNDLE_TASKS = 64
 # speaks: /v1/models and /health report it, and a client refuses another major version.
 API_VERSION = "2.3.0"
 
+# A decisions `set` question selects the labels whose P(label holds) exceeds this, unless the
+# question gives its own `threshold` (the applied one is reported in `thresholds`).
+SET_THRESHOLD = 0.5
+
 # Admission, per deployment and replica.
 MAX_QUEUED_ITEMS = 100_000
 MAX_QUEUED_TOKENS = 10_000_000
