@@ -7,7 +7,7 @@ projection: one matmul instead of three.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -152,6 +152,27 @@ class _Bert(EncoderModel):
         self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, segments: Segments
     ) -> torch.Tensor:
         return self.bert(input_ids, type_ids, segments)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.bert.encoder.layer)
+
+    def hidden_at(
+        self,
+        input_ids: torch.Tensor,
+        type_ids: torch.Tensor | None,
+        segments: Segments,
+        layers: Collection[int],
+    ) -> dict[int, torch.Tensor]:
+        """The hidden states after each encoder layer in `layers` (1-based), running no layer
+        past the deepest asked for: Transformers' `hidden_states[layer]`."""
+        x = self.bert.embeddings(input_ids, type_ids, segments)
+        out: dict[int, torch.Tensor] = {}
+        for number, layer in enumerate(self.bert.encoder.layer[: max(layers)], start=1):
+            x = layer(x, segments)
+            if number in layers:
+                out[number] = x  # each layer returns a fresh tensor: later layers leave it as is
+        return out
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
         return load_named(self, tensors, rename=self._rename, stacked=_QKV, harmless=self._harmless)

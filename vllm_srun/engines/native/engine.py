@@ -2,6 +2,12 @@
 
 This module imports without torch: torch is imported inside the methods that need it, so the
 app (which never runs a forward) and `supports()` work where torch is not installed.
+
+Early exits: a row whose output is `"<kind>@<layer>"` ("mean@3", "hidden@3") gets that output
+from the hidden states after encoder layer `layer` (1-based) instead of the last, for the pooled
+kinds and "hidden". An architecture offers them by defining `num_layers` and
+`hidden_at(input_ids, type_ids, segments, layers) -> {layer: hidden states}` (the built-in BERT
+and ModernBERT do); a batch with such rows runs on the packed path, through its deepest exit only.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ if TYPE_CHECKING:
 
 POOLED = ("mean", "cls", "last")
 OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED)
+# The outputs an earlier layer can give (the heads read the last layer only), and the separator
+# of an output's exit layer.
+EXIT_OUTPUTS = ("hidden", *POOLED)
+EXIT_SEPARATOR = "@"
 # The small-batch paths (rows padded into one block) for batches of at most this many rows
 # whose padding is at most this fraction of the block: beyond that the packed path costs less
 # than the padded compute (bench/single_forward.py measures them all).
@@ -157,6 +167,31 @@ class NativeModel(EngineModel):
         self.attention: AttentionKernel | None = (kernels or {}).get("scaled_dot_product_attention")
         self._onnx: Any = None  # the small-batch onnxruntime session (prepare_small_batches)
 
+    @property
+    def exit_layers(self) -> tuple[int, ...]:
+        """The encoder layers (1-based) whose output a row may ask for: every layer where the
+        architecture can stop early, else none (only its last, by asking for no layer)."""
+        count = getattr(self.module, "num_layers", 0)
+        return tuple(range(1, count + 1)) if hasattr(self.module, "hidden_at") else ()
+
+    def resolve_exit(self, output: str) -> tuple[str, int | None]:
+        """`output` as (kind, exit layer); the layer is None for the last one, whether named or
+        not, so the last layer runs one way. ValueError for a layer the model does not have."""
+        kind, separator, layer = output.partition(EXIT_SEPARATOR)
+        if not separator:
+            return self.resolve_output(output), None
+        layers = self.exit_layers
+        if not layers:
+            raise ValueError(
+                f"output {output!r}: {type(self.module).__name__} cannot exit at an earlier layer"
+            )
+        if not layer.isdigit() or int(layer) not in layers:
+            raise ValueError(f"output {output!r}: the model's layers are 1..{layers[-1]}")
+        resolved = self.resolve_output(kind)
+        if resolved not in EXIT_OUTPUTS:
+            raise ValueError(f"output {output!r}: an earlier layer gives only {', '.join(EXIT_OUTPUTS)}")
+        return resolved, None if int(layer) == layers[-1] else int(layer)
+
     def resolve_output(self, output: str) -> str:
         """What `output` means for this model ("default" depends on the head); errors if unsupported."""
         head = self.module.head_kind
@@ -241,14 +276,19 @@ class NativeModel(EngineModel):
 
         from vllm_srun.engines.native.attention import Segments
 
-        kinds = [self.resolve_output(o) for o in batch.outputs]
+        resolved = [self.resolve_exit(o) for o in batch.outputs]
+        kinds = [kind for kind, _ in resolved]
+        exits = {layer for _, layer in resolved if layer is not None}
         lengths = np.diff(batch.offsets)
         if len(lengths) and lengths.min() <= 0:
             raise ValueError(f"row {int(np.argmin(lengths))} of the batch has no tokens")
         if path is None:
-            path = self.choose_path(lengths)
+            # The small-batch paths run every layer: early exits take the packed one.
+            path = "packed" if exits else self.choose_path(lengths)
         elif path not in self.paths:
             raise ValueError(f"path {path!r} is not one this model runs (it runs: {', '.join(self.paths)})")
+        elif exits and path != "packed":
+            raise ValueError(f"rows that exit at an earlier layer run on the packed path, not {path!r}")
         dev = self._torch_device
         with torch.inference_mode():
             ids = torch.as_tensor(batch.token_ids, dtype=torch.long, device=dev)
@@ -258,6 +298,8 @@ class NativeModel(EngineModel):
                 else torch.as_tensor(batch.type_ids, dtype=torch.long, device=dev)
             )
             segments = Segments.from_offsets(batch.offsets, dev, attention=self.attention)
+            if exits:
+                return self._exit_outputs(ids, types, segments, resolved)
             if path == "packed" or not len(lengths):
                 hidden = self.module(ids, types, segments)
             elif path == "onnx":
@@ -265,6 +307,25 @@ class NativeModel(EngineModel):
             else:
                 hidden = self._dense_forward(self._dense_backbone(), ids, types, lengths)
             return self._outputs(hidden, segments, kinds)
+
+    def _exit_outputs(
+        self,
+        ids: torch.Tensor,
+        types: torch.Tensor | None,
+        segments: Segments,
+        resolved: list[tuple[str, int | None]],
+    ) -> list[np.ndarray]:
+        """Each row's output from the layer it exits at: one forward, as deep as the deepest."""
+        last = self.exit_layers[-1]
+        wanted = [(kind, last if layer is None else layer) for kind, layer in resolved]
+        states = self.module.hidden_at(ids, types, segments, {layer for _, layer in wanted})
+        results: list[np.ndarray | None] = [None] * len(wanted)
+        for number, hidden in states.items():
+            kinds = [kind if layer == number else None for kind, layer in wanted]
+            for i, value in enumerate(self._outputs(hidden, segments, kinds, keep_rows=True)):
+                if value is not None:
+                    results[i] = value
+        return [r for r in results if r is not None]
 
     def _onnx_forward(self, batch: Batch, lengths: np.ndarray) -> torch.Tensor:
         """Packed hidden states [tokens, hidden] from onnxruntime on the rows padded into one block."""
@@ -305,14 +366,24 @@ class NativeModel(EngineModel):
         hidden = dense_bert(backbone, block, block_types, mask[:, None, None, :], sdpa)
         return hidden[valid]
 
-    def _outputs(self, hidden: torch.Tensor, segments: Segments, kinds: list[str]) -> list[np.ndarray]:
+    def _outputs(
+        self,
+        hidden: torch.Tensor,
+        segments: Segments,
+        kinds: Sequence[str | None],
+        *,
+        keep_rows: bool = False,
+    ) -> list[Any]:
+        """Each row's output of its kind from `hidden`; a row whose kind is None gets none (with
+        `keep_rows`, None in its place)."""
         import torch
 
         from vllm_srun.engines.native.layers import first_tokens, mean_rows
 
         rows_of: dict[str, list[int]] = {}
         for i, kind in enumerate(kinds):
-            rows_of.setdefault(kind, []).append(i)
+            if kind is not None:
+                rows_of.setdefault(kind, []).append(i)
         spans = [(s, s + n) for s, n in zip(segments.starts, segments.lengths, strict=True)]
         results: list[np.ndarray | None] = [None] * len(kinds)
 
@@ -337,4 +408,4 @@ class NativeModel(EngineModel):
                 values = host(self.module.token_logits(tokens) if kind == "token_logits" else tokens)
                 bounds = np.cumsum([0] + [segments.lengths[r] for r in rows])
                 per_row(rows, [values[a:b] for a, b in itertools.pairwise(bounds)])
-        return [r for r in results if r is not None]
+        return results if keep_rows else [r for r in results if r is not None]

@@ -8,7 +8,7 @@ mlp_bias and classifier_bias flags. Attribute names follow the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -178,6 +178,34 @@ class _ModernBert(EncoderModel):
         self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, segments: Segments
     ) -> torch.Tensor:
         return self.model(input_ids, segments)  # ModernBERT has no token types
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.model.layers)
+
+    def hidden_at(
+        self,
+        input_ids: torch.Tensor,
+        type_ids: torch.Tensor | None,
+        segments: Segments,
+        layers: Collection[int],
+    ) -> dict[int, torch.Tensor]:
+        """The hidden states after each encoder layer in `layers` (1-based), running no layer
+        past the deepest asked for. As Transformers' `hidden_states[layer]`: an earlier layer's
+        output is the residual stream before the final norm, the last layer's is the model's
+        output (after it)."""
+        backbone = self.model
+        x = backbone.embeddings(input_ids)
+        rope = backbone.rope(segments.positions)
+        out: dict[int, torch.Tensor] = {}
+        deepest = max(layers)
+        for number, (layer, kind) in enumerate(zip(backbone.layers, backbone.kinds, strict=True), start=1):
+            if number > deepest:
+                break
+            x = layer(x, rope[kind], segments)
+            if number in layers:
+                out[number] = backbone.final_norm(x) if number == len(backbone.layers) else x
+        return out
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
         return load_named(self, tensors, rename=self._rename)
