@@ -84,7 +84,10 @@ NUMBERS = array(NUMBER)
 INTEGERS = array(INTEGER)
 COVERAGE: Schema = {"type": "string", "enum": ["complete"]}
 # Base64Vector (`format: byte`): standard base64, padded.
-BASE64: Schema = {"type": "string", "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"}
+BASE64: Schema = {
+    "type": "string",
+    "pattern": r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$",
+}
 
 _DECISION_FIELDS: dict[str, Schema] = {
     "model": STRING,
@@ -127,7 +130,10 @@ COMPONENTS: dict[str, Schema] = {
         probability=NUMBER,
     ),
     "SetAnswer": obj(
-        ("selected", "probabilities"), input_coverage=COVERAGE, selected=STRINGS, probabilities=mapping(NUMBER)
+        ("selected", "probabilities"),
+        input_coverage=COVERAGE,
+        selected=STRINGS,
+        probabilities=mapping(NUMBER),
     ),
     "Usage": obj(("input_tokens", "output_tokens"), input_tokens=INTEGER, output_tokens=INTEGER),
     "ResponseMeta": obj(
@@ -176,7 +182,9 @@ COMPONENTS: dict[str, Schema] = {
         input=ref("InputUsage"),
         error=ref("ItemError"),
     ),
-    "ClassifyWindow": obj(("start", "end"), start=INTEGER, end=INTEGER, probabilities=NUMBERS, scores=NUMBERS),
+    "ClassifyWindow": obj(
+        ("start", "end"), start=INTEGER, end=INTEGER, probabilities=NUMBERS, scores=NUMBERS
+    ),
     "TokenProbabilities": obj(
         ("start", "end", "probabilities"), start=INTEGER, end=INTEGER, probabilities=NUMBERS
     ),
@@ -354,7 +362,9 @@ COMPONENTS: dict[str, Schema] = {
         models=mapping(ref("ModelHealth")),
     ),
     "ModelHealth": obj(("status",), status={"type": "string", "enum": MODEL_STATUS}, reason=nullable(STRING)),
-    "Liveness": obj(("status", "api_version"), api_version=STRING, status={"type": "string", "enum": ["alive"]}),
+    "Liveness": obj(
+        ("status", "api_version"), api_version=STRING, status={"type": "string", "enum": ["alive"]}
+    ),
 }
 
 

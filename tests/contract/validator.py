@@ -169,7 +169,10 @@ def _decode(body: Any) -> tuple[Any, str | None]:
         try:
             return json.loads(body), None
         except ValueError:
-            return None, f"body is not JSON: {bytes(body[:120]) if not isinstance(body, str) else body[:120]!r}"
+            return (
+                None,
+                f"body is not JSON: {bytes(body[:120]) if not isinstance(body, str) else body[:120]!r}",
+            )
     return body, None
 
 
@@ -206,7 +209,9 @@ def check(method: str, path: str, status: int, body: Any, headers: Mapping[str, 
             problems += _bundle_results(decoded)
             for i, result in enumerate(decoded.get("results") or [] if isinstance(decoded, dict) else []):
                 if isinstance(result, dict) and result.get("classify") is not None:
-                    problems += [f"$.results[{i}].classify: {p}" for p in _classify_label_order(result["classify"])]
+                    problems += [
+                        f"$.results[{i}].classify: {p}" for p in _classify_label_order(result["classify"])
+                    ]
         problems += _readiness(component, status, decoded)
     elif status in error_statuses:
         problems += schema_violations("ErrorResponse", decoded)
