@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -270,3 +271,23 @@ def test_the_hook_records_and_when_enforced_fails(monkeypatch: pytest.MonkeyPatc
     finally:
         hook.LOG.violations.pop()
         del hook._marks[item.nodeid]
+
+
+def test_readme_table_covers_every_component_with_no_blank_row() -> None:
+    """The README's "upstream 2.3.0 field -> status here" table: a status of the three kinds on
+    every row, and every response component of the schema named in it."""
+    from helpers import REPO
+
+    section = (
+        (REPO / "README.md").read_text().split("### Upstream contract 2.3.0", 1)[1].split("\n### ", 1)[0]
+    )
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")][1:]
+    assert len(rows) > 200, len(rows)
+    named = " ".join(component for component, _, _ in rows)
+    for _, field, status in rows:
+        assert field.strip() and status.strip().startswith(("served", "refused with", "absent (")), (
+            field,
+            status,
+        )
+    value_types = {"EmbeddingVector"}  # Embedding.embedding's row says what it is
+    assert {c for c in COMPONENTS if not re.search(rf"\b{c}\b", named)} == value_types
