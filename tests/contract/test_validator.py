@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from contract import hook
+from contract import hook, readme_table
 from contract.schema import COMPONENTS, document
 from contract.validator import check, schema_violations, server_timing_violations
 from jsonschema import Draft202012Validator
@@ -276,18 +276,14 @@ def test_the_hook_records_and_when_enforced_fails(monkeypatch: pytest.MonkeyPatc
 def test_readme_table_covers_every_component_with_no_blank_row() -> None:
     """The README's "upstream 2.3.0 field -> status here" table: a status of the three kinds on
     every row, and every response component of the schema named in it."""
-    from helpers import REPO
-
-    section = (
-        (REPO / "README.md").read_text().split("### Upstream contract 2.3.0", 1)[1].split("\n### ", 1)[0]
-    )
-    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) > 200, len(rows)
-    named = " ".join(component for component, _, _ in rows)
-    for _, field, status in rows:
-        assert field.strip() and status.strip().startswith(("served", "refused with", "absent (")), (
+    table = readme_table.rows()
+    assert len(table) > 200, len(table)
+    for component, field, status in table:
+        assert component and field and status.startswith(("served", "refused with", "absent (")), (
             field,
             status,
         )
+    named = " ".join(component for component, _, _ in table)
     value_types = {"EmbeddingVector"}  # Embedding.embedding's row says what it is
     assert {c for c in COMPONENTS if not re.search(rf"\b{c}\b", named)} == value_types
+    assert ("ModelLimits", "max_scan_tokens") in readme_table.absent()
