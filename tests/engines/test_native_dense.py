@@ -188,3 +188,63 @@ def test_minilm_small_batch_paths_match_sentence_transformers(nt: Any, small: st
     for vector, expected in zip(got, [*reference, *reference], strict=True):
         cosine = float(vector @ expected / np.linalg.norm(vector) / np.linalg.norm(expected))
         assert cosine >= 0.99999, cosine
+
+
+def test_the_onnx_session_follows_the_forward_threads_setting(nt: Any, tmp_path: Path) -> None:
+    import threading
+
+    from vllm_srun.tuning import set_intra_op_threads
+
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
+    session = native._onnx
+    assert session is not None
+    loaded_with = session.session.get_session_options().intra_op_num_threads
+    wanted = 1 if loaded_with != 1 else 2
+    rows = nt.token_rows(VOCAB, (11,))
+    before = run(native, rows, "mean", path="onnx")
+    seen: list[int] = []
+
+    def forward_thread() -> None:  # as the device's executor runs it (tuning.start_forward_thread)
+        set_intra_op_threads(wanted)
+        after = run(native, rows, "mean", path="onnx")
+        np.testing.assert_allclose(after[0], before[0], atol=1e-6, rtol=0)
+        seen.append(session.session.get_session_options().intra_op_num_threads)
+        run(native, rows, "mean", path="onnx")  # the same count: the same session
+        seen.append(id(session.session))
+        run(native, rows, "mean", path="onnx")
+        seen.append(id(session.session))
+
+    try:
+        thread = threading.Thread(target=forward_thread)
+        thread.start()
+        thread.join()
+    finally:
+        torch.set_num_threads(loaded_with)
+    assert seen[0] == wanted
+    assert seen[1] == seen[2]
+
+
+def test_the_engine_reports_the_paths_it_chooses_and_their_memory(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "a"))
+    described = native.describe()
+    assert described["engine_paths"] == ["native", "onnxruntime-small-batch"]
+    assert described["memory_bytes"]["native"] == 0
+    assert described["memory_bytes"]["onnxruntime-small-batch"] >= 0
+    monkeypatch.setattr(NativeModel, "small_batch_onnx", False)
+    torch_only = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "b"))
+    assert torch_only.describe() == {
+        "engine_paths": ["native", "native-small-batch"],
+        "memory_bytes": {"native": 0, "native-small-batch": 0},
+    }
+    int8 = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "c"), "int8")
+    assert int8.describe()["engine_paths"] == ["native"]
+
+
+def test_the_onnx_path_adds_at_most_one_copy_of_minilm_weights(nt: Any) -> None:
+    path = minilm_dir()
+    native = nt.load_native(path)
+    weights = sum(p.numel() * p.element_size() for p in native.module.parameters())
+    added = native.describe()["memory_bytes"]["onnxruntime-small-batch"]
+    assert 0 < added <= 1.25 * weights, (added, weights)

@@ -46,6 +46,8 @@ DENSE_MAX_PADDING = 0.25
 # The onnxruntime path is kept only if it gives the torch forward's hidden states within this
 # on a probe batch (one row alone, and rows of unequal length: the masked block).
 PROBE_ATOL = 1e-5
+# The paths under the names /v1/models and `meta` give them.
+PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
 
@@ -213,6 +215,16 @@ class NativeModel(EngineModel):
             return ("packed",)
         return ("packed", "dense", "onnx") if self._onnx is not None else ("packed", "dense")
 
+    def describe(self) -> dict[str, Any]:
+        """What /v1/models reports of this model's engine: the paths the engine may choose
+        (`choose_path`) under their public names, and the memory a small-batch path added
+        beyond the module's own weights (bytes per path; 0 for one that shares them)."""
+        chosen = ("packed", self.paths[-1]) if len(self.paths) > 1 else self.paths
+        memory = {PATH_NAMES[p]: 0 for p in chosen}
+        if self._onnx is not None and self._onnx.memory_bytes is not None:
+            memory[PATH_NAMES["onnx"]] = self._onnx.memory_bytes
+        return {"engine_paths": [PATH_NAMES[p] for p in chosen], "memory_bytes": memory}
+
     def _dense_backbone(self) -> Any:
         from vllm_srun.engines.native.bert import BertBackbone
 
@@ -338,7 +350,9 @@ class NativeModel(EngineModel):
         types = np.zeros(valid.shape, dtype=np.int64)
         if batch.type_ids is not None:
             types[valid] = batch.type_ids
-        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64))
+        # The thread count torch has in this thread (the forward thread's setting, see
+        # vllm_srun.tuning), so both engines' forwards use the cores the settings give them.
+        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64), torch.get_num_threads())
         return torch.from_numpy(hidden[valid])
 
     def _dense_forward(

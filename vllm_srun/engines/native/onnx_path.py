@@ -5,8 +5,9 @@ forward faster than eager PyTorch (fewer dispatches, fused elementwise work arou
 matmuls); for large mixed batches the packed path wins (bench/single_forward.py measures
 both). The graph is exported from the loaded module itself (its `dense_bert` forward, so the
 numbers are the native ones up to float rounding) into a private temporary folder that is
-deleted once onnxruntime has read it; nothing the package ships is run. onnxruntime holds
-its own copy of the weights, the one extra copy the engine allows itself for this path.
+kept for the model's life (a new thread count opens a new session from it); nothing the
+package ships is run. onnxruntime holds its own copy of the weights, the one extra copy the
+engine allows itself for this path, and says what it added (`memory_bytes`).
 """
 
 from __future__ import annotations
@@ -31,25 +32,29 @@ def available() -> bool:
 
 
 class OnnxSmallBatch:
-    """An onnxruntime session over `dense_bert` of one loaded backbone; `hidden` runs it."""
+    """An onnxruntime session over `dense_bert` of one loaded backbone; `hidden` runs it.
+
+    `memory_bytes` is what building the session added to this process's resident memory (the
+    export included), None where the platform does not say. The exported graph stays in a
+    private temporary folder for the model's life, so that a new thread count (`hidden`'s
+    `threads`) opens a new session from it instead of exporting again.
+    """
 
     def __init__(self, backbone: BertBackbone, threads: int) -> None:
+        _return_freed_memory()
+        before = _resident_bytes()
+        self._folder = tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-")
+        self._path = str(Path(self._folder.name) / "dense.onnx")
+        _export(backbone, self._path)
+        self.threads = threads
+        self.session: Any = self._open(threads)
+        _return_freed_memory()
+        after = _resident_bytes()
+        self.memory_bytes = None if before is None or after is None else max(0, after - before)
+
+    def _open(self, threads: int) -> Any:
         import onnxruntime as ort
-        import torch
 
-        from vllm_srun.engines.native.dense import dense_bert
-
-        class Graph(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.bert = backbone
-
-            def forward(self, ids: torch.Tensor, types: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-                mask = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
-                return dense_bert(self.bert, ids, types, mask)
-
-        example = torch.ones(2, 8, dtype=torch.long)
-        axes = {0: "rows", 1: "width"}
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads
@@ -57,36 +62,76 @@ class OnnxSmallBatch:
         # Idle pool threads sleep rather than spin, as torch's do here (see vllm_srun.tuning):
         # a spinning pool starves the event loop and Redis on a busy machine.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # Through a file rather than bytes in memory: the graph holds a copy of the weights, and
-        # a second transient copy in this process would stay in its heap after the load.
-        with tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-") as folder:
-            path = str(Path(folder) / "dense.onnx")
-            # The legacy (TorchScript) exporter: one self-contained graph, no extra dependencies.
-            with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                torch.onnx.export(
-                    Graph().eval(),
-                    (example, torch.zeros_like(example), example),
-                    path,
-                    input_names=["input_ids", "token_type_ids", "attention_mask"],
-                    output_names=["hidden"],
-                    dynamic_axes={
-                        "input_ids": axes,
-                        "token_type_ids": axes,
-                        "attention_mask": axes,
-                        "hidden": axes,
-                    },
-                    opset_version=17,
-                    dynamo=False,
-                )
-            self.session: Any = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        _return_freed_memory()
+        return ort.InferenceSession(self._path, options, providers=["CPUExecutionProvider"])
 
-    def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`."""
+    def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`,
+        on `threads` intra-op threads (None: the count the session has). A new count opens a
+        new session (once per change: the forward thread's count is a setting, not per call)."""
+        if threads is not None and threads != self.threads:
+            self.session, self.threads = self._open(threads), threads
+            _return_freed_memory()  # the old session's
         feed = {"input_ids": ids, "token_type_ids": types, "attention_mask": valid}
         (out,) = self.session.run(["hidden"], feed)
         return np.asarray(out)
+
+
+def _export(backbone: BertBackbone, path: str) -> None:
+    """Export `dense_bert` over `backbone` to `path`, its weights in a file beside it.
+
+    Through files rather than bytes in memory, and with the weights as external data: the
+    in-memory graph would be a second transient copy of the weights that stays in this
+    process's heap, and onnxruntime reads external initializers straight from their file where
+    it would otherwise hold the parsed graph's copy next to its own.
+    """
+    import onnx
+    import torch
+
+    from vllm_srun.engines.native.dense import dense_bert
+
+    class Graph(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = backbone
+
+        def forward(self, ids: torch.Tensor, types: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+            mask = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
+            return dense_bert(self.bert, ids, types, mask)
+
+    example = torch.ones(2, 8, dtype=torch.long)
+    axes = {0: "rows", 1: "width"}
+    # The legacy (TorchScript) exporter: one self-contained graph, no extra dependencies.
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            Graph().eval(),
+            (example, torch.zeros_like(example), example),
+            path,
+            input_names=["input_ids", "token_type_ids", "attention_mask"],
+            output_names=["hidden"],
+            dynamic_axes={
+                "input_ids": axes,
+                "token_type_ids": axes,
+                "attention_mask": axes,
+                "hidden": axes,
+            },
+            opset_version=17,
+            dynamo=False,
+        )
+    graph = onnx.load(path)
+    onnx.save_model(graph, path, save_as_external_data=True, location="weights.bin", size_threshold=1024)
+    del graph
+
+
+def _resident_bytes() -> int | None:
+    """This process's resident memory (Linux's /proc), None elsewhere."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _return_freed_memory() -> None:
