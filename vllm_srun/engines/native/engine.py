@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import structlog
@@ -330,7 +330,8 @@ class NativeModel(EngineModel):
         """Each row's output from the layer it exits at: one forward, as deep as the deepest."""
         last = self.exit_layers[-1]
         wanted = [(kind, last if layer is None else layer) for kind, layer in resolved]
-        states = self.module.hidden_at(ids, types, segments, {layer for _, layer in wanted})
+        hidden_at = cast("Callable[..., dict[int, torch.Tensor]]", self.module.hidden_at)
+        states = hidden_at(ids, types, segments, {layer for _, layer in wanted})
         results: list[np.ndarray | None] = [None] * len(wanted)
         for number, hidden in states.items():
             kinds = [kind if layer == number else None for kind, layer in wanted]

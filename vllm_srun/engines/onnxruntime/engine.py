@@ -84,6 +84,8 @@ class OnnxEngineModel(EngineModel):
         self.pad_id = int(spec.config.get("pad_token_id") or 0)
 
     def _output_of(self, kind: str) -> str:
+        if "@" in kind:  # the native engine's early exits ("mean@3"): a graph gives its last layer
+            raise ValueError(f"output {kind!r}: the onnxruntime engine cannot exit at an earlier layer")
         source = "hidden" if kind in HIDDEN_KINDS else kind
         if source not in self.kinds:
             raise ValueError(

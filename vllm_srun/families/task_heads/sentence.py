@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from vllm_srun.errors import InvalidRequest, PackageError
+from vllm_srun.plugins.base import WorkItem
 from vllm_srun.plugins.package import ModelPackage
 
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
@@ -367,3 +368,50 @@ def select_prompt(
             param=chosen[0],
         )
     return prompts[name]
+
+
+# How a work item names the layer it exits at: "<output>@<layer>", as the native engine reads
+# it (vllm_srun.engines.native.engine).
+EXIT_SEPARATOR = "@"
+
+
+def declared_layers(num_layers: int, engine_model: Any, *, has_weights: bool) -> list[int]:
+    """The encoder layers (1-based) whose pooled output `/v1/embeddings` serves, last one last.
+
+    Every layer where the engine can exit early (the native engine's `exit_layers`), else the
+    last only. An app replica has no engine: it declares every layer when the package has the
+    safetensors the native engine (the one `auto` picks for them) runs, else the last only.
+    """
+    if num_layers < 1:
+        return []
+    if engine_model is None:
+        exits: Sequence[int] = range(1, num_layers + 1) if has_weights else ()
+    else:
+        exits = getattr(engine_model, "exit_layers", ())
+    return list(exits) if list(exits)[-1:] == [num_layers] else [num_layers]
+
+
+def exit_layer(requested: int | None, layers: Sequence[int], *, model: str) -> int | None:
+    """The earlier layer a request's `layer` exits at; None for the last layer, named or not, so
+    its vectors share the default's cache entries. A layer the model does not declare is an
+    InvalidRequest naming `layer`."""
+    if requested is None or list(layers[-1:]) == [requested]:
+        return None
+    if requested not in layers:
+        served = (
+            (f"layers 1..{layers[-1]}" if len(layers) > 1 else f"only its last layer, {layers[-1]}")
+            if layers
+            else "no layer choice"
+        )
+        raise InvalidRequest(
+            f"layer: model {model!r} has no exit at layer {requested}; it serves {served}", param="layer"
+        )
+    return requested
+
+
+def at_layer(items: Sequence[WorkItem], layer: int) -> None:
+    """Point `items` at an earlier layer's output; the layer enters their cache keys, so vectors
+    from different layers never share an entry."""
+    for item in items:
+        item.output = f"{item.output}{EXIT_SEPARATOR}{layer}"
+        item.key_extra += f"/layer={layer}"
