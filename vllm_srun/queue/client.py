@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 
@@ -146,6 +148,32 @@ class QueueClient:
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
         return count
+
+    async def engines(self, deployment: str) -> dict[str, Any]:
+        """What the live workers' engines say of `deployment` (see `keys.engines_key`): the
+        paths any of them runs, in first-seen order, and the most memory each path added on any
+        of them; `{}` when no live worker said anything or Redis cannot be read (what is
+        reported here informs; it never fails the request that asks)."""
+        now_ms = int(time.time() * 1000)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrangebyscore(keys.worker_key(deployment), now_ms, "+inf")
+                pipe.hgetall(keys.engines_key(deployment))
+                live, described = await pipe.execute()
+        except REDIS_ERRORS:
+            return {}
+        paths: list[str] = []
+        memory: dict[str, int] = {}
+        for worker in live:
+            raw = described.get(worker)
+            try:
+                said = json.loads(raw) if raw is not None else {}
+            except ValueError:
+                continue
+            paths += [p for p in said.get("engine_paths", ()) if p not in paths]
+            for path, size in dict(said.get("memory_bytes") or {}).items():
+                memory[path] = max(memory.get(path, 0), int(size))
+        return {"engine_paths": paths, "memory_bytes": memory} if paths else {}
 
     async def _require_worker(self, deployment: str) -> None:
         seen = self._workers_seen.get(deployment, 0.0)

@@ -61,6 +61,12 @@ def worker_key(deployment: str) -> str:
     return f"{PREFIX}:workers:{deployment_slug(deployment)}"
 
 
+def engines_key(deployment: str) -> str:
+    """Hash of what each worker's engine says of a deployment (worker id -> JSON), written with
+    its heartbeat; only the fields of workers live in `worker_key` count."""
+    return f"{PREFIX}:engines:{deployment_slug(deployment)}"
+
+
 def cache_key(
     *,
     model_sha256: str,

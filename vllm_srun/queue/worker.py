@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import time
@@ -65,6 +66,13 @@ class Deployment:
     @property
     def name(self) -> str:
         return self.model.info.name
+
+
+def _engine_description(deployment: Deployment) -> str:
+    """What the deployment's engine model says of itself (`describe()`: the paths it runs, the
+    memory they add), as JSON; `{}` for an engine model that says nothing."""
+    describe = getattr(deployment.model.engine_model, "describe", None)
+    return json.dumps(describe() if callable(describe) else {})
 
 
 class _WakeablePoller:
@@ -297,6 +305,7 @@ class DeviceWorker:
             with contextlib.suppress(*REDIS_ERRORS):
                 for name in self.deployments:
                     await self._redis.zrem(keys.worker_key(name), self.worker_id)
+                    await self._redis.hdel(keys.engines_key(name), self.worker_id)  # type: ignore[misc]
             await self._redis.aclose()
             if self._cache is not None and self._cache is not self._redis:
                 await self._cache.aclose()
@@ -321,9 +330,10 @@ class DeviceWorker:
         now_ms = int(time.time() * 1000)
         expires_ms = now_ms + int(HEARTBEAT_TTL_S * 1000)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for name in self.deployments:
+            for name, deployment in self.deployments.items():
                 pipe.zadd(keys.worker_key(name), {self.worker_id: expires_ms})
                 pipe.zremrangebyscore(keys.worker_key(name), 0, now_ms)
+                pipe.hset(keys.engines_key(name), self.worker_id, _engine_description(deployment))
             await pipe.execute()
 
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
