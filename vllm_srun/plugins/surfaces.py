@@ -60,6 +60,7 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    layer: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
     prompt_name: str | None = None
     input_type: Literal["query", "document"] | None = None

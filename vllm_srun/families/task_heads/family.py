@@ -14,7 +14,7 @@ from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.heads import POOLED, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
-from vllm_srun.families.task_heads.sentence import load_post_pooling
+from vllm_srun.families.task_heads.sentence import declared_layers, load_post_pooling
 from vllm_srun.families.task_heads.tokenize import TextEncoder
 from vllm_srun.plugins.base import (
     EmbeddingView,
@@ -84,7 +84,9 @@ class TaskHeadsFamily(ModelFamily):
             model_sha256=verification.model_sha256,
             numerics=numerics,
             heads=heads,
-            embedding=_embedding_view(layout) if any(h.kind == POOLED for h in heads) else None,
+            embedding=_embedding_view(layout, engine_model, spec)
+            if any(h.kind == POOLED for h in heads)
+            else None,
             max_tokens=verification.max_tokens or layout.max_tokens,
             licence=verification.licence,
         )
@@ -120,12 +122,14 @@ class TaskHeadsFamily(ModelFamily):
         }
 
 
-def _embedding_view(layout: Layout) -> EmbeddingView:
+def _embedding_view(layout: Layout, engine_model: EngineModel | None, spec: ModelSpec) -> EmbeddingView:
     hidden = int(layout.config["hidden_size"])
+    layers = int(layout.config.get("num_hidden_layers") or 0)
     sentence = layout.sentence
     return EmbeddingView(
         dimension=sentence.dimension(hidden) if sentence else hidden,
         normalized=layout.normalize,
         pooling=layout.pooling or "mean",
         similarity_fn_name=sentence.similarity_fn_name if sentence else None,
+        layers=declared_layers(layers, engine_model, has_weights=bool(spec.weight_files)),
     )

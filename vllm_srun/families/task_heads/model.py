@@ -19,6 +19,8 @@ from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN, pool
 from vllm_srun.families.task_heads.sentence import (
     PostPooling,
     SentenceConfig,
+    at_layer,
+    exit_layer,
     prompt_length,
     select_prompt,
 )
@@ -55,13 +57,15 @@ class PlannedInput:
 
 
 class SurfaceOptions(TypedDict, total=False):
-    """The request fields finish needs beyond `Options`, by surface: embeddings' `dimensions` and
-    `encoding_format`, rerank's `top_n` and `return_documents`. Absent means the default."""
+    """The request fields finish needs beyond `Options`, by surface: embeddings' `dimensions`,
+    `encoding_format` and `layer` (the exit used), rerank's `top_n` and `return_documents`.
+    Absent means the default."""
 
     dimensions: int | None
     encoding_format: str
     top_n: int | None
     return_documents: bool
+    layer: int | None
 
 
 @dataclass(eq=False)
@@ -168,6 +172,8 @@ class TaskHeadsModel(LoadedModel):
                 f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}",
                 param="dimensions",
             )
+        layers = self.info.embedding.layers if self.info.embedding else []
+        layer = exit_layer(request.layer, layers, model=self.info.name)
         # One text or one list of ids: OpenAI names the field itself, not an element of it.
         single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
         prompt = select_prompt(
@@ -200,10 +206,12 @@ class TaskHeadsModel(LoadedModel):
             ids = self.encoder.tokenizer.encode(prompt, add_special_tokens=True).ids
             skip = prompt_length(ids, self.encoder.special_ids)
         plan = self._plan_encoded("embeddings", head, request.options, names, encs, skip=skip)
+        if layer is not None:
+            at_layer(plan.items, layer)
         if request.options.overflow is None:
             self._refuse_overlong(plan.state, single=single)
         plan.state.extra = SurfaceOptions(
-            dimensions=request.dimensions, encoding_format=request.encoding_format
+            dimensions=request.dimensions, encoding_format=request.encoding_format, layer=layer
         )
         return plan
 
