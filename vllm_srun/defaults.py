@@ -16,6 +16,9 @@ DTYPE = "auto"
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 16384
 BATCH_WAIT_MS = 2.0
+# A request of at most this many items to run is small: its items go into the next batch
+# ahead of the queued items of larger requests (the coalescer's ordering).
+SMALL_REQUEST_ITEMS = 8
 
 # Where `serve` listens: this machine only, unless told otherwise.
 HOST = "127.0.0.1"

@@ -154,3 +154,36 @@ async def test_a_failing_item_fails_alone(model: LoadedModel) -> None:
         np.testing.assert_array_equal(outcome.result, expected.result)
     # Successful forwards: 0-7 fail; 0-3 fail, 4-7 run; 0-1 run, 2-3 fail; 2 runs, 3 fails alone.
     assert sorted(batches.sizes) == [1, 2, 4]
+
+
+async def test_a_lone_request_joins_the_next_forward_not_the_end_of_the_queue(model: LoadedModel) -> None:
+    # Large requests queue several full batches; a lone item arrives while the first one runs.
+    # It waits for that forward only: the next batch takes it ahead of the large requests' rest.
+    import threading
+
+    limits = BatchLimits(max_num_seqs=4, batch_wait_ms=0)
+    forwards: list[list[str | None]] = []
+    started, release = threading.Event(), threading.Event()
+    real_run = model.run
+
+    def run(batch: list[WorkItem]) -> list[np.ndarray]:
+        forwards.append([item.cache_key for item in batch])
+        if len(forwards) == 1:
+            started.set()
+            release.wait(10)
+        return real_run(batch)
+
+    model.run = run  # type: ignore[method-assign]
+    coalescer = Coalescer(model, limits=limits, executor=ThreadPoolExecutor(1), stats=Stats([]))
+    large = [f for start in (0, 12) for f in coalescer.submit(items(12, start=start))]
+    coalescer.start()
+    await asyncio.to_thread(started.wait, 10)
+    (lone,) = coalescer.submit([WorkItem(token_ids=[1, 2, 3], cache_key="lone")])
+    release.set()
+    await asyncio.wait_for(asyncio.gather(*large, lone), 10)
+    await coalescer.close()
+    assert len(forwards[0]) == 4 and "lone" not in forwards[0]
+    assert forwards[1][0] == "lone" and len(forwards[1]) == 4  # a full batch, the lone item in it
+    # The large requests keep their own order around it.
+    rest = [key for batch in forwards[1:] for key in batch if key != "lone"]
+    assert rest == [f"k{i}" for i in range(4, 24)]

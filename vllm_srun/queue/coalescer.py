@@ -6,7 +6,11 @@ arrives, the coalescer waits up to `batch_wait_ms` for more, but only when items
 in a burst (this one came within the window of the one before): a lone caller waits for
 nobody. A `batch_invariant` model never waits (batching cannot change an answer).
 Items that arrive during a forward form the next batch at once. Interactive items
-(priority 0) are taken before bulk ones. Identical cache keys in the pending set run once.
+(priority 0) are taken before bulk ones; among those, the items of small requests (at most
+`small_request_items` to run) before the queued items of larger ones, so a lone request joins
+the next forward instead of waiting behind every batch a large request fills (within each
+class, arrival order: requests of one size keep their order). Identical cache keys in the
+pending set run once.
 Items whose deadline has passed are answered `deadline_exceeded` and never run.
 """
 
@@ -39,6 +43,7 @@ class BatchLimits:
     max_num_seqs: int = defaults.MAX_NUM_SEQS
     max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
     batch_wait_ms: float = defaults.BATCH_WAIT_MS
+    small_request_items: int = defaults.SMALL_REQUEST_ITEMS
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,8 @@ class _Slot:
     priority: int
     enqueued_s: float
     deadline_s: float | None
+    # Items of the smallest request waiting here (the batch order favours small requests).
+    request_items: int
     waiters: list[asyncio.Future[Outcome]] = field(default_factory=list)
     # The trace context of each submit that waits here (tracing.current); None when off, so an
     # untraced item costs no list.
@@ -127,11 +134,12 @@ class Coalescer:
             key = item.cache_key or f"anon:{id(item)}"
             slot = self._pending.get(key)
             if slot is None:
-                slot = _Slot(item, priority, now, deadline_s)
+                slot = _Slot(item, priority, now, deadline_s, len(items))
                 self._pending[key] = slot
             else:
                 # A second waiter for work already queued: keep the most urgent terms.
                 slot.priority = min(slot.priority, priority)
+                slot.request_items = min(slot.request_items, len(items))
                 if deadline_s is None or slot.deadline_s is None:
                     slot.deadline_s = None
                 else:
@@ -151,11 +159,18 @@ class Coalescer:
         return tokens >= self.limits.max_num_batched_tokens
 
     def _take(self) -> list[_Slot]:
-        """The next batch: interactive first, then arrival order, within the limits."""
+        """The next batch: interactive first, small requests first, then arrival order, within
+        the limits."""
         now = time.time()
         batch: list[_Slot] = []
         tokens = 0
-        ordered = sorted(self._pending.items(), key=lambda kv: (kv[1].priority, kv[1].enqueued_s))
+        small = self.limits.small_request_items
+
+        def order(kv: tuple[str, _Slot]) -> tuple[int, bool, float]:
+            slot = kv[1]
+            return slot.priority, slot.request_items > small, slot.enqueued_s
+
+        ordered = sorted(self._pending.items(), key=order)
         for key, slot in ordered:
             if slot.deadline_s is not None and slot.deadline_s < now:
                 del self._pending[key]
