@@ -65,9 +65,10 @@ def test_document_types_questions_and_job_bodies() -> None:
     import json
 
     doc = json.loads(document_text())
-    questions = doc["components"]["schemas"]["DecisionsRequest"]["properties"]["questions"]
+    questions = doc["components"]["schemas"]["DecisionRequest"]["properties"]["questions"]
     kinds = [q["properties"]["type"]["enum"] for q in questions["additionalProperties"]["anyOf"]]
-    assert kinds == [["choice"], ["noul"], ["score"]]
+    assert kinds == [["choice"], ["noul"], ["score"], ["set"], ["choice", "noul", "score", "set", "span"]]
+    assert "preset" in questions["additionalProperties"]["anyOf"][-1]["required"]
     create = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert create["application/json"]["schema"]["required"] == ["surface", "requests"]
     assert "application/x-ndjson" in create

@@ -16,7 +16,7 @@ import pytest
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import Batch, Device, EngineModel, ItemError, ModelInfo, WorkItem
 from vllm_srun.plugins.decision_surface import (
-    DecisionsRequest,
+    DecisionRequest,
     DecisionState,
     Question,
     count_questions,
@@ -40,6 +40,9 @@ class SumEngine(EngineModel):
 
 
 class StubDecisions(DecisionModel):
+    question_types = ("choice", "noul", "score", "set")
+    presets = {"polite": {"type": "noul", "instructions": "Is it polite?", "criteria": {"true": "polite"}}}
+
     def __init__(self, *, broken: bool = False, engine: bool = True) -> None:
         info = ModelInfo(name="stub", family="stub", surfaces=[], model_sha256="0" * 64)
         super().__init__(info, SumEngine() if engine else None)
@@ -58,6 +61,8 @@ class StubDecisions(DecisionModel):
         if question.type == "noul":
             p = float(sigmoid(np.asarray(scores[0] - scores[1])))
             return np.array([p, 1 - p])
+        if question.type == "set":
+            return sigmoid(scores)
         return softmax(scores)
 
 
@@ -71,7 +76,7 @@ SCORE = {
 
 
 def serve(model: DecisionModel, body: dict[str, Any]) -> dict[str, Any]:
-    request = msgspec.convert(body, DecisionsRequest)
+    request = msgspec.convert(body, DecisionRequest)
     plan = model.plan_surface("decisions", request)
     results = model.run(plan.items) if plan.items else []
     out: dict[str, Any] = msgspec.to_builtins(model.finish_surface(plan, results))
@@ -92,10 +97,10 @@ def test_answers_are_well_formed_and_in_question_order() -> None:
     assert 0.0 <= choice["confidence"] <= 1.0
     assert set(noul) == {"type", "noul"} and 0.0 <= noul["noul"] <= 1.0
     assert sum(score["probabilities"].values()) == pytest.approx(1.0)
-    levels = np.arange(1, 5)
+    levels = np.arange(4)
     assert score["score"] == pytest.approx(float(np.dot(levels, list(score["probabilities"].values()))))
-    assert 1.0 <= score["score"] <= 4.0 and 0.0 <= score["confidence"] <= 1.0
-    assert score["legend"] == {"1": "easy", "2": "medium", "3": "hard", "4": "expert"}
+    assert 0.0 <= score["score"] <= 3.0 and 0.0 <= score["confidence"] <= 1.0
+    assert score["legend"] == {"0": "easy", "1": "medium", "2": "hard", "3": "expert"}
 
 
 @pytest.mark.parametrize(
@@ -106,9 +111,13 @@ def test_answers_are_well_formed_and_in_question_order() -> None:
             {
                 "type": "choice",
                 "instructions": "x",
-                "choices": [{"key": "a"}, {"key": "b", "description": "b"}],
+                "choices": [{"key": "a", "description": " "}, {"key": "b", "description": "b"}],
             },
             "questions.bad.choices[0].description",
+        ),
+        (
+            {"type": "choice", "instructions": "x", "choices": [{"key": "a"}, {"key": "b", "colour": "b"}]},
+            "questions.bad.choices[1].colour",
         ),
         (
             {"type": "choice", "instructions": "x", "criteria": {"a": "a", "b": "b"}, "choices": []},
@@ -129,6 +138,26 @@ def test_answers_are_well_formed_and_in_question_order() -> None:
         ),
         ({"type": "score", "instructions": "x", "levels": ["low", 3]}, "questions.bad.levels[1]"),
         ({"type": "score", "instructions": "x"}, "questions.bad.levels"),
+        (
+            {"type": "score", "instructions": "x", "criteria": ["a", "b"], "levels": ["a", "b"]},
+            "questions.bad.criteria",
+        ),
+        ({"type": "set", "instructions": "x", "criteria": {}}, "questions.bad.criteria"),
+        (
+            {"type": "set", "instructions": "x", "criteria": {"a": "A"}, "threshold": 2},
+            "questions.bad.threshold",
+        ),
+        (
+            {"type": "set", "instructions": "x", "labels": [{"key": "a"}, {"key": "a"}]},
+            "questions.bad.labels",
+        ),
+        ({"type": "span", "instructions": "x", "criteria": {"a": "A"}}, "questions.bad.type"),
+        ({**NOUL, "overflow": "window"}, "questions.bad.overflow"),
+        ({**NOUL, "head": "broad"}, "questions.bad.head"),
+        ({**NOUL, "threshold": 0.5}, "questions.bad.threshold"),
+        ({**NOUL, "require_full_input": "yes"}, "questions.bad.require_full_input"),
+        ({**NOUL, "over": "nowhere"}, "questions.bad.over"),
+        ({"preset": "nope"}, "questions.bad.preset"),
         ("not an object", "questions.bad"),
     ],
 )
@@ -136,10 +165,10 @@ def test_a_bad_question_fails_alone_naming_its_field(question: Any, field: str) 
     model = StubDecisions()
     body = serve(model, {"state": "hello", "questions": {"good": CHOICE, "bad": question}})
     assert "choice" in body["answers"]["good"]
-    error = body["answers"]["bad"]["error"]
-    assert error["code"] == "invalid_question"
-    assert error["message"].startswith(field + ":"), error["message"]
-    assert "probabilities" not in body["answers"]["bad"]
+    bad = body["answers"]["bad"]
+    assert bad["error"] == "invalid_question"
+    assert bad["message"].startswith(field + ":"), bad["message"]
+    assert set(bad) <= {"type", "error", "message"}
 
 
 def test_choice_takes_up_to_255_options_in_order() -> None:
@@ -165,8 +194,8 @@ def test_no_valid_question_is_an_invalid_request() -> None:
 
 def test_request_fields_stay_strict_while_questions_are_lenient() -> None:
     with pytest.raises(msgspec.ValidationError, match="unknown field `colour`"):
-        msgspec.convert({"state": "s", "questions": {}, "colour": 1}, DecisionsRequest)
-    request = msgspec.convert({"state": "s", "questions": {"q": 5}}, DecisionsRequest)
+        msgspec.convert({"state": "s", "questions": {}, "colour": 1}, DecisionRequest)
+    request = msgspec.convert({"state": "s", "questions": {"q": 5}}, DecisionRequest)
     assert count_questions(request) == 1
 
 
@@ -197,25 +226,30 @@ def test_family_and_item_errors_fail_one_question() -> None:
     model = StubDecisions()
     explode = {**NOUL, "instructions": "explode now"}
     body = serve(model, {"state": "s", "questions": {"x": explode, "c": CHOICE}})
-    assert body["answers"]["x"]["error"] == {
-        "code": "max_length_exceeded",
+    assert body["answers"]["x"] == {
+        "type": "noul",
+        "error": "max_length_exceeded",
         "message": "questions.x: too long",
     }
     # A valid question the model cannot answer is not an invalid request: it is answered in place.
     alone = serve(model, {"state": "s", "questions": {"x": explode}})
-    assert alone["answers"]["x"]["error"]["code"] == "max_length_exceeded"
-    request = msgspec.convert({"state": "s", "questions": {"c": CHOICE, "n": NOUL}}, DecisionsRequest)
+    assert alone["answers"]["x"]["error"] == "max_length_exceeded"
+    request = msgspec.convert({"state": "s", "questions": {"c": CHOICE, "n": NOUL}}, DecisionRequest)
     plan = model.plan_surface("decisions", request)
     results: list[Any] = list(model.run(plan.items))
     results[0] = ItemError("deadline_exceeded", "too late")
     out = model.finish_surface(plan, results)
-    assert out.answers["c"].error is not None and out.answers["c"].error.code == "deadline_exceeded"
+    assert out.answers["c"].error == "deadline_exceeded"
     assert out.answers["n"].noul is not None
+    # A code outside upstream's ItemError vocabulary goes out as one of it, its message kept.
+    results[0] = ItemError("forward_failed", "the forward failed: boom")
+    failed = model.finish_surface(plan, results).answers["c"]
+    assert (failed.error, failed.message) == ("unavailable", "the forward failed: boom")
 
 
 def test_a_readout_that_is_not_a_distribution_fails_the_question() -> None:
     body = serve(StubDecisions(broken=True), {"state": "s", "questions": {"c": CHOICE}})
-    assert body["answers"]["c"]["error"]["code"] == "forward_failed"
+    assert body["answers"]["c"]["error"] == "invalid_model_output"
 
 
 def test_counters_by_type_and_outcome() -> None:
@@ -235,14 +269,14 @@ def test_self_check() -> None:
     assert model.self_check() is None
     assert model.counters == {}
     reason = StubDecisions(broken=True).self_check()
-    assert reason is not None and "forward_failed" in reason
+    assert reason is not None and "invalid_model_output" in reason
     assert StubDecisions(engine=False).self_check() is None
 
 
 def test_other_surfaces_and_oversized_requests_are_refused() -> None:
     model = StubDecisions()
     with pytest.raises(UnsupportedSurface):
-        model.plan_surface("classify", msgspec.convert({"state": "s", "questions": {}}, DecisionsRequest))
+        model.plan_surface("classify", msgspec.convert({"state": "s", "questions": {}}, DecisionRequest))
     many = {f"q{i}": {**CHOICE, "criteria": {f"k{j}": "d" for j in range(255)}} for i in range(17)}
     with pytest.raises(RequestTooLarge, match="work items"):
         serve(model, {"state": "s", "questions": many})
@@ -253,3 +287,129 @@ def test_confidence_is_one_minus_normalised_entropy() -> None:
     assert confidence_of(np.array([0.25] * 4)) == pytest.approx(0.0)
     p = np.array([0.7, 0.2, 0.1])
     assert confidence_of(p) == pytest.approx(1 + float((p * np.log(p)).sum()) / np.log(3))
+
+
+SET = {"type": "set", "instructions": "What does it need?", "criteria": {"maths": "maths", "code": "coding"}}
+
+
+def test_a_set_answers_its_labels_threshold_and_a_noul_per_label() -> None:
+    body = serve(StubDecisions(), {"state": "solve x^2 = 4", "questions": {"c": CHOICE, "t": SET}})
+    assert list(body["answers"]) == ["c", "t.maths", "t.code"]
+    probabilities = body["sets"]["t"]["probabilities"]
+    assert list(probabilities) == ["maths", "code"] and all(0 <= p <= 1 for p in probabilities.values())
+    assert body["thresholds"] == {"t": 0.5}
+    assert body["sets"]["t"]["selected"] == [k for k, p in probabilities.items() if p > 0.5]
+    for label, p in probabilities.items():
+        assert body["answers"][f"t.{label}"] == {"type": "noul", "noul": p}
+    ordered = {**SET, "criteria": None, "labels": [{"key": "maths", "description": "maths"}, {"key": "code"}]}
+    del ordered["criteria"]
+    again = serve(
+        StubDecisions(), {"state": "solve x^2 = 4", "questions": {"t": {**ordered, "threshold": 0.0}}}
+    )
+    assert again["sets"]["t"]["selected"] == ["maths", "code"] and again["thresholds"] == {"t": 0.0}
+    clash = serve(StubDecisions(), {"state": "s", "questions": {"t": SET, "t.code": NOUL}})
+    assert (
+        clash["answers"]["t"]["error"] == "invalid_question" and "t.code" in clash["answers"]["t"]["message"]
+    )
+
+
+def test_a_preset_is_the_question_it_names_and_takes_nothing_else() -> None:
+    preset = serve(StubDecisions(), {"state": "thanks a lot", "questions": {"p": {"preset": "polite"}}})
+    explicit = serve(
+        StubDecisions(), {"state": "thanks a lot", "questions": {"p": StubDecisions.presets["polite"]}}
+    )
+    assert preset["answers"] == explicit["answers"] and preset["usage"] == explicit["usage"]
+    assert StubDecisions().info.presets == ["polite"]
+    assert StubDecisions().info.question_types == ["choice", "noul", "score", "set"]
+    for extra, field in (({"instructions": "x"}, "instructions"), ({"type": "choice"}, "type")):
+        body = serve(
+            StubDecisions(), {"state": "s", "questions": {"c": CHOICE, "p": {"preset": "polite", **extra}}}
+        )
+        assert body["answers"]["p"]["error"] == "invalid_question"
+        assert body["answers"]["p"]["message"].startswith(f"questions.p.{field}:")
+
+
+def test_usage_counts_each_states_tokens_alone() -> None:
+    model = StubDecisions()
+    body = serve(
+        model,
+        {
+            "state": "abc",
+            "questions": {"c": CHOICE},
+            "states": {"x": {"state": "hello", "questions": {"n": NOUL}}},
+        },
+    )
+    own = sum(len("abc" + d) for d in ("maths", "coding"))
+    other = sum(len("hello" + d) for d in ("it needs steps", "false"))
+    assert body["usage"] == {"input_tokens": own, "output_tokens": 0}
+    assert body["states"]["x"]["usage"] == {"input_tokens": other, "output_tokens": 0}
+    assert body["states"]["x"]["model"] == "stub"
+
+
+def test_over_reads_the_named_fields_and_full_input_is_proved_or_refused() -> None:
+    state = {"channel": "chat", "prompt": "hi", "response": "hello"}
+    body = serve(StubDecisions(), {"state": state, "questions": {"n": {**NOUL, "over": ["prompt"]}}})
+    alone = serve(StubDecisions(), {"state": {"prompt": "hi"}, "questions": {"n": NOUL}})
+    assert body["answers"] == alone["answers"]
+    by_part = serve(StubDecisions(), {"state": state, "questions": {"n": {**NOUL, "over": "answer"}}})
+    assert (
+        by_part["answers"]
+        == serve(StubDecisions(), {"state": {"response": "hello"}, "questions": {"n": NOUL}})["answers"]
+    )
+    full = serve(StubDecisions(), {"state": state, "questions": {"n": {**NOUL, "require_full_input": True}}})
+    assert full["answers"]["n"]["input_coverage"] == "complete"
+    partial = {**NOUL, "require_full_input": True, "over": "prompt"}
+    refused = serve(StubDecisions(), {"state": state, "questions": {"c": CHOICE, "n": partial}})
+    assert refused["answers"]["n"]["message"].startswith("questions.n.require_full_input:")
+
+
+def test_fields_of_model_kinds_not_run_here_are_refused() -> None:
+    with pytest.raises(InvalidRequest, match=r"^options.max_tokens: ") as refused:
+        serve(StubDecisions(), {"state": "s", "questions": {"c": CHOICE}, "options": {"max_tokens": 64}})
+    assert refused.value.param == "options.max_tokens"
+    with pytest.raises(InvalidRequest, match=r"^images: .*text only"):
+        serve(
+            StubDecisions(),
+            {"state": "s", "questions": {"c": CHOICE}, "images": ["data:image/png;base64,AA=="]},
+        )
+    with pytest.raises(InvalidRequest, match=r"^states.x.images: "):
+        serve(
+            StubDecisions(),
+            {
+                "states": {
+                    "x": {"state": "s", "questions": {"c": CHOICE}, "images": ["data:image/png;base64,AA=="]}
+                }
+            },
+        )
+    assert (
+        "choice"
+        in serve(StubDecisions(), {"state": "s", "questions": {"c": CHOICE}, "images": []})["answers"]["c"]
+    )
+
+
+def test_ordered_forms_equal_their_criteria() -> None:
+    pairs = [
+        (
+            CHOICE,
+            {
+                **{k: v for k, v in CHOICE.items() if k != "criteria"},
+                "choices": [
+                    {"key": "math", "description": "maths"},
+                    {"key": "code", "description": "coding"},
+                ],
+            },
+        ),
+        (
+            {**NOUL},
+            {
+                "type": "noul",
+                "instructions": NOUL["instructions"],
+                "choices": [{"key": "true", "description": "it needs steps"}],
+            },
+        ),
+        (SCORE, {"type": "score", "instructions": SCORE["instructions"], "criteria": SCORE["levels"]}),
+    ]
+    for given, ordered in pairs:
+        a = serve(StubDecisions(), {"state": "s", "questions": {"q": given}})
+        b = serve(StubDecisions(), {"state": "s", "questions": {"q": ordered}})
+        assert a["answers"] == b["answers"], (given, ordered)

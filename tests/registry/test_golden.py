@@ -158,7 +158,7 @@ def test_decision_models_pass_their_self_check_and_records() -> None:
     assert run_golden(LengthDecisions(), {"cpu": [record]}, device_class="cpu").status == "verified"
     assert run_golden(LengthDecisions(), None, device_class="cpu").status == "unverified"
     failed = run_golden(LengthDecisions(skew=0.5), None, device_class="cpu")
-    assert failed.status == "failed" and "forward_failed" in (failed.reason or "")
+    assert failed.status == "failed" and "invalid_model_output" in (failed.reason or "")
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,16 @@
 """The `/v1/decisions` surface: request and response bodies, and questions in parsed form.
 
+Bodies carry the upstream runtime's (2.3.0) names: `DecisionRequest`, `RequestOptions`,
+`DecisionResponse`, `DecisionStateResponse`, `Answer`, `SetAnswer`, `Usage`.
+
 Questions are decoded as raw JSON objects and validated one by one (`parse_question`), so a
 question with a bad field fails alone (`invalid_question`, naming the field) while its
 siblings are answered. Everything else in the request is strict, like the other surfaces.
 
-A state is a text or a JSON object. Of an object, the `request`/`user`/`prompt` fields are
-the user part, `answer`/`response` the answer part and every other field context
-(`DecisionState`).
+A state is a text, a JSON object or a JSON array. Of an object, the `request`/`user`/`prompt`
+fields are the user part, `answer`/`response` the answer part and every other field context
+(`DecisionState`); an array is read as its JSON text, all user part. A question's `over`
+names the fields (or parts) it reads (`select_state`).
 """
 
 from __future__ import annotations
@@ -17,44 +21,67 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from vllm_srun.plugins.bodies import ErrorBody, Options
+from vllm_srun.plugins.bodies import ItemErrorCode, Options, ResponseMeta, Usage
 
 # The question types. `choice` picks one of several keyed options. `noul` (read "no/yes") is a
 # yes/no question: its answer is one number, `noul` = P(true), the probability that the
 # instructions hold of the state; its optional criteria describe what "true" and "false" mean.
-# `score` rates the state on levels 1..n and answers their expected value.
-QuestionType = Literal["choice", "noul", "score"]
+# `score` rates the state on levels 0..n-1 and answers their expected value. `set` asks, of
+# each of 1..255 labels, whether it holds (several may), and selects those over a threshold.
+# `span` (labelled text spans) is upstream's too, for models with a span head; a family
+# answers the types it declares (`DecisionModel.question_types`), the others fail alone.
+QuestionType = Literal["choice", "noul", "score", "set", "span"]
 QUESTION_TYPES: tuple[str, ...] = ("choice", "noul", "score")
+LABELLED_TYPES: tuple[str, ...] = ("set", "span")
+KNOWN_TYPES: tuple[str, ...] = QUESTION_TYPES + LABELLED_TYPES
 
 MIN_CHOICES, MAX_CHOICES = 2, 255
 MIN_LEVELS, MAX_LEVELS = 2, 10
+MIN_LABELS, MAX_LABELS = 1, 255
+NOUL_KEYS = ("true", "false")
 USER_FIELDS = ("request", "user", "prompt")
 ANSWER_FIELDS = ("answer", "response")
+PARTS = ("user", "answer", "context")
 
-StateValue = str | dict[str, Any]
+StateValue = str | dict[str, Any] | list[Any]
 
 # -- questions as the OpenAPI document describes them ------------------------------------------
 #
 # A request's questions stay raw JSON until `parse_question` validates each one alone (so one
 # bad question fails alone); these types say what it accepts, for the document and clients.
 
-# What `_text_field` takes: a string with something other than whitespace in it.
+# What `_content` takes as text: a string with something other than whitespace in it.
 Text = Annotated[str, msgspec.Meta(pattern=r"\S")]
+# Instructions and descriptions: non-blank text, or a JSON object or array (read as its JSON).
+Content = Text | dict[str, Any] | list[Any]
 Unset = msgspec.UnsetType  # a field that may be left out, but not given as null
+Over = Text | Annotated[list[Text], msgspec.Meta(min_length=1)]
+Threshold = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 
 
 class ChoiceOption(msgspec.Struct, forbid_unknown_fields=True):
+    """One ordered option (`choices`, `labels`); a null or missing description reads the key."""
+
     key: Text
-    description: Text
+    description: Content | None = None
 
 
-class ChoiceQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="choice", tag_field="type"):
+class _Common(msgspec.Struct, forbid_unknown_fields=True, tag_field="type"):
+    """Fields every question takes: what it asks, the state fields it reads (`over`), and
+    whether every supplied part must be read whole (`require_full_input`)."""
+
+    instructions: Content
+    over: Over | Unset = msgspec.UNSET
+    require_full_input: bool | Unset = msgspec.UNSET
+
+
+class ChoiceQuestion(_Common, tag="choice"):
     """Picks one option: exactly one of `criteria` ({key: description}) or `choices` (said
     here only: a JSON schema of a tagged union cannot say it)."""
 
-    instructions: Text
     criteria: (
-        Annotated[dict[Text, Text], msgspec.Meta(min_length=MIN_CHOICES, max_length=MAX_CHOICES)] | Unset
+        Annotated[dict[Text, Content | None], msgspec.Meta(min_length=MIN_CHOICES, max_length=MAX_CHOICES)]
+        | Unset
     ) = msgspec.UNSET
     choices: (
         Annotated[list[ChoiceOption], msgspec.Meta(min_length=MIN_CHOICES, max_length=MAX_CHOICES)] | Unset
@@ -62,23 +89,56 @@ class ChoiceQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="choice", t
 
 
 class NoulCriteria(msgspec.Struct, forbid_unknown_fields=True):
-    """What "true" and "false" mean; either may be left out."""
+    """What "true" and "false" mean; either may be left out (or null: the model's default)."""
 
-    true: Text | Unset = msgspec.UNSET
-    false: Text | Unset = msgspec.UNSET
+    true: Content | Unset | None = msgspec.UNSET
+    false: Content | Unset | None = msgspec.UNSET
 
 
-class NoulQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="noul", tag_field="type"):
-    instructions: Text
+class NoulQuestion(_Common, tag="noul"):
+    """P(true); `criteria` or the ordered `choices` (keys `true` and `false` only) describe the
+    sides."""
+
     criteria: NoulCriteria | Unset = msgspec.UNSET
+    choices: Annotated[list[ChoiceOption], msgspec.Meta(max_length=2)] | Unset = msgspec.UNSET
 
 
-class ScoreQuestion(msgspec.Struct, forbid_unknown_fields=True, tag="score", tag_field="type"):
-    instructions: Text
-    levels: Annotated[list[Text], msgspec.Meta(min_length=MIN_LEVELS, max_length=MAX_LEVELS)]
+Levels = Annotated[list[Content], msgspec.Meta(min_length=MIN_LEVELS, max_length=MAX_LEVELS)]
 
 
-QuestionBody = ChoiceQuestion | NoulQuestion | ScoreQuestion
+class ScoreQuestion(_Common, tag="score"):
+    """Levels from lowest to highest: exactly one of `criteria` (a list) or `levels`."""
+
+    criteria: Levels | Unset = msgspec.UNSET
+    levels: Levels | Unset = msgspec.UNSET
+
+
+class SetQuestion(_Common, tag="set"):
+    """Of each label, whether it holds: exactly one of `criteria` ({label: description}) or the
+    ordered `labels`; `threshold` selects (default `defaults.SET_THRESHOLD`)."""
+
+    criteria: (
+        Annotated[dict[Text, Content | None], msgspec.Meta(min_length=MIN_LABELS, max_length=MAX_LABELS)]
+        | Unset
+    ) = msgspec.UNSET
+    labels: (
+        Annotated[list[ChoiceOption], msgspec.Meta(min_length=MIN_LABELS, max_length=MAX_LABELS)] | Unset
+    ) = msgspec.UNSET
+    threshold: Threshold | Unset = msgspec.UNSET
+
+
+QuestionBody = ChoiceQuestion | NoulQuestion | ScoreQuestion | SetQuestion
+
+
+class PresetQuestion(msgspec.Struct, forbid_unknown_fields=True):
+    """A question the model defines (its card's `presets`); the model fills in its type,
+    instructions and criteria. `type`, if given, must be the preset's; `threshold` applies to
+    a set preset; `over` as any question's."""
+
+    preset: Text
+    type: QuestionType | Unset = msgspec.UNSET
+    threshold: Threshold | Unset = msgspec.UNSET
+    over: Over | Unset = msgspec.UNSET
 
 
 def _inlined(kind: Any) -> dict[str, Any]:
@@ -102,11 +162,19 @@ def _inlined(kind: Any) -> dict[str, Any]:
     return inlined
 
 
-# `questions` as the document shows it: {id: a choice, noul or score question}.
+def _question_schema() -> dict[str, Any]:
+    typed = _inlined(QuestionBody)
+    return {"anyOf": [*typed["anyOf"], _inlined(PresetQuestion)]}
+
+
+# `questions` as the document shows it: {id: a choice, noul, score or set question, or a preset}.
 Questions = Annotated[
     dict[str, Any],
-    msgspec.Meta(extra_json_schema={"additionalProperties": _inlined(QuestionBody)}),
+    msgspec.Meta(extra_json_schema={"additionalProperties": _question_schema()}),
 ]
+# Images every question of a state sees: a model kind (image modality) not served here; a
+# non-empty list is refused with invalid_request naming the field.
+Images = list[str]
 
 
 class StateQuestions(msgspec.Struct, forbid_unknown_fields=True):
@@ -114,10 +182,24 @@ class StateQuestions(msgspec.Struct, forbid_unknown_fields=True):
 
     state: StateValue
     questions: Questions
+    images: Images | None = None
 
 
-class DecisionsRequest(msgspec.Struct, forbid_unknown_fields=True):
-    """`{model?, state, questions: {id: question}, states?: {name: {state, questions}}, options?}`.
+# Upstream names this entry `DecisionState`, the name our parsed state (which families write
+# against) had first; the document names a component by its class's name, so the entry's
+# class carries upstream's name there.
+StateQuestions.__qualname__ = StateQuestions.__name__ = "DecisionState"
+
+
+class RequestOptions(Options, forbid_unknown_fields=True, omit_defaults=True):
+    """The decisions surface's options (upstream's RequestOptions): the common `Options`;
+    `max_tokens` is a scan budget, taken only by a model whose card has
+    `limits.max_scan_tokens` (one that reads a long state part in windows), else a 400."""
+
+
+class DecisionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """`{model?, state, questions: {id: question}, images?, states?: {name: {state, questions}},
+    options?}`.
 
     `questions` values stay raw JSON here; `parse_question` validates each one on its own.
     `state` may be omitted only when the request asks its questions through `states`.
@@ -125,47 +207,79 @@ class DecisionsRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     state: StateValue | None = None
     questions: Questions = msgspec.field(default_factory=dict)
+    images: Images | None = None
     states: dict[str, StateQuestions] | None = None
     model: str | None = None
-    options: Options = msgspec.field(default_factory=Options)
+    options: RequestOptions = msgspec.field(default_factory=RequestOptions)
 
 
-def count_questions(request: DecisionsRequest) -> int:
+def count_questions(request: DecisionRequest) -> int:
     """How many questions a request asks, over all of its states (for request-size limits)."""
     return len(request.questions) + sum(len(s.questions) for s in (request.states or {}).values())
 
 
-class DecisionAnswer(msgspec.Struct, omit_defaults=True):
+class Answer(msgspec.Struct, omit_defaults=True):
     """One question's answer; fields not used by its type are omitted.
 
     choice: `choice`, `probabilities` {key: p}, `confidence`; noul: `noul` = P(true);
-    score: `score` (the expected level, 1..n), `probabilities` {level: p}, `confidence`,
-    `legend` {level: description}. A failed question has `error` only.
+    score: `score` (the expected level, 0..n-1), `probabilities` {level: p}, `confidence`,
+    `legend` {level: description}. A failed question has only `type` (null when it named no
+    known type), `error` (an ItemError code) and `message`. `input_coverage` is "complete" on
+    an answered `require_full_input` question.
     """
 
-    type: str | None = None
+    type: str | None
     choice: str | None = None
     noul: float | None = None
     score: float | None = None
     probabilities: dict[str, float] | None = None
     confidence: float | None = None
     legend: dict[str, str] | None = None
-    error: ErrorBody | None = None
+    input_coverage: Literal["complete"] | None = None
+    error: ItemErrorCode | None = None
+    message: str | None = None
 
 
-class StateAnswers(msgspec.Struct):
-    answers: dict[str, DecisionAnswer]
+class SetAnswer(msgspec.Struct, omit_defaults=True):
+    """A set question's labels over its threshold (in label order) and every label's P(holds)."""
+
+    selected: list[str]
+    probabilities: dict[str, float]
+    input_coverage: Literal["complete"] | None = None
 
 
-class DecisionsResponse(msgspec.Struct, omit_defaults=True):
-    """Answers keyed by question id, in question order; `states` mirrors the request's."""
+class DecisionStateResponse(msgspec.Struct, omit_defaults=True):
+    """The answers about one entry of a request's `states`, as its own request would get them;
+    `usage` counts that state alone."""
 
     model: str
-    answers: dict[str, DecisionAnswer]
-    states: dict[str, StateAnswers] | None = None
+    answers: dict[str, Answer]
+    usage: Usage
+    sets: dict[str, SetAnswer] | None = None
+    thresholds: dict[str, float] | None = None
+    meta: ResponseMeta | None = None
+
+
+class DecisionResponse(msgspec.Struct, omit_defaults=True):
+    """Answers keyed by question id, in question order; a set question answers `sets[id]`,
+    `thresholds[id]` and a noul answer per label under `answers["<id>.<label>"]`. `usage`
+    counts the request's own `state`; `states` mirrors the request's."""
+
+    model: str
+    answers: dict[str, Answer]
+    usage: Usage
+    sets: dict[str, SetAnswer] | None = None
+    thresholds: dict[str, float] | None = None
+    states: dict[str, DecisionStateResponse] | None = None
     # A default_factory, so omit_defaults still writes `object` out.
     object: str = msgspec.field(default_factory=lambda: "decisions")
-    meta: dict[str, Any] | None = None
+    meta: ResponseMeta | None = None
+
+
+# Earlier names of these bodies, for code written against them.
+DecisionsRequest = DecisionRequest
+DecisionsResponse = DecisionResponse
+DecisionAnswer = Answer
 
 
 # -- parsed forms ---------------------------------------------------------------------------
@@ -173,7 +287,8 @@ class DecisionsResponse(msgspec.Struct, omit_defaults=True):
 
 @dataclass(frozen=True)
 class DecisionOption:
-    """One answer a question can take: a choice key, "true"/"false", or a level "1".."n"."""
+    """One answer a question can take: a choice key, "true"/"false", a level "0".."n-1" or a
+    set label."""
 
     key: str
     description: str
@@ -184,14 +299,21 @@ class Question:
     """A validated question. `options` are what the family scores, in answer order.
 
     For noul they are ("true", …) then ("false", …); `described` says which of the two the
-    request described (an undescribed side has an empty description).
+    request described (an undescribed side has an empty description). For set they are the
+    labels; `threshold` is the request's (None: the family's default). `over` names the state
+    fields or parts the question reads (None: the whole state); `preset` the model's question
+    it was filled from.
     """
 
     id: str
-    type: QuestionType
+    type: str
     instructions: str
     options: tuple[DecisionOption, ...]
     described: frozenset[str] = frozenset()
+    threshold: float | None = None
+    over: tuple[str, ...] | None = None
+    require_full_input: bool = False
+    preset: str | None = None
 
 
 @dataclass(frozen=True)
@@ -213,13 +335,14 @@ def _text_of(value: Any) -> str:
 
 
 def parse_state(value: StateValue) -> DecisionState:
-    """A state from its request form. A text state is all user part.
+    """A state from its request form. A text state (or an array, as its JSON) is all user part.
 
     An object renders as its context fields (`key: value` lines), then its user part, then
     its answer part after `Answer: `, so a model can tell what was asked from what was said.
     """
-    if isinstance(value, str):
-        return DecisionState(user=value, answer="", context="", text=value)
+    if not isinstance(value, dict):
+        text = _text_of(value)
+        return DecisionState(user=text, answer="", context="", text=text)
     user = "\n".join(_text_of(value[k]) for k in USER_FIELDS if k in value)
     answer = "\n".join(_text_of(value[k]) for k in ANSWER_FIELDS if k in value)
     context = "\n".join(
@@ -229,7 +352,52 @@ def parse_state(value: StateValue) -> DecisionState:
     return DecisionState(user=user, answer=answer, context=context, text="\n".join(p for p in parts if p))
 
 
-def _text_field(value: Any, path: str) -> str:
+def _part_of(key: str) -> str:
+    return "user" if key in USER_FIELDS else "answer" if key in ANSWER_FIELDS else "context"
+
+
+def select_state(value: StateValue, over: tuple[str, ...] | None, path: str) -> tuple[StateValue, bool]:
+    """The part of a state a question reads, and whether that is all of it.
+
+    `over` names state fields, or parts (`user`, `answer`, `context`; a user or answer field
+    name the state lacks stands for its part). A text or array state is one field, `request`,
+    in the user part.
+    """
+    if over is None:
+        return value, True
+    if not isinstance(value, dict):
+        for name in over:
+            if name not in ("request", "user"):
+                raise QuestionInvalid(
+                    f"{path}.over: {name!r} is not a field of the state (a text state is 'request')"
+                )
+        return value, True
+    keys: set[str] = set()
+    for name in over:
+        if name in value:
+            keys.add(name)
+            continue
+        part = name if name in PARTS else _part_of(name) if name in USER_FIELDS + ANSWER_FIELDS else None
+        matched = {k for k in value if part is not None and _part_of(k) == part}
+        if not matched:
+            raise QuestionInvalid(f"{path}.over: {name!r} is not a field or part of the state")
+        keys |= matched
+    return {k: v for k, v in value.items() if k in keys}, len(keys) == len(value)
+
+
+def _content(value: Any, path: str, *, nullable: bool = False) -> str | None:
+    """Non-blank text (stripped), or a JSON object or array as its JSON text; None where
+    `nullable`."""
+    if value is None and nullable:
+        return None
+    if isinstance(value, str) and value.strip():
+        return value.strip()
+    if isinstance(value, (dict, list)) and value:
+        return _text_of(value)
+    raise QuestionInvalid(f"{path}: must be non-blank text, an object or an array")
+
+
+def _key(value: Any, path: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise QuestionInvalid(f"{path}: must be a non-empty string")
     return value.strip()
@@ -242,88 +410,208 @@ def _check_fields(raw: dict[str, Any], allowed: set[str], path: str, kind: str) 
             raise QuestionInvalid(f"{path}.{name}: unknown field for {kind} (fields: {known})")
 
 
-def _choice_options(raw: dict[str, Any], path: str) -> tuple[DecisionOption, ...]:
-    if ("criteria" in raw) == ("choices" in raw):
-        raise QuestionInvalid(f"{path}.criteria: a choice question takes exactly one of criteria or choices")
-    if "criteria" in raw:
-        criteria = raw["criteria"]
-        if not isinstance(criteria, dict):
-            raise QuestionInvalid(f"{path}.criteria: must be an object {{key: description}}")
-        options = [
-            DecisionOption(_text_field(k, f"{path}.criteria"), _text_field(v, f"{path}.criteria.{k}"))
-            for k, v in criteria.items()
-        ]
-        field = "criteria"
-    else:
-        choices = raw["choices"]
-        if not isinstance(choices, list):
-            raise QuestionInvalid(f"{path}.choices: must be a list of {{key, description}}")
-        options = []
-        for i, entry in enumerate(choices):
-            where = f"{path}.choices[{i}]"
-            if not isinstance(entry, dict):
-                raise QuestionInvalid(f"{where}: must be an object {{key, description}}")
-            _check_fields(entry, {"key", "description"}, where, "a choice")
-            key = _text_field(entry.get("key"), f"{where}.key")
-            options.append(DecisionOption(key, _text_field(entry.get("description"), f"{where}.description")))
-        field = "choices"
-    if not MIN_CHOICES <= len(options) <= MAX_CHOICES:
+def _one_of(raw: dict[str, Any], mapping: str, ordered: str, path: str, kind: str) -> str:
+    """Which of `criteria` or its ordered form a question gives; exactly one."""
+    if (mapping in raw) == (ordered in raw):
         raise QuestionInvalid(
-            f"{path}.{field}: a choice question takes {MIN_CHOICES} to {MAX_CHOICES} options; "
-            f"got {len(options)}"
+            f"{path}.{mapping}: a {kind} question takes exactly one of {mapping} or {ordered}"
         )
+    return mapping if mapping in raw else ordered
+
+
+def _named(criteria: Any, path: str) -> list[DecisionOption]:
+    """`{key: description}` in order; a null description reads the key."""
+    if not isinstance(criteria, dict):
+        raise QuestionInvalid(f"{path}: must be an object {{key: description}}")
+    return [
+        DecisionOption(k := _key(key, path), _content(value, f"{path}.{key}", nullable=True) or k)
+        for key, value in criteria.items()
+    ]
+
+
+def _listed(entries: Any, path: str, keys: tuple[str, ...] | None = None) -> list[DecisionOption]:
+    """`[{key, description}]` in order; a null or missing description reads the key."""
+    if not isinstance(entries, list):
+        raise QuestionInvalid(f"{path}: must be a list of {{key, description}}")
+    options = []
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        if not isinstance(entry, dict):
+            raise QuestionInvalid(f"{where}: must be an object {{key, description}}")
+        _check_fields(entry, {"key", "description"}, where, "an option")
+        key = _key(entry.get("key"), f"{where}.key")
+        if keys is not None and key not in keys:
+            raise QuestionInvalid(f"{where}.key: must be one of {', '.join(keys)}; got {key!r}")
+        options.append(
+            DecisionOption(
+                key, _content(entry.get("description"), f"{where}.description", nullable=True) or key
+            )
+        )
+    return options
+
+
+def _counted(
+    options: list[DecisionOption], path: str, kind: str, low: int, high: int
+) -> tuple[DecisionOption, ...]:
+    if not low <= len(options) <= high:
+        raise QuestionInvalid(f"{path}: a {kind} question takes {low} to {high} options; got {len(options)}")
     keys = [o.key for o in options]
     duplicate = next((k for k in keys if keys.count(k) > 1), None)
     if duplicate is not None:
-        raise QuestionInvalid(f"{path}.{field}: the key {duplicate!r} appears twice")
+        raise QuestionInvalid(f"{path}: the key {duplicate!r} appears twice")
     return tuple(options)
 
 
+def _choice_options(raw: dict[str, Any], path: str) -> tuple[DecisionOption, ...]:
+    field = _one_of(raw, "criteria", "choices", path, "choice")
+    where = f"{path}.{field}"
+    options = _named(raw[field], where) if field == "criteria" else _listed(raw[field], where)
+    return _counted(options, where, "choice", MIN_CHOICES, MAX_CHOICES)
+
+
 def _noul_options(raw: dict[str, Any], path: str) -> tuple[tuple[DecisionOption, ...], frozenset[str]]:
-    criteria = raw.get("criteria", {})
-    if not isinstance(criteria, dict):
-        raise QuestionInvalid(f'{path}.criteria: must be an object {{"true": …, "false": …}}')
-    _check_fields(criteria, {"true", "false"}, f"{path}.criteria", "a noul question")
-    descriptions = {k: _text_field(v, f"{path}.criteria.{k}") for k, v in criteria.items()}
-    options = tuple(DecisionOption(side, descriptions.get(side, "")) for side in ("true", "false"))
-    return options, frozenset(descriptions)
+    if "criteria" in raw and "choices" in raw:
+        raise QuestionInvalid(f"{path}.criteria: a noul question takes at most one of criteria or choices")
+    descriptions: dict[str, str | None] = {}
+    if "choices" in raw:
+        where = f"{path}.choices"
+        listed = _counted(_listed(raw["choices"], where, NOUL_KEYS), where, "noul", 0, 2)
+        given = {e["key"]: e.get("description") for e in raw["choices"]}
+        descriptions = {o.key: o.description if given[o.key] is not None else None for o in listed}
+    else:
+        criteria = raw.get("criteria", {})
+        if not isinstance(criteria, dict):
+            raise QuestionInvalid(f'{path}.criteria: must be an object {{"true": …, "false": …}}')
+        _check_fields(criteria, set(NOUL_KEYS), f"{path}.criteria", "a noul question")
+        descriptions = {k: _content(v, f"{path}.criteria.{k}", nullable=True) for k, v in criteria.items()}
+    described = {k: v for k, v in descriptions.items() if v is not None}
+    options = tuple(DecisionOption(side, described.get(side, "")) for side in NOUL_KEYS)
+    return options, frozenset(described)
 
 
 def _score_options(raw: dict[str, Any], path: str) -> tuple[DecisionOption, ...]:
-    levels = raw.get("levels")
-    if not isinstance(levels, list):
+    if "criteria" not in raw and "levels" not in raw:
         raise QuestionInvalid(f"{path}.levels: required, a list of level descriptions from lowest to highest")
+    field = _one_of(raw, "criteria", "levels", path, "score")
+    levels = raw[field]
+    if not isinstance(levels, list):
+        raise QuestionInvalid(f"{path}.{field}: must be a list of level descriptions from lowest to highest")
     if not MIN_LEVELS <= len(levels) <= MAX_LEVELS:
         raise QuestionInvalid(
-            f"{path}.levels: a score question takes {MIN_LEVELS} to {MAX_LEVELS} levels; got {len(levels)}"
+            f"{path}.{field}: a score question takes {MIN_LEVELS} to {MAX_LEVELS} levels; got {len(levels)}"
         )
     return tuple(
-        DecisionOption(str(i + 1), _text_field(level, f"{path}.levels[{i}]"))
+        DecisionOption(str(i), _content(level, f"{path}.{field}[{i}]") or "")
         for i, level in enumerate(levels)
     )
 
 
+def _set_options(raw: dict[str, Any], path: str) -> tuple[DecisionOption, ...]:
+    field = _one_of(raw, "criteria", "labels", path, "set")
+    where = f"{path}.{field}"
+    options = _named(raw[field], where) if field == "criteria" else _listed(raw[field], where)
+    return _counted(options, where, "set", MIN_LABELS, MAX_LABELS)
+
+
+def _threshold(raw: dict[str, Any], path: str) -> float | None:
+    value = raw.get("threshold")
+    if value is None and "threshold" not in raw:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise QuestionInvalid(f"{path}.threshold: must be a number in [0, 1]")
+    return float(value)
+
+
+def _over(raw: dict[str, Any], path: str) -> tuple[str, ...] | None:
+    if "over" not in raw:
+        return None
+    value = raw["over"]
+    names = value if isinstance(value, list) else [value]
+    if not names or not all(isinstance(n, str) and n.strip() for n in names):
+        raise QuestionInvalid(f"{path}.over: must be a state field name or a non-empty list of them")
+    return tuple(n.strip() for n in names)
+
+
 _FIELDS = {
-    "choice": {"type", "instructions", "criteria", "choices"},
-    "noul": {"type", "instructions", "criteria"},
-    "score": {"type", "instructions", "levels"},
+    "choice": {"criteria", "choices"},
+    "noul": {"criteria", "choices"},
+    "score": {"criteria", "levels"},
+    "set": {"criteria", "labels", "threshold"},
+}
+_COMMON = {"type", "instructions", "over", "require_full_input", "preset"}
+# Fields upstream defines that only a model kind not served here reads: named in the error.
+_UNREAD = {
+    "overflow": "only a model with a scan budget (its card's limits.max_scan_tokens) reads it",
+    "head": "only span questions on a model with a broad span head take it",
 }
 
 
-def parse_question(qid: str, raw: Any, path: str) -> Question:
-    """Validate one raw question; `QuestionInvalid` names the first bad field under `path`."""
+def parse_question(
+    qid: str, raw: Any, path: str, *, types: tuple[str, ...] = (*QUESTION_TYPES, "set")
+) -> Question:
+    """Validate one raw question; `QuestionInvalid` names the first bad field under `path`.
+
+    `types` are the question types the model answers; a known type outside them fails too.
+    """
     if not isinstance(raw, dict):
         raise QuestionInvalid(f"{path}: must be an object {{type, instructions, …}}")
     qtype = raw.get("type")
-    if qtype not in QUESTION_TYPES:
-        raise QuestionInvalid(f"{path}.type: must be one of {', '.join(QUESTION_TYPES)}; got {qtype!r}")
-    _check_fields(raw, _FIELDS[qtype], path, f"a {qtype} question")
-    instructions = _text_field(raw.get("instructions"), f"{path}.instructions")
+    if qtype not in KNOWN_TYPES:
+        raise QuestionInvalid(f"{path}.type: must be one of {', '.join(KNOWN_TYPES)}; got {qtype!r}")
+    if qtype not in types:
+        raise QuestionInvalid(
+            f"{path}.type: this model answers {', '.join(types)} questions only; not {qtype}"
+        )
+    for name, why in _UNREAD.items():
+        if name in raw:
+            raise QuestionInvalid(f"{path}.{name}: {why}")
+    _check_fields(raw, _FIELDS[qtype] | _COMMON, path, f"a {qtype} question")
+    instructions = _content(raw.get("instructions"), f"{path}.instructions") or ""
+    full = raw.get("require_full_input", False)
+    if not isinstance(full, bool):
+        raise QuestionInvalid(f"{path}.require_full_input: must be a boolean")
     described: frozenset[str] = frozenset()
     if qtype == "choice":
         options = _choice_options(raw, path)
     elif qtype == "noul":
         options, described = _noul_options(raw, path)
-    else:
+    elif qtype == "score":
         options = _score_options(raw, path)
-    return Question(id=qid, type=qtype, instructions=instructions, options=options, described=described)
+    else:
+        options = _set_options(raw, path)
+    return Question(
+        id=qid,
+        type=qtype,
+        instructions=instructions,
+        options=options,
+        described=described,
+        threshold=_threshold(raw, path),
+        over=_over(raw, path),
+        require_full_input=full,
+        preset=raw.get("preset"),
+    )
+
+
+def expand_preset(raw: Any, presets: dict[str, dict[str, Any]], path: str) -> Any:
+    """A preset question as the question the model defines under that name; any other raw
+    question as it is. A preset question takes only `preset`, `type` (the preset's own),
+    `threshold` and `over` (as upstream's presets do); anything else fails naming it."""
+    if not isinstance(raw, dict) or "preset" not in raw:
+        return raw
+    name = raw["preset"]
+    if name not in presets:
+        known = ", ".join(sorted(presets)) or "none"
+        raise QuestionInvalid(f"{path}.preset: {name!r} is not a preset of this model (presets: {known})")
+    extra = sorted(set(raw) - {"preset", "type", "threshold", "over"})
+    if extra:
+        raise QuestionInvalid(
+            f"{path}.{extra[0]}: a preset question takes only preset, type, threshold and over; "
+            f"the preset fills in the rest (got {', '.join(extra)})"
+        )
+    defined = presets[name]
+    if raw.get("type", defined["type"]) != defined["type"]:
+        raise QuestionInvalid(f"{path}.type: preset {name!r} is a {defined['type']} question")
+    if "threshold" in raw and defined["type"] != "set":
+        raise QuestionInvalid(f"{path}.threshold: preset {name!r} is a {defined['type']} question, not a set")
+    kept = {k: raw[k] for k in ("threshold", "over") if k in raw}
+    return {**defined, **kept, "preset": name}

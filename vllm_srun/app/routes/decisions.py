@@ -9,14 +9,14 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
-from vllm_srun.plugins.decision_surface import DecisionsRequest, DecisionsResponse
+from vllm_srun.plugins.decision_surface import DecisionRequest, DecisionResponse
 from vllm_srun.plugins.surfaces import DECISIONS
 
 
 @post("/v1/decisions", status_code=200, summary="Answer typed questions about a state")
 async def decisions(
-    request: Request[Any, Any, Any], data: JSONBody[DecisionsRequest], state: State
-) -> Response[DecisionsResponse]:
+    request: Request[Any, Any, Any], data: JSONBody[DecisionRequest], state: State
+) -> Response[DecisionResponse]:
     return await respond(request, state, DECISIONS, data)
 
 
@@ -24,6 +24,6 @@ async def decisions(
 # working against this path (declared as the second route of the decisions descriptor).
 @post("/v1/systemone", status_code=200, summary="Answer typed questions about a state (alias)")
 async def systemone(
-    request: Request[Any, Any, Any], data: JSONBody[DecisionsRequest], state: State
-) -> Response[DecisionsResponse]:
+    request: Request[Any, Any, Any], data: JSONBody[DecisionRequest], state: State
+) -> Response[DecisionResponse]:
     return await respond(request, state, DECISIONS, data)

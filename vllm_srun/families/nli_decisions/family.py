@@ -14,6 +14,7 @@ from typing import Any
 
 from vllm_srun.errors import PackageError
 from vllm_srun.families.nli_decisions.model import NliDecisionModel
+from vllm_srun.families.nli_decisions.presets import PRESETS
 from vllm_srun.plugins.base import (
     EngineModel,
     HeadInfo,
@@ -160,5 +161,6 @@ class NliDecisionsFamily(ModelFamily):
             "name": self.name,
             "surfaces": list(self.surfaces),
             "model_types": list(MODEL_TYPES),
-            "question_types": ["choice", "noul", "score"],
+            "question_types": list(NliDecisionModel.question_types),
+            "presets": list(PRESETS),
         }

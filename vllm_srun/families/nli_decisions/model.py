@@ -16,8 +16,9 @@ from tokenizers import Tokenizer
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.families.nli_decisions import templates
+from vllm_srun.families.nli_decisions.presets import PRESETS
 from vllm_srun.plugins.base import EngineModel, ModelInfo, WorkItem
-from vllm_srun.plugins.decision_surface import DecisionState, Question
+from vllm_srun.plugins.decision_surface import QUESTION_TYPES, DecisionState, Question
 from vllm_srun.plugins.decisions import DecisionModel, QuestionError
 from vllm_srun.plugins.surfaces import Options
 
@@ -40,7 +41,12 @@ def _tokenizer(tokenizer_json: str, *, truncate_to: int | None) -> Tokenizer:
 
 
 class NliDecisionModel(DecisionModel):
-    """Answers choice, noul and score questions with entailment scores of an NLI model."""
+    """Answers choice, noul, score and set questions with entailment scores of an NLI model,
+    and the family's presets (`presets.PRESETS`). It reads one bounded input per hypothesis:
+    no scan budget (`options.max_tokens` is refused), text only."""
+
+    question_types = (*QUESTION_TYPES, "set")
+    presets = PRESETS
 
     # Rows are packed without padding, but the engines' float reductions still vary with
     # batch composition at the last ulp, so the coalescer's batching window applies.

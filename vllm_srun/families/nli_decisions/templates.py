@@ -8,7 +8,9 @@ one option's description:
 - score: one hypothesis per level, `OPTION_TEMPLATE` with the level's description;
 - noul: one hypothesis for "true" (`OPTION_TEMPLATE` with the "true" description, or
   `NOUL_TRUE` when the request gives none), and one for "false" only when the request
-  describes the false side.
+  describes the false side;
+- set: one hypothesis per label, `OPTION_TEMPLATE` with the label's description: the very
+  hypothesis of a noul question with the same instructions and that description as "true".
 
 Scores. For each pair the model gives logits over its labels; the family reads the log-odds
 of entailment against contradiction, `s = logit[entailment] - logit[contradiction]`, and
@@ -17,7 +19,9 @@ per-pair offset every logit shares, so options of different lengths compare fair
 
 - choice and score: probabilities = softmax(s over the options / levels);
 - noul with only a true hypothesis: P(true) = sigmoid(s_true), i.e. entailment normalised
-  against contradiction; with both sides described: P(true) = sigmoid(s_true - s_false).
+  against contradiction; with both sides described: P(true) = sigmoid(s_true - s_false);
+- set: P(label holds) = sigmoid(s_label) for each label on its own, so a set's label answers
+  equal the noul answers of its labels asked one by one.
 
 A template is a plain `str.format` string, so a subclass may override any of them.
 """
@@ -67,4 +71,7 @@ def probabilities(question: Question, scores: np.ndarray) -> np.ndarray:
         margin = scores[0] - scores[1] if scores.size > 1 else scores[0]
         p_true = float(sigmoid(np.asarray(margin)))
         return np.array([p_true, 1.0 - p_true])
+    if question.type == "set":
+        # Label by label, as a noul's one score is read, so the two agree to the last bit.
+        return np.array([float(sigmoid(np.asarray(s))) for s in scores])
     return softmax(scores)
