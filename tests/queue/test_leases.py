@@ -247,7 +247,7 @@ async def test_an_item_whose_solo_forward_never_ended_fails_alone(
     await redis.hset(keys.isolation_key(job_id), items[1].cache_key, "1")
     reply = await reply_to_job(redis_url, isolating_worker)
     results = [decode_result(raw) for raw in reply.results]
-    assert isinstance(results[1], ItemError) and results[1].code == "forward_failed"
+    assert isinstance(results[1], ItemError) and results[1].code == "unavailable"
     expected = keywords_model.run(items)
     np.testing.assert_array_equal(results[0], expected[0])
     np.testing.assert_array_equal(results[2], expected[2])

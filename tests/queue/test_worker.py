@@ -101,7 +101,7 @@ async def test_a_job_planned_for_another_model_fails_its_items_and_caches_nothin
     items = classify_items("refund")
     reply, stored = await send(items, model_sha256="0" * 64)
     error = decode_result(reply.results[0])
-    assert isinstance(error, ItemError) and error.code == "forward_failed"
+    assert isinstance(error, ItemError) and error.code == "unavailable"
     assert "serve the same package on both" in error.message
     assert stored == [None] and sum(batches) == 0
 

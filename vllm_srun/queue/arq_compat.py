@@ -6,13 +6,18 @@ the request path time, so we work around them here:
 - **Enqueueing.** `ArqRedis.enqueue_job` WATCHes each job key to refuse a duplicate id, a few
   round trips per job. Our ids are fresh UUIDs, so `add_job` writes the job body
   (`arq.jobs.serialize_job`, under `arq.constants.job_key_prefix`) and its queue entry into a
-  pipeline the caller executes with its own commands (the wake-up publish), in arq's layout.
-- **Polling.** arq's `Worker.main` sleeps `poll_delay` between polls. `DrivenWorker` lets the
-  caller drive the loop instead (`poll()` runs one of arq's poll iterations,
-  `Worker._poll_iteration`), so a worker polls as soon as it is woken. Its `start_jobs` claims
-  all due jobs in one Lua script instead of a WATCH/MULTI per job, writing the in-progress key
-  (`arq.constants.in_progress_key_prefix`, value `1`) exactly as arq's own `start_jobs` does, and
-  releases each slot with `Worker._release_sem_dec_counter_on_complete`.
+  pipeline the caller executes with its own commands (the wake-up publish), in arq's layout;
+  `get_or_add_job` does the same in a script that first looks the job's results up.
+- **Polling and running.** arq's `Worker.main` sleeps `poll_delay` between polls, and a job
+  costs it several round trips: the poll's ZRANGEBYSCORE, a WATCH/MULTI claim per job, the body
+  and retry-counter reads of `run_job`, and `finish_job`. `DrivenWorker` lets the caller drive
+  the loop instead (`poll()`), so a worker polls as soon as it is woken; one Lua script finds
+  the due jobs, claims them (the in-progress key, `arq.constants.in_progress_key_prefix`, value
+  `1`, exactly as arq's own `start_jobs` writes it) and returns their bodies and tries (arq's
+  retry counter, `retry_key_prefix`, as its `run_job` counts it). A job runs without arq's
+  per-job logging; its function sends arq's finishing writes with its own last ones (`Finish`),
+  and any other end goes through arq's own `finish_job`/`finish_failed_job`. Each slot is
+  released with `Worker._release_sem_dec_counter_on_complete`.
 - **Leases.** arq lets a dead worker's job run again only when its in-progress key expires
   (the job timeout + 10 s). The claim script also leases each job it takes (`keys.lease_key`,
   member = job id, score = expiry in ms) and returns the job's crash count; `requeue_lapsed`
@@ -29,18 +34,21 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 import uuid
 from typing import Any
 
 from arq import Worker
-from arq.constants import in_progress_key_prefix, job_key_prefix
-from arq.jobs import serialize_job
-from arq.utils import timestamp_ms
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+from arq.jobs import SerializationError, deserialize_job_raw, serialize_job
+from arq.utils import ms_to_datetime, timestamp_ms
 from redis.asyncio.client import Pipeline
 
 from vllm_srun import defaults
 from vllm_srun.queue import keys, protocol
+
+log = logging.getLogger("arq.worker")  # where arq's own run_job reports a job that fails
 
 # Worker state read or changed here, beyond its constructor's arguments.
 WORKER_ATTRIBUTES = (
@@ -54,13 +62,26 @@ WORKER_ATTRIBUTES = (
     "loop",
     "in_progress_timeout_s",
     "poll_delay_s",
+    "queue_read_limit",
+    "functions",
+    "max_tries",
+    "job_timeout_s",
+    "job_deserializer",
 )
 # Worker methods called or overridden here, and the parameters each takes after `self`.
 WORKER_METHODS = {
-    "_poll_iteration": (),
     "_release_sem_dec_counter_on_complete": (),
-    "start_jobs": ("job_ids",),
-    "run_job": ("job_id", "score"),
+    "heart_beat": (),
+    "finish_job": (
+        "job_id",
+        "finish",
+        "result_data",
+        "result_timeout_s",
+        "keep_result_forever",
+        "incr_score",
+        "keep_in_progress",
+    ),
+    "finish_failed_job": ("job_id", "result_data"),
 }
 
 
@@ -76,29 +97,80 @@ def add_job(
     return job_id
 
 
+# Looks up result keys (KEYS[3..]) and, only when none is there, queues the arq job (body ARGV[1]
+# under KEYS[2], entry ARGV[4] in the queue KEYS[1] at ARGV[3]) and wakes the workers (ARGV[5]),
+# as `add_job` and a publish would: a request whose inputs all miss costs one round trip.
+_GET_OR_ADD = """
+local found = redis.call('MGET', unpack(KEYS, 3))
+for i = 1, #found do
+  if found[i] then return found end
+end
+redis.call('PSETEX', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('PUBLISH', ARGV[5], '1')
+return found
+"""
+
+# Bounds the result keys one get-or-add script looks up (Lua's unpack has a stack limit); a
+# larger job is looked up and queued in two steps.
+GET_OR_ADD_MAX_KEYS = 512
+
+
+async def get_or_add_job(
+    pool: Any,
+    *,
+    queue: str,
+    function: str,
+    payload: bytes,
+    expires_s: float,
+    job_id: str,
+    result_keys: list[str],
+    wake_channel: str,
+) -> list[bytes | None]:
+    """What `result_keys` hold; when they hold nothing, the job is queued and its workers woken,
+    in the same step (a job for inputs already stored would only run them again)."""
+    now_ms = int(time.time() * 1000)
+    body = serialize_job(function, (payload,), {}, None, now_ms, serializer=protocol.serialize)
+    script = pool.register_script(_GET_OR_ADD)  # local: hashes the script, no round trip
+    found: list[bytes | None] = await script(
+        keys=[queue, job_key_prefix + job_id, *result_keys],
+        args=[body, int(expires_s * 1000), now_ms, job_id, wake_channel],
+    )
+    return found
+
+
 def remove_job(pipe: Pipeline, *, queue: str, job_id: str) -> None:
     """Take a job that no worker has started out of its queue (a started one finishes)."""
     pipe.zrem(queue, job_id)
     pipe.delete(job_key_prefix + job_id)
 
 
-# Claims the given queued jobs at once, as arq's start_jobs does one by one (WATCH, EXISTS,
-# ZSCORE, MULTI/PSETEX/EXEC per job): a job is taken when it is due and no worker holds it. Each
-# job taken is leased (KEYS[2]) in the same step, so no claimed job is ever without a lease, and
-# comes back with its crash count.
+# Claims up to ARGV[8] due jobs (of the first ARGV[9] due entries of KEYS[1]) in one step, as
+# arq's poll iteration (ZRANGEBYSCORE), start_jobs (WATCH, EXISTS, MULTI/PSETEX/EXEC per job) and
+# run_job's first pipeline (GET the body, INCR and EXPIRE the retry counter) do one after another:
+# a job is taken when it is due and no worker holds it. Each job taken is leased (KEYS[2]) in the
+# same step, so no claimed job is ever without a lease. Per job: id, score, crash count, body
+# ('' when it expired) and try.
 _CLAIM = """
 local now, ttl, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
-local lease_until, crashes = ARGV[4], ARGV[5]
+local lease_until, crashes, job, retry = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local free = tonumber(ARGV[8])
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[9]))
 local out = {}
-for i = 6, #ARGV do
-  local id = ARGV[i]
-  local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) <= now and redis.call('EXISTS', prefix .. id) == 0 then
+for i = 1, #due, 2 do
+  if free <= 0 then break end
+  local id = due[i]
+  if redis.call('EXISTS', prefix .. id) == 0 then
     redis.call('PSETEX', prefix .. id, ttl, '1')
     redis.call('ZADD', KEYS[2], lease_until, id)
+    local try = redis.call('INCR', retry .. id)
+    redis.call('EXPIRE', retry .. id, 88400)
     table.insert(out, id)
-    table.insert(out, score)
+    table.insert(out, due[i + 1])
     table.insert(out, redis.call('GET', crashes .. id) or '0')
+    table.insert(out, redis.call('GET', job .. id) or '')
+    table.insert(out, try)
+    free = free - 1
   end
 end
 return out
@@ -164,11 +236,39 @@ async def release(pool: Any, *, queue: str, wake_channel: str, job_ids: list[str
         await pipe.execute()
 
 
+class Finish:
+    """arq's bookkeeping for a job that ends well, for the job itself to send with its last writes.
+
+    A job function finds it in `ctx[FINISH]`; `on(pipe)` queues what arq's `finish_job` would do
+    for a finished job without a kept result (the in-progress key, retry counter and body
+    deleted, the queue entry removed) on a pipeline to the main Redis that the job executes with
+    its own commands, so a job's results, reply and acknowledgement are one round trip. A job
+    that returns without calling it is finished by the worker, in a round trip of its own."""
+
+    def __init__(self, queue_name: str, job_id: str) -> None:
+        self.queue_name = queue_name
+        self.job_id = job_id
+        self.sent = False
+
+    def on(self, pipe: Pipeline) -> None:
+        job_id = self.job_id
+        pipe.delete(in_progress_key_prefix + job_id, retry_key_prefix + job_id, job_key_prefix + job_id)
+        pipe.zrem(self.queue_name, job_id)
+        self.sent = True
+
+
+# The key of a job's `Finish` in the ctx its function is called with.
+FINISH = "finish"
+
+
 class DrivenWorker(Worker):
     """arq's Worker without its own loop: the caller calls `poll()` whenever work may be due.
 
-    Every job it claims is leased for `lease_s`; `held()` names the jobs to renew, `released()`
-    those finished since the last renewal, and `crashes` each running job's crash count."""
+    A poll claims due jobs in one round trip (the claim script, bodies included), and a job runs
+    without arq's per-job reads and logging (`_run`); its end is acknowledged with its own writes
+    (`Finish`) or, failing that, by arq's `finish_job`/`finish_failed_job`. Every job it claims
+    is leased for `lease_s`; `held()` names the jobs to renew, `released()` those finished since
+    the last renewal, and `crashes` each running job's crash count."""
 
     def __init__(
         self, *args: Any, lease_s: float = defaults.LEASE_S, wake_channel: str = "", **kwargs: Any
@@ -180,9 +280,14 @@ class DrivenWorker(Worker):
         self._finished: list[str] = []
 
     async def poll(self) -> None:
-        """One of arq's poll iterations: claim and start due jobs, reap finished ones."""
+        """Claim and start due jobs, reap finished ones (what arq's poll iteration does)."""
         self.ctx["redis"] = self.pool  # what arq's main() sets before its first poll
-        await self._poll_iteration()
+        await self._claim()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()  # as arq's poll iteration: an error in a job's run surfaces here
+        await self.heart_beat()
 
     def running(self) -> list[asyncio.Task[Any]]:
         """The tasks of the jobs this worker has started and not yet reaped."""
@@ -201,9 +306,9 @@ class DrivenWorker(Worker):
     def lease_key(self) -> str:
         return keys.lease_key(self.queue_name)
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
+    async def _claim(self) -> None:
         free = self.max_jobs - self.job_counter
-        if free <= 0 or not job_ids:
+        if free <= 0:
             return
         now = timestamp_ms()
         args: list[Any] = [
@@ -212,17 +317,65 @@ class DrivenWorker(Worker):
             in_progress_key_prefix,
             now + int(self.lease_s * 1000),
             keys.CRASHES_PREFIX,
+            job_key_prefix,
+            retry_key_prefix,
+            free,
+            self.queue_read_limit,
         ]
         claim = self.pool.register_script(_CLAIM)  # local: hashes the script, no round trip
-        claimed = await claim(keys=[self.queue_name, self.lease_key], args=[*args, *job_ids[:free]])
-        for raw_id, score, crashes in zip(claimed[::3], claimed[1::3], claimed[2::3], strict=True):
+        claimed = await claim(keys=[self.queue_name, self.lease_key], args=args)
+        for i in range(0, len(claimed), 5):
+            raw_id, score, crashes, body, job_try = claimed[i : i + 5]
             job_id = raw_id.decode()
             await self.sem.acquire()
             self.job_counter += 1
             self.crashes[job_id] = int(crashes)
-            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
+            task = self.loop.create_task(self._run(job_id, int(float(score)), body, int(job_try)))
             task.add_done_callback(functools.partial(self._done, job_id))
             self.tasks[job_id] = task
+
+    async def _run(self, job_id: str, score: int, body: bytes, job_try: int) -> None:
+        """arq's run_job for a job claimed with its body: its outcomes (expired, unknown function,
+        too many tries, failed, cancelled: run again, done) end the job as arq's would."""
+        if not body:
+            log.warning("job %s expired", job_id)
+            return await asyncio.shield(self.finish_failed_job(job_id, None))
+        try:
+            name, args, kwargs, enqueue_try, enqueue_time_ms = deserialize_job_raw(
+                body, deserializer=self.job_deserializer
+            )
+            function = self.functions[name]
+        except (SerializationError, KeyError):
+            log.exception("job %s cannot run", job_id)
+            return await asyncio.shield(self.finish_failed_job(job_id, None))
+        job_try = max(job_try, enqueue_try or 0)
+        max_tries = self.max_tries if function.max_tries is None else function.max_tries
+        if job_try > max_tries:
+            log.warning("job %s: max %d tries exceeded", job_id, max_tries)
+            return await asyncio.shield(self.finish_failed_job(job_id, None))
+        finish = Finish(self.queue_name, job_id)
+        ctx = {
+            **self.ctx,
+            "job_id": job_id,
+            "job_try": job_try,
+            "enqueue_time": ms_to_datetime(enqueue_time_ms),
+            "score": score,
+            FINISH: finish,
+        }
+        timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s
+        done = True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await function.coroutine(ctx, *args, **kwargs)
+        except asyncio.CancelledError:
+            done = False  # as arq with retry_jobs: a cancelled job runs again
+        except Exception:
+            log.exception("job %s failed", job_id)
+        else:
+            if finish.sent:
+                return None
+        await asyncio.shield(self.finish_job(job_id, done, None, None, False, None, None))
+        return None
 
     def _done(self, job_id: str, _: asyncio.Task[Any]) -> None:
         self._release_sem_dec_counter_on_complete()

@@ -33,7 +33,7 @@ from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import DrivenWorker
+from vllm_srun.queue.arq_compat import FINISH, DrivenWorker, Finish
 from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
@@ -375,21 +375,32 @@ class DeviceWorker:
                 queue_s=max((o.queue_s for o in outcomes), default=0.0),
                 forward_s=max((o.forward_s for o in outcomes), default=0.0),
             )
-        await self._through_outage(partial(self._store_and_reply, job, encoded, reply), ctx)
+        finish: Finish | None = ctx.get(FINISH)
+        await self._through_outage(partial(self._store_and_reply, job, encoded, reply, finish), ctx)
         return len(job.items)
 
     async def _store_and_reply(
-        self, job: protocol.JobPayload, encoded: list[bytes], reply: protocol.JobReply
+        self,
+        job: protocol.JobPayload,
+        encoded: list[bytes],
+        reply: protocol.JobReply,
+        finish: Finish | None,
     ) -> None:
-        # Stored before the reply and before arq acknowledges the job: see gateway.Ran.stored.
+        # Stored before the reply and before arq acknowledges the job (see gateway.Ran.stored):
+        # a pipeline runs its commands in order, so one round trip does all three when the cache
+        # is the main Redis.
         cache = self._cache if self._cache is not None else self.redis
-        async with cache.pipeline(transaction=False) as pipe:
-            write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
-            if cache is self.redis:  # one round trip when the cache is the main Redis
-                pipe.publish(job.reply_to, protocol.encode(reply))
-            await pipe.execute()
         if cache is not self.redis:
-            await self.redis.publish(job.reply_to, protocol.encode(reply))
+            async with cache.pipeline(transaction=False) as pipe:
+                write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
+                await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if cache is self.redis:
+                write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
+            pipe.publish(job.reply_to, protocol.encode(reply))
+            if finish is not None:
+                finish.on(pipe)
+            await pipe.execute()
 
     async def _run_chunk(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: one chunk of a bulk job."""
@@ -405,9 +416,18 @@ class DeviceWorker:
             requests=chunk.end - chunk.start,
         ):
             done = await self._through_outage(run, ctx)
-        # A free chunk slot: wake the workers now rather than at their next fallback poll.
-        with contextlib.suppress(*REDIS_ERRORS):
-            await self.redis.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
+        # A free chunk slot: wake the workers now rather than at their next fallback poll; with
+        # arq's acknowledgement of this chunk in the same round trip.
+        finish: Finish | None = ctx.get(FINISH)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
+                if finish is not None:
+                    finish.on(pipe)
+                await pipe.execute()
+        except REDIS_ERRORS:
+            if finish is not None:
+                finish.sent = False  # arq's own finish tries again
         return done
 
     async def _through_outage(self, attempt: Callable[[], Awaitable[_T]], ctx: dict[str, Any]) -> _T:
@@ -438,16 +458,26 @@ class DeviceWorker:
         coalescer = self.coalescers.get(job.deployment)
         problem = self._refusal(job)
         if coalescer is None or problem is not None:
-            error: Result = ItemError("forward_failed", problem or f"no worker serves {job.deployment!r}")
+            error: Result = ItemError("unavailable", problem or f"no worker serves {job.deployment!r}")
             return [Outcome(error) for _ in job.items]
-        futures = coalescer.submit(
-            job.items, priority=job.priority, enqueued_s=job.enqueued_s, deadline_s=job.deadline_s
-        )
-        self._active[job.request_id] = futures
+        futures: list[asyncio.Future[Outcome]] = []
+        parts = job.split()
+        start = 0
+        for part in parts:  # each request's items keep its own deadline and can be withdrawn
+            mine = coalescer.submit(
+                job.items[start : part.end],
+                priority=job.priority,
+                enqueued_s=job.enqueued_s,
+                deadline_s=part.deadline_s,
+            )
+            self._active[part.request_id] = mine
+            futures += mine
+            start = part.end
         try:
             done = await asyncio.gather(*futures, return_exceptions=True)
         finally:
-            self._active.pop(job.request_id, None)
+            for part in parts:
+                self._active.pop(part.request_id, None)
         cancelled = Outcome(ItemError("cancelled", "the request was withdrawn"))
         return [o if isinstance(o, Outcome) else cancelled for o in done]
 
