@@ -182,7 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     fixture.add_argument("--variant", default=None, help="which fixture the writer makes")
     fixture.add_argument("--onnx", action="store_true", help="also export an ONNX graph")
 
-    check = sub.add_parser("check-config", help="check a router.yaml's endpoints against what they serve")
+    check = sub.add_parser(
+        "check-config", help="check a router.yaml's endpoints and decision signals against what they serve"
+    )
     check.add_argument("config", type=Path, help="the router configuration")
     check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
     check.add_argument(
@@ -556,9 +558,12 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from vllm_srun.config import check_endpoints
+    """Each endpoint deployment serves its model, then each decision signal bound to one is
+    answered there; a malformed signal is a configuration error before anything is asked."""
+    from vllm_srun.config import check_endpoints, check_signals
 
-    checks = check_endpoints(args.config, timeout_s=args.timeout_s, api_key=args.api_key)
+    signals = check_signals(args.config, timeout_s=args.timeout_s, api_key=args.api_key)
+    checks = check_endpoints(args.config, timeout_s=args.timeout_s, api_key=args.api_key) + signals
     for check in checks:
         print(f"{'ok  ' if check.ok else 'FAIL'} {check.deployment} @ {check.endpoint}: {check.detail}")
     if not checks:

@@ -5,8 +5,13 @@ A `--models` file is ours, so an unknown key is an error naming it. A model's `n
 its `aliases` are further names requests may use; a router deployment says the same with
 `model` (else its `name`) and `aliases`. A router configuration
 belongs to the router: of it we read `global.model_catalog.deployments` (`CatalogDeployment`:
-the router's description of a deployment, not the one a worker serves), serve the entries
-with `provider: model_runtime` and no `endpoint`, and check the ones with an `endpoint`.
+the router's description of a deployment, not the one a worker serves; a list of entries with
+a `name`, or the router's mapping of name to entry), serve the entries with
+`provider: model_runtime` and no `endpoint`, and check the ones with an `endpoint`. We also
+read the router's decision signals (`routing.signals.decision`: a name, a deployment, else
+`global.model_catalog.system.decision_model`'s, and one question, preset and set questions
+included): each question must be well formed and bound to a `model_runtime` deployment, and
+`check-config` asks each one of its endpoint, as the router will.
 Every default comes from `vllm_srun.defaults`, as the command line's do.
 """
 
@@ -23,6 +28,7 @@ import yaml
 from vllm_srun import defaults
 from vllm_srun.app.runtime import ModelSettings
 from vllm_srun.errors import ConfigError
+from vllm_srun.plugins.decision_surface import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.registry.loader import ModelOptions
 
@@ -122,8 +128,8 @@ def models_file(path: Path, *, allow_download: bool = False) -> list[ModelSettin
     return [settings_of(e, allow_download=allow_download) for e in parsed.models]
 
 
-def router_deployments(path: Path) -> list[CatalogDeployment]:
-    """The `model_runtime` deployments of a router configuration."""
+def _router_config(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A router configuration and its `global.model_catalog` section."""
     raw = _load_yaml(path) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a router configuration is a mapping, not {type(raw).__name__}")
@@ -131,15 +137,91 @@ def router_deployments(path: Path) -> list[CatalogDeployment]:
     catalog = (section.get("model_catalog") if isinstance(section, dict) else None) or {}
     if not isinstance(catalog, dict):
         raise ConfigError(f"{path}: global.model_catalog must be a mapping")
+    return raw, catalog
+
+
+def router_deployments(path: Path) -> list[CatalogDeployment]:
+    """The `model_runtime` deployments of a router configuration."""
+    _, catalog = _router_config(path)
     entries = catalog.get("deployments")
+    if isinstance(entries, dict):  # the router's own form: {name: deployment}
+        entries = [{**e, "name": e.get("name", n)} for n, e in entries.items() if isinstance(e, dict)]
     if not isinstance(entries, list):
-        raise ConfigError(f"{path}: global.model_catalog.deployments must be a list")
+        raise ConfigError(f"{path}: global.model_catalog.deployments must be a list or a mapping of names")
     deployments = [_convert(e, CatalogDeployment, path) for e in entries if isinstance(e, dict)]
     return [d for d in deployments if d.provider == PROVIDER]
 
 
+@dataclass(frozen=True)
+class DecisionSignal:
+    """One of the router's decision signals: a question it asks a runtime deployment."""
+
+    name: str
+    deployment: CatalogDeployment
+    question: dict[str, Any]
+
+
+def decision_signals(path: Path) -> list[DecisionSignal]:
+    """The router's `routing.signals.decision` entries, each question checked for what needs no
+    model (its fields; a preset's name and its type's questions the served model checks) and
+    bound to a `model_runtime` deployment; a ConfigError names the signal and the field."""
+    raw, catalog = _router_config(path)
+    routing = raw.get("routing")
+    signals = routing.get("signals") if isinstance(routing, dict) else None
+    entries = signals.get("decision") if isinstance(signals, dict) else None
+    if entries is None:
+        return []
+    if not isinstance(entries, list):
+        raise ConfigError(f"{path}: routing.signals.decision must be a list")
+    system = catalog.get("system")
+    default = system.get("decision_model") if isinstance(system, dict) else None
+    default_name = default.get("deployment") if isinstance(default, dict) else None
+    deployments = {d.name: d for d in router_deployments(path)}
+    out = []
+    for i, entry in enumerate(entries):
+        where = f"routing.signals.decision[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ConfigError(f"{path}: {where}: a decision signal is a mapping with a name")
+        name = entry["name"]
+        bound = entry.get("deployment", default_name)
+        if bound not in deployments:
+            known = ", ".join(deployments) or "none"
+            raise ConfigError(
+                f"{path}: {where} ({name}): deployment {bound!r} is not a model_runtime deployment "
+                f"(they are: {known})"
+            )
+        question = entry.get("question")
+        try:
+            check_question(question, f"{where}.question")
+        except QuestionInvalid as exc:
+            raise ConfigError(f"{path}: {name}: {exc}") from exc
+        assert isinstance(question, dict)  # check_question refuses anything else
+        out.append(DecisionSignal(name=name, deployment=deployments[bound], question=question))
+    return out
+
+
+def check_question(question: Any, path: str) -> None:
+    """What a question's own text says is wrong with it, of any type a model may declare; a
+    preset is checked for the fields it may carry (the model says whether it has it)."""
+    if isinstance(question, dict) and "preset" in question:
+        fake = {question["preset"]: {"type": question.get("type", "set"), "instructions": "-"}}
+        expanded = expand_preset(question, fake, path)
+        if "threshold" in expanded:
+            _threshold_of(expanded, path)
+        return
+    parse_question("q", question, path, types=KNOWN_TYPES)
+
+
+def _threshold_of(question: dict[str, Any], path: str) -> None:
+    value = question["threshold"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise QuestionInvalid(f"{path}.threshold: must be a number in [0, 1]")
+
+
 def router_models(path: Path, *, allow_download: bool = False) -> list[ModelSettings]:
-    """What `serve --config` serves: the runtime deployments that name no endpoint."""
+    """What `serve --config` serves: the runtime deployments that name no endpoint (after the
+    router's decision signals are checked, so a malformed question stops the start)."""
+    decision_signals(path)
     out = []
     for d in router_deployments(path):
         if d.endpoint:
@@ -177,6 +259,44 @@ def check_endpoints(
             continue
         checks.append(_judge(d, served))
     return checks
+
+
+def check_signals(
+    path: Path, *, timeout_s: float = defaults.CHECK_TIMEOUT_S, api_key: str | None = None
+) -> list[Check]:
+    """For each decision signal bound to a deployment with an endpoint: does that runtime
+    answer its question? It is asked once, about a fixed state, as the router will ask it; an
+    unknown preset or a question type the model does not declare fails as it would there."""
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    checks = []
+    for signal in decision_signals(path):
+        d = signal.deployment
+        if not d.endpoint:
+            continue
+        url = d.endpoint.rstrip("/") + "/v1/decisions"
+        body = {"model": d.served_name, "state": "check-config", "questions": {signal.name: signal.question}}
+        label = f"decision {signal.name}"
+        try:
+            response = httpx.post(url, json=body, timeout=timeout_s, headers=headers)
+            answered = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            checks.append(Check(label, d.endpoint, False, f"cannot ask {url}: {exc}"))
+            continue
+        checks.append(_judge_answer(label, d, signal.name, response.status_code, answered))
+    return checks
+
+
+def _judge_answer(label: str, d: CatalogDeployment, name: str, status: int, body: Any) -> Check:
+    assert d.endpoint is not None
+    if status != 200 or not isinstance(body, dict):
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        message = error.get("message", body) if isinstance(error, dict) else body
+        return Check(label, d.endpoint, False, f"{d.served_name!r} refused it ({status}): {message}")
+    answer = body.get("answers", {}).get(name)
+    if isinstance(answer, dict) and answer.get("error"):
+        return Check(label, d.endpoint, False, f"{answer['error']}: {answer.get('message', '')}")
+    kind = "set" if name in (body.get("sets") or {}) else (answer or {}).get("type", "?")
+    return Check(label, d.endpoint, True, f"{d.served_name!r} answers it ({kind})")
 
 
 def _by_name(models: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
