@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import pytest
+from arq.constants import job_key_prefix
 
 from vllm_srun.errors import NotReady
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
-from vllm_srun.queue import keys
+from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
 from vllm_srun.queue.worker import DeviceWorker
@@ -132,3 +133,87 @@ async def test_a_cancelled_request_takes_its_job_out_of_the_queue(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await client.redis.zcard(keys.queue_name(name)) == 0
+
+
+async def _queued_jobs(client: QueueClient, name: str) -> list[protocol.JobPayload]:
+    """The payloads of the jobs waiting in `name`'s queue, as a worker would read them."""
+    ids = await client.redis.zrange(keys.queue_name(name), 0, -1)
+    bodies = [await client.redis.get(job_key_prefix + job_id.decode()) for job_id in ids]
+    return [protocol.decode_job(protocol.deserialize(body)["a"][0]) for body in bodies if body]
+
+
+async def _ghost(client: QueueClient, name: str) -> None:
+    """A worker that heartbeats but never takes a job: what the app queued stays visible."""
+    await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
+
+
+async def test_the_misses_of_one_tick_are_one_job_and_each_request_withdraws_its_own(
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
+) -> None:
+    name = keywords_model.info.name
+    await _ghost(client, name)
+    texts = ["refund", "parcel", "invoice late", "refund parcel"]
+    tasks = [asyncio.create_task(submit(client, keywords_model, classify_items(t))) for t in texts]
+    for _ in range(100):
+        if await client.redis.zcard(keys.queue_name(name)):
+            break
+        await asyncio.sleep(0.01)
+    (job,) = await _queued_jobs(client, name)
+    assert len(job.items) == 4 and job.parts is not None
+    assert [part.end for part in job.parts] == [1, 2, 3, 4]
+    # A client gone: its part is withdrawn, but the job stays while others wait for it.
+    tasks[0].cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[0]
+    assert await client.redis.zcard(keys.queue_name(name)) == 1
+    for task in tasks[1:]:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert await client.redis.zcard(keys.queue_name(name)) == 0
+
+
+async def test_the_tick_job_answers_every_request_from_one_forward(
+    client: QueueClient,
+    worker: DeviceWorker,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
+) -> None:
+    texts = ["refund my invoice", "parcel delivery", "charge twice", "refund my invoice"]
+    answers = await asyncio.gather(*(submit(client, keywords_model, classify_items(t)) for t in texts))
+    assert sum(batches) == 3  # the repeated text ran once, with the others
+    for text, answer in zip(texts, answers, strict=True):
+        np.testing.assert_array_equal(answer.results[0], keywords_model.run(classify_items(text))[0])
+
+
+async def test_stored_results_are_found_by_the_script_that_would_queue_the_misses(
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
+) -> None:
+    name = keywords_model.info.name
+    await _ghost(client, name)
+    stored, missing = classify_items("refund", "parcel")
+    array = keywords_model.run([stored])[0]
+    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+
+    hit = await submit(client, keywords_model, [stored])  # found: nothing is queued
+    assert (hit.hits, hit.misses) == (1, 0) and hit.cached == [True]
+    np.testing.assert_array_equal(hit.results[0], array)
+    assert await client.redis.zcard(keys.queue_name(name)) == 0
+
+    other = QueueClient(client.redis_url, result_ttl_s=60, local_cache_bytes=0)
+    await other.start()
+    try:
+        task = asyncio.create_task(submit(other, keywords_model, [stored, missing], timeout_s=0.5))
+        for _ in range(100):
+            if await client.redis.zcard(keys.queue_name(name)):
+                break
+            await asyncio.sleep(0.01)
+        (job,) = await _queued_jobs(client, name)  # only the miss runs
+        assert [item.cache_key for item in job.items] == [missing.cache_key]
+        mixed = await task
+    finally:
+        await other.close()
+    assert (mixed.hits, mixed.misses) == (1, 1) and mixed.cached == [True, False]
+    np.testing.assert_array_equal(mixed.results[0], array)
+    result = mixed.results[1]
+    assert isinstance(result, ItemError) and result.code == "deadline_exceeded"

@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ from vllm_srun import defaults, tracing
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import add_job, remove_job
+from vllm_srun.queue.arq_compat import GET_OR_ADD_MAX_KEYS, add_job, get_or_add_job, remove_job
 from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
 from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
 from vllm_srun.queue.results import LocalResults
@@ -41,6 +42,33 @@ FALLBACK_POLL_S = 1.0
 RESUBSCRIBE_S = 0.1
 RESUBSCRIBE_MAX_S = 2.0
 WORKER_CHECK_TTL_S = 1.0
+
+
+# A job outlives the longest timeout of its requests by this (arq's job expiry).
+JOB_EXPIRY_S = 60
+
+
+@dataclass(eq=False)
+class _Part:
+    """One request's misses on their way into the job of their event-loop tick."""
+
+    request_id: str
+    items: list[WorkItem]
+    deadline_s: float | None
+    timeout_s: float
+    trace: dict[str, str] | None
+    # Set once the job is queued (or everything was found): `found` holds the results found in
+    # the shared cache, `job_id` the job running the rest ("" when none) and `positions` each
+    # item's index among the job's items (-1: found).
+    sent: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    found: list[bytes | None] = field(default_factory=list)
+    job_id: str = ""
+    reply: asyncio.Future[protocol.JobReply] | None = None
+    positions: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.found = [None] * len(self.items)
+        self.positions = [-1] * len(self.items)
 
 
 class QueueClient:
@@ -72,6 +100,12 @@ class QueueClient:
         self._subscribed = asyncio.Event()
         self._workers_seen: dict[str, float] = {}
         self._closing = False
+        # The misses that arrived in this tick, per deployment and model identity: one job.
+        self._ticks: dict[tuple[str, str, str, bool], list[_Part]] = {}
+        self._sending: set[asyncio.Task[None]] = set()
+        # Per job in flight: the request ids of the parts still waiting for its reply.
+        self._jobs: dict[str, set[str]] = {}
+        self._worker_checks: dict[str, asyncio.Future[int]] = {}
 
     async def start(self) -> None:
         try:
@@ -175,13 +209,22 @@ class QueueClient:
                 memory[path] = max(memory.get(path, 0), int(size))
         return {"engine_paths": paths, "memory_bytes": memory} if paths else {}
 
-    async def _require_worker(self, deployment: str) -> None:
+    async def _has_worker(self, deployment: str) -> bool:
+        """Whether a live worker serves `deployment` (a yes is trusted for WORKER_CHECK_TTL_S)."""
         seen = self._workers_seen.get(deployment, 0.0)
         if time.monotonic() - seen < WORKER_CHECK_TTL_S:
-            return
-        if await self.live_workers(deployment) == 0:
-            raise NotReady(f"no device worker serves {deployment!r} yet")
+            return True
+        # Requests that find the answer stale wait for one check together, so they go on in the
+        # same tick (and share its job) rather than each after a round trip of its own.
+        check = self._worker_checks.get(deployment)
+        if check is None:
+            check = asyncio.ensure_future(self.live_workers(deployment))
+            self._worker_checks[deployment] = check
+            check.add_done_callback(lambda _: self._worker_checks.pop(deployment, None))
+        if await asyncio.shield(check) == 0:
+            return False
         self._workers_seen[deployment] = time.monotonic()
+        return True
 
     async def submit(
         self,
@@ -194,63 +237,171 @@ class QueueClient:
         deadline_s: float | None = None,
     ) -> Submission:
         """Results for `items` (each with its cache key), through the result gateway; its misses
-        go to a device worker as one job."""
+        go to a device worker in the job of this event-loop tick."""
         # The cache span covers the gateway's lookup, up to the job for the misses (its sibling).
         lookup = tracing.start("cache", deployment=deployment, items=len(items))
+        # One Redis for both: the shared cache is looked up by the script that queues the job.
+        looks_up = self.cache is self.redis
 
         async def run(misses: list[WorkItem]) -> Ran:
             lookup.end(misses=len(misses))
             with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
-                await self._require_worker(deployment)
-                return await self._run(deployment, (model_sha256, numerics), misses, timeout_s, deadline_s)
+                if not await self._has_worker(deployment):
+                    if looks_up:  # stored results are still answered without a worker
+                        found = await self.gateway.cached(deployment, misses)
+                        if all(raw is not None for raw in found):
+                            return Ran(found, stored=True, cached=[True] * len(found))
+                    raise NotReady(f"no device worker serves {deployment!r} yet")
+                if self._refusal is not None:
+                    raise Unavailable(self._refusal)
+                part = _Part(uuid.uuid4().hex, misses, deadline_s, timeout_s, tracing.inject())
+                return await self._run(deployment, (model_sha256, numerics), part, looks_up)
 
         try:
-            return await self.gateway.resolve(deployment, items, run, timeout_s=timeout_s)
+            return await self.gateway.resolve(
+                deployment, items, run, timeout_s=timeout_s, runner_looks_up=looks_up
+            )
         finally:
             lookup.end(misses=0)
 
-    async def _run(
-        self,
-        deployment: str,
-        identity: tuple[str, str],
-        items: list[WorkItem],
-        timeout_s: float,
-        deadline_s: float | None,
-    ) -> Ran:
-        """One job for `items`; the worker stores their results before it replies."""
-        if self._refusal is not None:
-            raise Unavailable(self._refusal)
-        request_id = uuid.uuid4().hex
-        reply_future: asyncio.Future[protocol.JobReply] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = reply_future
+    async def _run(self, deployment: str, identity: tuple[str, str], part: _Part, looks_up: bool) -> Ran:
+        """`part`'s items in the job of this tick; the worker stores their results before it
+        replies. A request that ends without them (cancelled, timed out, refused) withdraws."""
+        tick_key = (deployment, *identity, looks_up)
+        tick = self._ticks.get(tick_key)
+        if tick is None:
+            tick = self._ticks[tick_key] = []
+            asyncio.get_running_loop().call_soon(self._flush, tick_key)
+        tick.append(part)
+        try:
+            await asyncio.shield(part.sent)
+            if not part.job_id:  # every item was found in the shared cache
+                return Ran(list(part.found), stored=True, cached=[True] * len(part.found))
+            ran = await self._await_reply(deployment, part)
+            if any(raw is None for raw in ran.results):
+                # Timed out: nobody waits for the rest any more, so it leaves the queue.
+                await asyncio.shield(self._withdraw(deployment, part))
+            return ran
+        except asyncio.CancelledError:
+            await asyncio.shield(self._withdraw(deployment, part))
+            raise
+        except Unavailable:
+            if self._refusal is not None:
+                await asyncio.shield(self._withdraw(deployment, part))
+            raise
+        finally:
+            self._leave(part)
+
+    def _flush(self, tick_key: tuple[str, str, str, bool]) -> None:
+        """Send the misses that arrived in this tick as one job."""
+        parts = self._ticks.pop(tick_key, [])
+        if parts:
+            deployment, sha256, numerics, looks_up = tick_key
+            send = self._send(deployment, (sha256, numerics), parts, looks_up)
+            task = asyncio.get_running_loop().create_task(send)
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send(
+        self, deployment: str, identity: tuple[str, str], parts: list[_Part], looks_up: bool
+    ) -> None:
+        """Queue one job for `parts` (looking their items up first where `looks_up`: only what
+        is not stored runs), and tell each part where its items went."""
+        try:
+            if looks_up:
+                items = [item for part in parts for item in part.items]
+                result_keys = [keys.result_key(deployment, item.cache_key) for item in items]
+                if len(result_keys) <= GET_OR_ADD_MAX_KEYS:
+                    job_id, payload, timeout_s = self._job(deployment, identity, parts)
+                    found = await get_or_add_job(
+                        self.redis,
+                        queue=keys.queue_name(deployment),
+                        function=keys.RUN_ITEMS,
+                        payload=payload,
+                        expires_s=timeout_s + JOB_EXPIRY_S,
+                        job_id=job_id,
+                        result_keys=result_keys,
+                        wake_channel=keys.wake_channel(deployment),
+                    )
+                else:
+                    found = await self.cache.mget(result_keys)
+                if all(raw is None for raw in found) and len(result_keys) <= GET_OR_ADD_MAX_KEYS:
+                    self._sent(job_id, parts)
+                    return
+                position = 0
+                for part in parts:  # what was found is answered; the rest runs
+                    part.found = list(found[position : position + len(part.items)])
+                    position += len(part.items)
+            pending = [part for part in parts if any(raw is None for raw in part.found)]
+            if not pending:
+                self._sent("", parts)
+                return
+            job_id, payload, timeout_s = self._job(deployment, identity, pending)
+            await self._enqueue(deployment, job_id, payload, timeout_s)
+            self._sent(job_id, pending)
+            self._sent("", [part for part in parts if part not in pending])
+        except asyncio.CancelledError:
+            for part in parts:
+                part.sent.cancel()
+            raise
+        except Exception as exc:  # each request hears it; the task itself ends quietly
+            error = Unavailable(f"Redis is unreachable: {exc}") if isinstance(exc, REDIS_ERRORS) else exc
+            for part in parts:
+                if not part.sent.done():
+                    part.sent.set_exception(error)
+
+    def _job(
+        self, deployment: str, identity: tuple[str, str], parts: list[_Part]
+    ) -> tuple[str, bytes, float]:
+        """A job for the items `parts` still need: its id, payload and the longest timeout."""
+        job_items: list[WorkItem] = []
+        job_parts: list[protocol.JobPart] = []
+        for part in parts:
+            job_items += [item for item, raw in zip(part.items, part.found, strict=True) if raw is None]
+            job_parts.append(protocol.JobPart(part.request_id, len(job_items), part.deadline_s))
+        deadlines = [part.deadline_s for part in parts]
+        # A job of one request is that request's, as the worker's cancel messages name it.
+        job_id = parts[0].request_id if len(parts) == 1 else uuid.uuid4().hex
         payload = protocol.JobPayload(
             deployment=deployment,
             model_sha256=identity[0],
             numerics=identity[1],
-            items=items,
+            items=job_items,
             reply_to=self._reply_channel,
-            request_id=request_id,
+            request_id=job_id,
             enqueued_s=time.time(),
-            deadline_s=deadline_s,
+            deadline_s=None if None in deadlines else max(d for d in deadlines if d is not None),
             ttl_s=self.result_ttl_s,
-            trace=tracing.inject(),
+            trace=next((part.trace for part in parts if part.trace), None),
+            parts=job_parts if len(parts) > 1 else None,
         )
-        try:
-            await self._enqueue(deployment, request_id, protocol.encode(payload), timeout_s)
-            ran = await self._await_reply(deployment, items, reply_future, timeout_s)
-            if any(raw is None for raw in ran.results):
-                # Timed out: nobody waits for the rest any more, so it leaves the queue.
-                await asyncio.shield(self._withdraw(deployment, request_id))
-            return ran
-        except asyncio.CancelledError:
-            await asyncio.shield(self._withdraw(deployment, request_id))
-            raise
-        except Unavailable:
-            if self._refusal is not None:
-                await asyncio.shield(self._withdraw(deployment, request_id))
-            raise
-        finally:
-            self._waiting.pop(request_id, None)
+        return job_id, protocol.encode(payload), max(part.timeout_s for part in parts)
+
+    def _sent(self, job_id: str, parts: list[_Part]) -> None:
+        """`parts` are in job `job_id` ("": nothing left to run): each hears where."""
+        reply = None
+        if job_id:
+            reply = self._waiting[job_id] = asyncio.get_running_loop().create_future()
+            self._jobs[job_id] = {part.request_id for part in parts}
+        position = 0
+        for part in parts:
+            part.job_id, part.reply = job_id, reply
+            for index, raw in enumerate(part.found):
+                if raw is None:
+                    part.positions[index] = position
+                    position += 1
+            if not part.sent.done():
+                part.sent.set_result(None)
+
+    def _leave(self, part: _Part) -> None:
+        """`part` no longer waits: the job's reply is dropped once no part waits for it."""
+        members = self._jobs.get(part.job_id)
+        if members is None:
+            return
+        members.discard(part.request_id)
+        if not members:
+            self._jobs.pop(part.job_id, None)
+            self._waiting.pop(part.job_id, None)
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one transaction."""
@@ -261,7 +412,7 @@ class QueueClient:
                     queue=keys.queue_name(deployment),
                     function=keys.RUN_ITEMS,
                     payload=payload,
-                    expires_s=timeout_s + 60,
+                    expires_s=timeout_s + JOB_EXPIRY_S,
                     job_id=job_id,
                 )
                 pipe.publish(keys.wake_channel(deployment), b"1")
@@ -269,39 +420,50 @@ class QueueClient:
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
 
-    async def _withdraw(self, deployment: str, request_id: str) -> None:
-        """Take a request's job out of the queue, and tell a worker that took it to drop it."""
+    async def _withdraw(self, deployment: str, part: _Part) -> None:
+        """Tell a worker that took `part`'s job to drop its items; once no part of the job
+        waits, take the job out of the queue. (A part withdrawn from a job that others still
+        wait for runs with them if no worker has taken it yet: its results are stored.)"""
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await part.sent  # a part still on its way is withdrawn once it is queued
+        if not part.job_id:
+            return
+        members = self._jobs.get(part.job_id, set())
+        members.discard(part.request_id)  # before any await: parts withdrawn together see it
+        last = not members
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
-                remove_job(pipe, queue=keys.queue_name(deployment), job_id=request_id)
-                pipe.publish(keys.cancel_channel(deployment), request_id.encode())
+                if last:
+                    remove_job(pipe, queue=keys.queue_name(deployment), job_id=part.job_id)
+                pipe.publish(keys.cancel_channel(deployment), part.request_id.encode())
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             log.warning("withdraw_failed", error=str(exc))
 
-    async def _await_reply(
-        self,
-        deployment: str,
-        items: list[WorkItem],
-        reply_future: asyncio.Future[protocol.JobReply],
-        timeout_s: float,
-    ) -> Ran:
+    async def _await_reply(self, deployment: str, part: _Part) -> Ran:
         """The pushed reply; if none comes, what the result cache holds by the timeout."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout_s
-        found: list[bytes | None] = [None] * len(items)
+        give_up = loop.time() + part.timeout_s
+        found = list(part.found)
+        cached = [raw is not None for raw in found]
+        reply_future = part.reply
         while True:
             remaining = give_up - loop.time()
-            if remaining <= 0:
-                return Ran(found, stored=True)
+            if remaining <= 0 or reply_future is None:
+                return Ran(found, stored=True, cached=cached)
             try:
                 reply = await asyncio.wait_for(asyncio.shield(reply_future), min(FALLBACK_POLL_S, remaining))
             except TimeoutError:
                 pass
             else:
-                return Ran(list(reply.results), stored=True, queue_s=reply.queue_s, forward_s=reply.forward_s)
-            if await self._fallback(deployment, items, found):
-                return Ran(found, stored=True)
+                for index, position in enumerate(part.positions):
+                    if position >= 0:
+                        found[index] = reply.results[position]
+                return Ran(
+                    found, stored=True, queue_s=reply.queue_s, forward_s=reply.forward_s, cached=cached
+                )
+            if await self._fallback(deployment, part.items, found):
+                return Ran(found, stored=True, cached=cached)
 
     async def _fallback(self, deployment: str, items: list[WorkItem], found: list[bytes | None]) -> bool:
         """Fill `found` from what the result cache already holds; True when nothing is missing."""

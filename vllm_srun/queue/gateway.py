@@ -49,12 +49,15 @@ class Submission:
 @dataclass
 class Ran:
     """What a runner made of the misses: encoded results aligned with them (None: no result
-    came back), whether it already stored them in the shared cache, and where the time went."""
+    came back), whether it already stored them in the shared cache, and where the time went.
+    A runner that looks up the shared cache itself (`resolve(..., runner_looks_up=True)`) says
+    which results it found there (`cached`, aligned with the misses; None: none)."""
 
     results: list[bytes | None]
     stored: bool = False
     queue_s: float = 0.0
     forward_s: float = 0.0
+    cached: list[bool] | None = None
 
 
 # Runs the given misses (distinct cache keys) and returns their results.
@@ -91,9 +94,13 @@ class ResultGateway:
         run: MissRunner,
         *,
         timeout_s: float | None = None,
+        runner_looks_up: bool = False,
     ) -> Submission:
         """Results for `items` (each with its cache key): cached, in flight, or run by `run`.
 
+        With `runner_looks_up`, the shared cache is not read here: `run` gets every item that
+        this process neither holds nor has in flight, and looks each up itself (the app's
+        get-or-enqueue script does both in one round trip), saying which it found (`Ran.cached`).
         An item waited for longer than `timeout_s` (None: no limit) is `deadline_exceeded`.
         An item another caller was running, whose run ended without its result (that caller
         was cancelled, timed out or failed), is resolved again by this caller in its own time,
@@ -103,7 +110,7 @@ class ResultGateway:
             return Submission([], 0, 0)
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
-        found = await self.cached(deployment, items)
+        found = self._local(deployment, items) if runner_looks_up else await self.cached(deployment, items)
         results: list[Result | None] = [decode_result(raw) if raw else None for raw in found]
         cached = [r is not None for r in results]
         hits = sum(cached)
@@ -118,9 +125,10 @@ class ResultGateway:
                 misses[item.cache_key] = item
             waits[index] = self._inflight[key]
         submission = Submission([], hits, len(items) - hits, cached=cached)
+        found_keys: set[str] = set()
         if misses:
             try:
-                await self._run(deployment, list(misses.values()), run, submission)
+                found_keys = await self._run(deployment, list(misses.values()), run, submission)
             finally:
                 for cache_key in misses:
                     future = self._inflight.pop((deployment, cache_key), None)
@@ -139,8 +147,20 @@ class ResultGateway:
             retried = await self.resolve(deployment, [items[i] for i in again], run, timeout_s=remaining)
             for index, result in zip(again, retried.results, strict=True):
                 results[index] = result
+        if found_keys:  # found in the shared cache by the runner: hits, not misses
+            for index, item in enumerate(items):
+                if item.cache_key in found_keys and item.cache_key in misses:
+                    cached[index] = True
+            submission.hits = sum(cached)
+            submission.misses = len(items) - submission.hits
         submission.results = [r if r is not None else _lost() for r in results]
         return submission
+
+    def _local(self, deployment: str, items: Sequence[WorkItem]) -> list[bytes | None]:
+        local = self.local
+        if local is None:
+            return [None] * len(items)
+        return [local.get(deployment, item.cache_key) for item in items]
 
     async def cached(self, deployment: str, items: Sequence[WorkItem]) -> list[bytes | None]:
         """Each item's encoded result from this process's copy, else one MGET; None: a miss."""
@@ -164,7 +184,8 @@ class ResultGateway:
 
     async def _run(
         self, deployment: str, misses: list[WorkItem], run: MissRunner, submission: Submission
-    ) -> None:
+    ) -> set[str]:
+        """Run the misses; returns the cache keys the runner found in the shared cache."""
         ran = await run(misses)
         submission.queue_s, submission.forward_s = ran.queue_s, ran.forward_s
         if not ran.stored:
@@ -183,6 +204,9 @@ class ResultGateway:
             future = self._inflight.get((deployment, item.cache_key))
             if future is not None and not future.done():
                 future.set_result(decode_result(raw))
+        if not ran.cached:
+            return set()
+        return {item.cache_key for item, hit in zip(misses, ran.cached, strict=True) if hit}
 
 
 # What an in-flight item's future holds when the run that owned it ended without its result.
@@ -198,4 +222,4 @@ async def _shielded(future: asyncio.Future[Result], timeout_s: float | None) -> 
 
 
 def _lost() -> ItemError:
-    return ItemError("forward_failed", "the result was lost")
+    return ItemError("unavailable", "the result was lost")

@@ -14,8 +14,20 @@ from vllm_srun import defaults
 from vllm_srun.plugins.base import WorkItem
 
 
+class JobPart(msgspec.Struct, array_like=True):
+    """One request's share of a job that carries the misses of several: the job's items up to
+    `end` (from the previous part's end), the id a withdrawal names, and its own deadline."""
+
+    request_id: str
+    end: int
+    deadline_s: float | None = None
+
+
 class JobPayload(msgspec.Struct, array_like=True):
-    """The misses of one request (or one bulk chunk), for one deployment."""
+    """The misses of the requests that arrived in one event-loop tick, for one deployment.
+
+    `request_id` names the reply; `parts` splits the items by request (None: one request,
+    `request_id` itself, with `deadline_s`)."""
 
     deployment: str
     model_sha256: str
@@ -31,6 +43,11 @@ class JobPayload(msgspec.Struct, array_like=True):
     # joins the request's trace; None when the app does not trace. Last, with a default: a
     # payload from an app without it still decodes.
     trace: dict[str, str] | None = None
+    parts: list[JobPart] | None = None
+
+    def split(self) -> list[JobPart]:
+        """The job's parts: one per request it carries."""
+        return self.parts or [JobPart(self.request_id, len(self.items), self.deadline_s)]
 
 
 class ChunkPayload(msgspec.Struct, array_like=True):
