@@ -149,3 +149,21 @@ def test_classifier_rows_and_exit_rows_share_a_batch(nt: Any, tmp_path: Path) ->
     nt.assert_close(got[0], out.logits[0], atol=ATOL)
     nt.assert_close(got[2], out.logits[2], atol=ATOL)
     nt.assert_close(got[1], out.hidden_states[1][1, : len(rows[1])].mean(0), atol=ATOL)
+
+
+def test_onnxruntime_engine_names_an_exit_it_cannot_run(tmp_path: Path) -> None:
+    """A replica plans for native workers; a worker on onnxruntime refuses the exit by name."""
+    pytest.importorskip("onnxruntime")
+    from vllm_srun.engines.onnxruntime import OnnxRuntimeEngine
+    from vllm_srun.families.task_heads import TaskHeadsFamily
+    from vllm_srun.plugins.base import Device
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    path = write_fixture(tmp_path / "m", variant="bert-embedding", onnx=True)
+    spec = TaskHeadsFamily().describe(ModelPackage(path))
+    engine = OnnxRuntimeEngine()
+    model = engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
+    batch = Batch.from_items([WorkItem(token_ids=[2, 10, 11, 1], output="mean@1")])
+    with pytest.raises(ValueError, match="cannot exit at an earlier layer"):
+        model.encode(batch)
