@@ -223,3 +223,24 @@ def test_window_options_are_refused_not_ignored(packages: dict[str, Path]) -> No
     ):
         with pytest.raises(InvalidRequest, match=field):
             serve(model, {"state": "s", "questions": {"c": CHOICE}, "options": options})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_set_reads_each_label_as_its_own_noul(packages: dict[str, Path], variant: str) -> None:
+    model = load(packages[variant])
+    question = {
+        "type": "set",
+        "instructions": "Which topics does it touch?",
+        "labels": [{"key": "math", "description": "mathematics"}, {"key": "code"}],
+    }
+    assert templates.hypotheses(parse_question("t", question, "q")) == [
+        "Which topics does it touch? Answer: mathematics.",
+        "Which topics does it touch? Answer: code.",
+    ]
+    body, _, results = serve(model, {"state": "what is 2 + 2", "questions": {"t": question}})
+    scores = [float(r[model.entailment] - r[model.contradiction]) for r in results]
+    expected = {"math": float(sigmoid(np.asarray(scores[0]))), "code": float(sigmoid(np.asarray(scores[1])))}
+    assert body["sets"]["t"]["probabilities"] == pytest.approx(expected, abs=1e-9)
+    assert body["thresholds"] == {"t": 0.5} and list(body["answers"]) == ["t.math", "t.code"]
+    assert model.info.question_types == ["choice", "noul", "score", "set"]
+    assert set(model.info.presets) == {"domain", "needs_reasoning", "difficulty", "topics"}
