@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import arq
 import arq.constants
@@ -34,10 +35,18 @@ def test_the_private_worker_methods_exist_with_the_parameters_used() -> None:
         assert found == params, (
             f"arq {arq.VERSION}: Worker.{name} takes {found}, arq_compat.py calls it with {params}"
         )
-    assert inspect.iscoroutinefunction(Worker._poll_iteration), "arq: Worker._poll_iteration is no coroutine"
-    # Our claim script replaces start_jobs, which arq's poll iteration must still call.
-    assert "start_jobs" in inspect.getsource(Worker._poll_iteration), (
-        f"arq {arq.VERSION}: Worker._poll_iteration no longer starts jobs through start_jobs"
+    # The claim script counts a job's tries as arq's run_job does, and Finish ends a job as
+    # arq's finish_job ends a finished one (no result kept).
+    run_job = inspect.getsource(Worker.run_job)
+    assert "pipe.incr(retry_key_prefix + job_id)" in run_job and "88400" in run_job, (
+        f"arq {arq.VERSION}: run_job counts tries differently; update _CLAIM"
+    )
+    finish_job = inspect.getsource(Worker.finish_job)
+    assert "delete_keys += [retry_key_prefix + job_id, job_key_prefix + job_id]" in finish_job, (
+        f"arq {arq.VERSION}: finish_job deletes other keys; update Finish"
+    )
+    assert "tr.zrem(self.queue_name, job_id)" in finish_job, (
+        f"arq {arq.VERSION}: finish_job no longer removes the queue entry; update Finish"
     )
 
 
@@ -158,3 +167,38 @@ async def test_a_lapsed_lease_leaves_the_job_as_arq_queues_it(redis: ArqRedis) -
     assert ran == [b"again"]
     for task in dead.running():
         task.cancel()
+
+
+async def test_a_job_that_sends_its_own_finish_is_acknowledged_with_its_writes(redis: ArqRedis) -> None:
+    tries: list[object] = []
+
+    async def store(ctx: dict[str, Any], payload: bytes) -> None:
+        tries.append(ctx["job_try"])
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.set("test:stored", payload)
+            ctx[arq_compat.FINISH].on(pipe)
+            await pipe.execute()
+
+    worker = DrivenWorker(
+        functions=[func(store, name="store")],
+        queue_name=QUEUE,
+        redis_pool=redis,
+        handle_signals=False,
+        keep_result=0,
+        job_serializer=protocol.serialize,
+        job_deserializer=protocol.deserialize,
+    )
+    async with redis.pipeline(transaction=True) as pipe:
+        job_id = add_job(pipe, queue=QUEUE, function="store", payload=b"done", expires_s=60)
+        await pipe.execute()
+    await worker.poll()
+    await asyncio.gather(*worker.running())
+    assert tries == [1] and await redis.get("test:stored") == b"done"
+    assert worker.job_counter == 0 and worker.released() == [job_id]
+    assert await redis.zscore(QUEUE, job_id) is None
+    for prefix in (
+        arq.constants.job_key_prefix,
+        arq.constants.in_progress_key_prefix,
+        arq.constants.retry_key_prefix,
+    ):
+        assert not await redis.exists(prefix + job_id), prefix
