@@ -127,7 +127,7 @@ for i = 5, #ARGV, 3 do
     else redis.call('HINCRBY', job, 'done', 1) end
     if kind == CACHED then redis.call('HINCRBY', job, 'cached', 1) end
     if kind == SKIPPED then redis.call('HINCRBY', job, 'skipped', 1) end
-    redis.call('XADD', events, '*', 'event', 'result', 'data', ARGV[i + 2])
+    redis.call('XADD', events, '*', 'event', 'result', 'index', ARGV[i])
   end
 end
 redis.call('SADD', chunks, chunk)
@@ -370,10 +370,12 @@ class BulkStore:
             if self._streams_ended.is_set():
                 return
             for _, entries in batch or []:
+                lines = await self._result_lines(job_id, entries)
                 for entry_id, fields in entries:
                     last_id = entry_id.decode()
                     event = fields[b"event"].decode()
-                    yield last_id, event, bytes(fields[b"data"])
+                    data = fields.get(b"data")
+                    yield last_id, event, bytes(data if data is not None else lines[fields[b"index"]])
                     if event == "status":
                         return
             if not batch:
@@ -387,6 +389,18 @@ class BulkStore:
                 # status event, so a client knows not to reconnect.
                 yield last_id, "status", msgspec.json.encode({"status": job.status})
                 return
+
+    async def _result_lines(self, job_id: str, entries: list[Any]) -> dict[bytes, bytes]:
+        """The stored result lines that `entries`' result events name by index, in one read: a
+        result event carries its index, not a second copy of the line."""
+        indices = list({fields[b"index"] for _, fields in entries if b"index" in fields})
+        if not indices:
+            return {}
+        try:
+            stored = await self.redis.hmget(keys.job_results_key(job_id), indices)  # type: ignore[misc]
+        except REDIS_ERRORS as exc:
+            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        return {index: raw or b"null" for index, raw in zip(indices, stored, strict=True)}
 
     async def _read_events(self, key: str, last_id: str, block_ms: int) -> Any:
         """One XREAD of `key` after `last_id`, given up (None) when the streams are ended."""
@@ -410,7 +424,7 @@ def _write_errors(pipe: Any, job_id: str, lines: Sequence[ResultLine]) -> None:
     for line in lines:
         pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)
         pipe.hincrby(keys.job_key(job_id), "failed", 1)
-        pipe.xadd(keys.job_events_key(job_id), {"event": "result", "data": line.line})
+        pipe.xadd(keys.job_events_key(job_id), {"event": "result", "index": str(line.index)})
 
 
 def _optional_float(fields: dict[str, str], name: str) -> float | None:

@@ -124,7 +124,8 @@ def job_chunks_key(job_id: str) -> str:
 
 
 def job_events_key(job_id: str) -> str:
-    """Stream: progress, result and status events, read by Server-Sent Events."""
+    """Stream: progress and status events, and result events naming the index of a line stored
+    in the results hash (one copy of each line), read by Server-Sent Events."""
     return f"{PREFIX}:job:{job_id}:events"
 
 
