@@ -266,7 +266,8 @@ class _Methods(Generic[R]):
         return self._send(Call("GET", "/v1/models"))
 
     def health(self) -> R:
-        """GET /health: `{"status": "ready"|"not_ready", "models": {...}}` (not_ready is no error)."""
+        """GET /health: `{"api_version", "status", "models": {name: {"status", "reason"}}, ...}`
+        (a status other than ready, answered 503, is no error)."""
         return self._send(Call("GET", "/health", accept_status=(503,)))
 
     def submit_job(

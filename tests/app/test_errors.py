@@ -164,7 +164,8 @@ def test_503_not_ready_without_a_worker(
 ) -> None:
     server = start_server(str(keywords), "--redis", redis_proc.url)
     health = server.get("/health")
-    assert health.status_code == 503 and health.json()["models"] == {"keywords": "no_worker"}
+    assert health.status_code == 503 and health.json()["states"] == {"keywords": "no_worker"}
+    assert health.json()["models"]["keywords"]["status"] == "degraded"
     assert error_of(server.post("/v1/classify", {"input": "refund"}), 503)["code"] == "not_ready"
 
 

@@ -38,7 +38,7 @@ def wait_states(server: Server, expected: dict[str, str], timeout_s: float = 60)
     deadline = time.monotonic() + timeout_s
     while True:
         body = server.get("/health").json()
-        if body["models"] == expected:
+        if {name: model["status"] for name, model in body["models"].items()} == expected:
             return body
         assert time.monotonic() < deadline, body
         time.sleep(0.1)
@@ -66,7 +66,9 @@ def test_keyword_and_decision_models_in_one_process(
     models = {m["id"]: m for m in server.get("/v1/models").json()["data"]}
     assert models["kw"]["device"] == "example_host" and models["judge"]["device"] == "cpu"
     assert models["kw"]["state"] == models["judge"]["state"] == "ready"
-    assert models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"] == "unverified"
+    assert models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"] == {"status": "unverified"}
+    assert models["judge"]["modalities"] == ["text"] and "choice" in models["judge"]["question_types"]
+    assert models["judge"]["limits"]["min_options"] == 2 and models["judge"]["status"] == "ready"
     assert (
         server.post("/v1/classify", {"model": "kw", "input": "refund"}).json()["results"][0]["label"]
         == "billing"
@@ -119,7 +121,9 @@ def test_builtin_by_name_is_verified(start_server: Callable[..., Server], tmp_pa
     cache_package(hub, "vllm-sr-example/keywords", PINNED, write_keywords(tmp_path / "src"))
     server = start_server("example-keywords", env={"HF_HUB_CACHE": str(hub)})
     model = server.get("/v1/models").json()["data"][0]
-    assert model["id"] == "example-keywords" and model["golden"] == "verified" and model["state"] == "ready"
+    assert model["id"] == "example-keywords" and model["golden"] == {"status": "matched"}
+    assert model["state"] == model["status"] == "ready" and model["ready"] is True
+    assert (model["repo"], model["revision"]) == ("vllm-sr-example/keywords", PINNED)
     listing = subprocess.run(
         [sys.executable, "-m", "vllm_srun.cli", "models"], capture_output=True, text=True
     )
@@ -138,6 +142,7 @@ def test_a_tampered_builtin_fails_while_another_serves(
     server.wait_ready(path="/health/live")
     health = wait_states(server, {"example-keywords": "failed", "plain": "ready"})
     assert "example_model.json" in health["reasons"]["example-keywords"]
+    assert health["status"] == "degraded" and "example_model.json" in health["models"]["example-keywords"]["reason"]
     assert server.get("/health").status_code == 503
     assert server.post("/v1/classify", {"model": "plain", "input": "refund"}).status_code == 200
     refused = server.post("/v1/classify", {"model": "example-keywords", "input": "refund"})
@@ -180,7 +185,7 @@ def test_a_model_failing_its_golden_check_while_another_serves(
     health = wait_states(server, {"bad-keywords": "failed", "plain": "ready"})
     assert "golden check failed" in health["reasons"]["bad-keywords"]
     model = {m["id"]: m for m in server.get("/v1/models").json()["data"]}["bad-keywords"]
-    assert model["golden"] == "failed"
+    assert model["golden"] == {"status": "failed"}
     assert server.post("/v1/classify", {"model": "plain", "input": "refund"}).status_code == 200
 
 

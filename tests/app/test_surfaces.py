@@ -87,8 +87,14 @@ def test_models_lists_plugins_with_distribution_and_version(server: Server) -> N
 
 
 def test_health_and_live(server: Server) -> None:
-    assert server.get("/health").json() == {"status": "ready", "models": {"kw": "ready"}}
-    assert server.get("/health/live").status_code == 200
+    assert server.get("/health").json() == {
+        "api_version": "2.3.0",
+        "status": "ready",
+        "model": "kw",
+        "models": {"kw": {"status": "ready"}},
+        "states": {"kw": "ready"},
+    }
+    assert server.get("/health/live").json() == {"api_version": "2.3.0", "status": "alive"}
 
 
 def test_server_timing_on_every_response(server: Server) -> None:

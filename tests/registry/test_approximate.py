@@ -66,7 +66,7 @@ def test_served_max_speed_model_fails_with_its_reason(start_server: Callable[...
     server = start_server(minilm(), "--max-speed", "--served-model-name", "fast", ready=False)
     server.wait_ready(path="/health/live")
     deadline = time.monotonic() + 120
-    while (state := server.get("/health").json()["models"]["fast"]) in ("loading", "warming"):
+    while (state := server.get("/health").json()["models"]["fast"]["status"]) in ("loading", "warming"):
         assert time.monotonic() < deadline
         time.sleep(0.2)
     assert state == "failed"

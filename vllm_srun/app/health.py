@@ -1,20 +1,76 @@
-"""GET /health (200 only when every model can be answered) and GET /health/live."""
+"""GET /health (200 only when every model can be answered) and GET /health/live, in the
+upstream contract's `Health` and `Liveness` shapes (2.3.0).
+
+A model's `status` is upstream's: `loading`, `warming`, `ready`, `failed`, or `degraded` for a
+model that is loaded but cannot be answered now (a replica's model no worker serves, Redis out
+of reach), with the `reason`. Our own finer states stay under `states` (`no_worker`,
+`redis_unavailable`), and the failures' reasons under `reasons`.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
+import msgspec
 from litestar import Response, get
 from litestar.datastructures import State
 from litestar.openapi import ResponseSpec
 
+from vllm_srun import defaults
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import SrunError
 
+Status = Literal["starting", "loading", "warming", "ready", "degraded", "failed"]
 
-async def model_states(runtime: Runtime) -> dict[str, str]:
+# Our states that upstream's enum names differently, and why a model in one is degraded.
+_DEGRADED = {
+    "no_worker": "no device worker serves this model",
+    "redis_unavailable": "Redis is unavailable",
+}
+# The order a process comes up in: while models are still coming up, the earliest one's phase.
+_PHASES: tuple[Status, ...] = ("starting", "loading", "warming")
+_STATUS: dict[str, Status] = {"loading": "loading", "warming": "warming", "ready": "ready", "failed": "failed"}
+
+
+class ModelHealth(msgspec.Struct, omit_defaults=True):
+    """One model's readiness."""
+
+    status: Status
+    reason: str | None = None
+
+
+class Health(msgspec.Struct, omit_defaults=True):
+    """Readiness of the process and its models. `states`, `reasons` and `redis` are ours:
+    each model's own state, the reasons of those that failed, and an evicting main Redis."""
+
+    api_version: str
+    status: Status
+    models: dict[str, ModelHealth]
+    reason: str | None = None
+    model: str | None = None
+    states: dict[str, str] = msgspec.field(default_factory=dict)
+    reasons: dict[str, str] = msgspec.field(default_factory=dict)
+    redis: dict[str, Any] | None = None
+
+
+class Liveness(msgspec.Struct):
+    api_version: str
+    status: Literal["alive"] = "alive"
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A model's state as we name it (`state`) and as upstream does (`status`, `reason`)."""
+
+    state: str
+    status: Status
+    reason: str | None
+
+
+async def model_states(runtime: Runtime) -> dict[str, ModelState]:
     """Each model's state; a replica's model is ready only while a worker serves it."""
-    states: dict[str, str] = {}
+    states: dict[str, ModelState] = {}
     for name, served in runtime.models.items():
         state = served.state
         if state == "ready" and not runtime.settings.embedded:
@@ -23,34 +79,57 @@ async def model_states(runtime: Runtime) -> dict[str, str]:
                     state = "no_worker"
             except SrunError:
                 state = "redis_unavailable"
-        states[name] = state
+        status: Status
+        reason: str | None
+        if state in _DEGRADED:
+            status, reason = "degraded", _DEGRADED[state]
+        else:
+            status, reason = _STATUS.get(state, "starting"), served.reason
+        states[name] = ModelState(state, status, reason)
     return states
 
 
-def failures(runtime: Runtime) -> dict[str, str]:
-    return {name: s.reason for name, s in runtime.models.items() if s.reason}
+def overall(states: dict[str, ModelState]) -> tuple[Status, str | None]:
+    """The process's status: ready when every model is; failed when every one failed;
+    degraded when some failed or cannot be answered; else the earliest phase still running.
+    The reason names each model that is not ready."""
+    statuses = [s.status for s in states.values()]
+    reason = "; ".join(
+        f"{name}: {s.reason or s.status}" for name, s in states.items() if s.status != "ready"
+    )
+    if statuses and all(s == "ready" for s in statuses):
+        return "ready", None
+    if statuses and all(s == "failed" for s in statuses):
+        return "failed", reason
+    if any(s in ("failed", "degraded") for s in statuses):
+        return "degraded", reason
+    return next((phase for phase in _PHASES if phase in statuses), "starting"), reason or None
 
 
 @get(
     "/health",
     summary="Readiness: 200 only when every model is ready",
     opt={"public": True},
-    responses={
-        503: ResponseSpec(dict[str, Any], description="Not ready: the same body", generate_examples=False)
-    },
+    responses={503: ResponseSpec(Health, description="Not ready: the same body", generate_examples=False)},
 )
-async def health(state: State) -> Response[dict[str, Any]]:
+async def health(state: State) -> Response[Health]:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)
-    ready = bool(states) and all(s == "ready" for s in states.values())
-    body: dict[str, Any] = {"status": "ready" if ready else "not_ready", "models": states}
-    if reasons := failures(runtime):
-        body["reasons"] = reasons
-    if runtime.redis_policy.evicting:  # ready still: the server answers, but may lose queued work
-        body["redis"] = runtime.redis_policy.describe()
-    return Response(body, status_code=200 if ready else 503)
+    status, reason = overall(states)
+    body = Health(
+        api_version=defaults.API_VERSION,
+        status=status,
+        reason=reason,
+        model=next(iter(states)) if len(states) == 1 else None,
+        models={name: ModelHealth(s.status, s.reason) for name, s in states.items()},
+        states={name: s.state for name, s in states.items()},
+        reasons={name: s.reason for name, s in runtime.models.items() if s.reason},
+        # Ready still with an evicting Redis: the server answers, but may lose queued work.
+        redis=runtime.redis_policy.describe() if runtime.redis_policy.evicting else None,
+    )
+    return Response(body, status_code=200 if status == "ready" else 503)
 
 
 @get("/health/live", summary="Liveness: the process answers", opt={"public": True})
-async def live() -> dict[str, str]:
-    return {"status": "alive"}
+async def live() -> Liveness:
+    return Liveness(api_version=defaults.API_VERSION)

@@ -29,6 +29,8 @@ from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
+from vllm_srun.app.responses import TIMING_KEY
+from vllm_srun.app.routes.bundle import bundle
 from vllm_srun.app.routes.tei_info import info as tei_info
 from vllm_srun.app.routes.tei_root import root as tei_root
 from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
@@ -36,6 +38,7 @@ from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
 from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
+from vllm_srun.app.serving import Timing
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
@@ -68,7 +71,7 @@ TEI_ROUTES = [
 
 # The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
 # body limit that is a setting, so `create_app` adds both.
-OWN_ROUTES = [list_models, retrieve_model, health, live, metrics, *TEI_ROUTES]
+OWN_ROUTES = [list_models, retrieve_model, health, live, metrics, bundle, *TEI_ROUTES]
 
 
 def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
@@ -100,6 +103,9 @@ def _edge_middleware(app: ASGIApp, *, surface_of_path: dict[str, str]) -> ASGIAp
             return
         started = time.perf_counter()
         status = 500
+        # The handler fills in its phases; the header is written as the response starts, so an
+        # error answered by an exception handler carries the phases reached too.
+        timing = scope.setdefault("state", {})[TIMING_KEY] = Timing(started=started)
 
         async def timed_send(message: Message) -> None:
             nonlocal status
@@ -107,8 +113,8 @@ def _edge_middleware(app: ASGIApp, *, surface_of_path: dict[str, str]) -> ASGIAp
                 status = message["status"]
                 headers = list(message.get("headers", []))
                 if not any(name.lower() == b"server-timing" for name, _ in headers):
-                    total_ms = (time.perf_counter() - started) * 1000
-                    headers.append((b"server-timing", f"total;dur={total_ms:.3f}".encode()))
+                    value = timing.header(body_parse=scope.get("method") in ("POST", "PUT", "PATCH"))
+                    headers.append((b"server-timing", value.encode()))
                     message["headers"] = headers
             await send(message)
 

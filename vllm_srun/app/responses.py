@@ -1,18 +1,75 @@
-"""The shared tail of every surface controller: serve, then add Server-Timing."""
+"""The shared tail of every surface controller: serve, encode, and fill in Server-Timing."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from litestar import Request, Response
+import msgspec
+from litestar import MediaType, Request, Response
 from litestar.datastructures import State
 
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, serve_surface
 from vllm_srun.plugins.surfaces import Surface, SurfaceRequest
+
+T = TypeVar("T")
+
+# The scope-state key of a request's Timing (set by the request edge, filled by the handler).
+TIMING_KEY = "srun_timing"
+
+
+def timing_of(request: Request[Any, Any, Any]) -> Timing:
+    """The request's Timing, marked parsed: its handler runs now, so the body is decoded."""
+    state = request.scope["state"]
+    timing = state.get(TIMING_KEY)
+    if not isinstance(timing, Timing):  # an app without the edge (never in a served app)
+        timing = state[TIMING_KEY] = Timing()
+    timing.parsed()
+    return timing
+
+
+def label_model(request: Request[Any, Any, Any], runtime: Runtime, model: str | None) -> None:
+    """The metrics label of the request: only a served model's name (a client's unknown name
+    would add series for good); a request that names none is labelled by the model it runs
+    on, if only one."""
+    if model is None and len(runtime.models) == 1:
+        model = next(iter(runtime.models))
+    served = runtime.serving.find(model) if model is not None else None
+    request.scope["state"]["srun_model"] = served.name if served is not None else ""
+
+
+def encoded(body: Any, timing: Timing, *, status_code: int = 200) -> Response[Any]:
+    """`body` as a JSON response, its encoding timed as the `serialize` phase."""
+    started = time.perf_counter()
+    content = msgspec.json.encode(body)
+    timing.serialize_s = time.perf_counter() - started
+    return Response(content, status_code=status_code, media_type=MediaType.JSON)
+
+
+def client_closed() -> Response[Any]:
+    """What a request whose client left is logged as (the client never reads it)."""
+    return Response({"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499)
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> tuple[bool, T | None]:
+    """(True, the result of `work`), or (False, None) when the client left first: the work is
+    then cancelled, which takes its items out of the queue."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return False, None
+    return True, task.result()
 
 
 async def respond(
@@ -25,31 +82,13 @@ async def respond(
 ) -> Response[Any]:
     """Serve `data` on `surface` and answer it; `shape` turns the surface's response body into
     a route's own (an adapter route in another API's shape), by default it is sent as is."""
+    timing = timing_of(request)
     runtime: Runtime = state.runtime
-    timing = Timing()
-    # The metrics label: only a served model's name (a client's unknown name would add series
-    # for good); a request that names none is labelled by the model it runs on, if only one.
-    model = data.model
-    if model is None and len(runtime.models) == 1:
-        model = next(iter(runtime.models))
-    served = runtime.serving.find(model) if model is not None else None
-    request.scope["state"]["srun_model"] = served.name if served is not None else ""
-    work = asyncio.ensure_future(serve_surface(runtime, surface, data, timing))
-    gone = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not work.done():
-        # The client left: cancelling the work takes its items out of the queue.
-        work.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await work
-        return Response(
-            {"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499
-        )
-    body = work.result() if shape is None else shape(work.result())
-    return Response(body, headers={"Server-Timing": timing.header()})
+    label_model(request, runtime, data.model)
+    done, body = await unless_disconnected(request, serve_surface(runtime, surface, data, timing))
+    if not done:
+        return client_closed()
+    return encoded(body if shape is None else shape(body), timing)
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

@@ -59,6 +59,7 @@ class ServerSettings:
     embedded: bool
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     max_inputs: int = defaults.MAX_INPUTS
+    max_bundle_tasks: int = defaults.MAX_BUNDLE_TASKS
     max_queued_items: int = defaults.MAX_QUEUED_ITEMS
     max_queued_tokens: int = defaults.MAX_QUEUED_TOKENS
     request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
@@ -93,6 +94,11 @@ class ServedModel:
     approximation: dict[str, Any] | None = None
     # When this process took the model on (Unix seconds): OpenAI's `created` of a model.
     created: int = field(default_factory=lambda: int(time.time()))
+    # What resolving it found: its family, and the Hub repository and revision it came from
+    # (None for a local directory, or a model that could not be prepared).
+    family: str | None = None
+    repository: str | None = None
+    revision: str | None = None
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"state": self.state, "golden": self.golden}
@@ -269,7 +275,13 @@ class Serving:
         }
         for p, model_settings in prepared:
             models[p.name] = ServedModel(
-                p.name, model_settings.limits, p.options.aliases, placement=p.placement
+                p.name,
+                model_settings.limits,
+                p.options.aliases,
+                placement=p.placement,
+                family=p.family.name,
+                repository=p.resolved.repository,
+                revision=p.resolved.revision,
             )
         return cls(
             settings=settings, with_device=with_device, models=models, prepared=[p for p, _ in prepared]

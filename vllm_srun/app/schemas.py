@@ -7,6 +7,9 @@ enforces that Litestar leaves out.
 - Litestar keeps a field's bounds only at its top level: a bound on a member of a union (the
   `min_length=1` of `str | Annotated[list[str], Meta(min_length=1)]`) is lost. Such a field is
   described by msgspec's own schema of its type, the type msgspec validates it with.
+- A field that is decoded late, as a JSON object, but documented as a component (a bundle
+  task's surface request: `Meta(extra_json_schema={"$ref": ...})`) is described by that
+  reference, which Litestar drops.
 """
 
 from __future__ import annotations
@@ -80,6 +83,9 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
             if ours is None or isinstance(ours, Reference):
                 continue
             theirs = msgspec_schema(hints[field.name])
+            if "$ref" in theirs:
+                schema.properties[field.encode_name] = Reference(ref=theirs["$ref"])  # type: ignore[index]
+                continue
             if set(_bounds(theirs)) - set(_bounds(ours.to_schema())):
                 theirs.update({k: v for k, v in ours.to_schema().items() if k in ("default", "description")})
                 schema.properties[field.encode_name] = theirs  # type: ignore[assignment,index]  # a dict is written out as is

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -24,17 +24,40 @@ THREAD_PLAN_INPUTS = 16
 THREAD_PLAN_CHARS = 2048
 
 
+# The phases of `Server-Timing`, in the upstream contract's order (its ServerTiming header).
+PHASES = ("parse", "tokenize", "queue", "forward", "post", "serialize", "total")
+
+
 @dataclass
 class Timing:
+    """One request's phases, in seconds, as `Server-Timing` reports them.
+
+    `parse` reads and decodes the body (until the handler starts); `tokenize` validates,
+    plans and tokenises; `queue` waits for the model, before and between forwards; `forward`
+    runs them; `post` assembles the answer; `serialize` encodes the response; `total` runs from
+    the request's arrival until the response is ready to send. The request edge creates it,
+    the handler fills it, the edge writes the header.
+    """
+
+    started: float = field(default_factory=time.perf_counter)
+    parse_s: float | None = None
     tokenize_s: float = 0.0
     queue_s: float = 0.0
     forward_s: float = 0.0
-    total_s: float = 0.0
+    post_s: float = 0.0
+    serialize_s: float = 0.0
 
-    def header(self) -> str:
-        parts = ("tokenize", "queue", "forward", "total")
-        values = (self.tokenize_s, self.queue_s, self.forward_s, self.total_s)
-        return ", ".join(f"{name};dur={value * 1000:.3f}" for name, value in zip(parts, values, strict=True))
+    def parsed(self) -> None:
+        """The handler starts: the body is read and decoded."""
+        self.parse_s = time.perf_counter() - self.started
+
+    def header(self, *, body_parse: bool = True) -> str:
+        """The header value now. A request whose handler never ran spent its time reading and
+        decoding its body, when it has one (`body_parse`)."""
+        total_s = time.perf_counter() - self.started
+        parse_s = self.parse_s if self.parse_s is not None else (total_s if body_parse else 0.0)
+        values = (parse_s, self.tokenize_s, self.queue_s, self.forward_s, self.post_s, self.serialize_s, total_s)
+        return ", ".join(f"{name};dur={value * 1000:.3f}" for name, value in zip(PHASES, values, strict=True))
 
 
 def _check_size(runtime: Runtime, surface: Surface[Any], request: Any) -> int:
@@ -76,9 +99,17 @@ def _release(runtime: Runtime, name: str, items: int, tokens: int) -> None:
 
 
 async def serve_surface(
-    runtime: Runtime, surface: Surface[Any], request: SurfaceRequest, timing: Timing
+    runtime: Runtime,
+    surface: Surface[Any],
+    request: SurfaceRequest,
+    timing: Timing,
+    *,
+    deadline_ms: float | None = None,
 ) -> Any:
-    """The response Struct for `request` on `surface`; raises SrunError subclasses."""
+    """The response Struct for `request` on `surface`; raises SrunError subclasses.
+
+    `deadline_ms` is a deadline from outside the request (a bundle's): the earlier of it and
+    the request's own `options.deadline_ms` applies."""
     started = time.perf_counter()
     served, model = runtime.model_for(request.model)
     if surface.name not in model.info.surfaces:
@@ -98,10 +129,11 @@ async def serve_surface(
         planned.set(items=len(plan.items))
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
-    deadline_s = time.time() + options.deadline_ms / 1000 if options.deadline_ms else None
+    deadlines = [ms for ms in (options.deadline_ms, deadline_ms) if ms]
+    deadline_s = time.time() + min(deadlines) / 1000 if deadlines else None
     timeout_s = runtime.settings.request_timeout_s
-    if options.deadline_ms:
-        timeout_s = min(timeout_s, options.deadline_ms / 1000)
+    if deadlines:
+        timeout_s = min(timeout_s, min(deadlines) / 1000)
     name = model.info.name
     tokens = sum(item.tokens() for item in plan.items)
     _admit(runtime, name, len(plan.items), tokens)
@@ -118,6 +150,7 @@ async def serve_surface(
         _release(runtime, name, len(plan.items), tokens)
     timing.queue_s, timing.forward_s = submission.queue_s, submission.forward_s
     runtime.stats.record_cache(model=name, hits=submission.hits, misses=submission.misses)
+    finishing = time.perf_counter()
     with tracing.span("finish", surface=surface.name):
         body = model.finish_surface(plan, submission.results)
     if options.return_meta:
@@ -128,5 +161,5 @@ async def serve_surface(
             "numerics": model.info.numerics,
             "cache": {"hits": submission.hits, "misses": submission.misses},
         }
-    timing.total_s = time.perf_counter() - started
+    timing.post_s = time.perf_counter() - finishing
     return body

@@ -1,0 +1,196 @@
+"""POST /v1/bundle: the work of several surfaces, for one model or several, in one call (the
+upstream runtime's contract, 2.3.0).
+
+Each task holds one surface's request body and is served exactly as that surface's own route
+serves it: decoded by its descriptor, then through `serve_surface`. The tasks run at once, so
+the items of tasks for the same model reach its queue together and share its batches, as
+concurrent requests do. Each task is answered with the status and body it would have had alone
+(a failing task fails alone); only the bundle's own faults (too many tasks, a task with no or
+two surfaces, a repeated id) refuse the whole bundle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import msgspec
+import structlog
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+
+from vllm_srun.app.errors import ErrorDetail, error_type
+from vllm_srun.app.responses import client_closed, encoded, timing_of, unless_disconnected
+from vllm_srun.app.routes.embeddings import no_null_vectors
+from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.serving import Timing, serve_surface
+from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError, model_failure
+from vllm_srun.plugins.decision_surface import DecisionsResponse
+from vllm_srun.plugins.surfaces import (
+    REGISTRY,
+    ClassifyResponse,
+    EmbeddingsResponse,
+    RerankResponse,
+)
+
+log = structlog.get_logger("vllm_srun.app")
+
+# The surface fields of a task, in the contract's order.
+SURFACE_FIELDS = ("decisions", "classify", "embeddings", "rerank")
+
+
+def _body(surface: str) -> Any:
+    """A task's surface field: that surface's request, as a JSON object the task decodes itself
+    (so a malformed one fails its task alone); documented as the surface's request."""
+    schema = {"$ref": f"#/components/schemas/{REGISTRY.get(surface).request_type.__name__}"}
+    return Annotated[dict[str, Any] | None, msgspec.Meta(extra_json_schema=schema)]
+
+
+class BundleOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    # Applies to every task unless a task's own deadline is earlier.
+    deadline_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
+
+
+class BundleTask(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One task: an id unique in the bundle, and exactly one surface field."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+    decisions: _body("decisions") = None  # type: ignore[valid-type]
+    classify: _body("classify") = None  # type: ignore[valid-type]
+    embeddings: _body("embeddings") = None  # type: ignore[valid-type]
+    rerank: _body("rerank") = None  # type: ignore[valid-type]
+
+    def surface(self, index: int) -> tuple[str, dict[str, Any]]:
+        """The task's one surface field and its body; an InvalidRequest naming `tasks[index]`
+        when it sets none or several."""
+        given = [(name, value) for name in SURFACE_FIELDS if (value := getattr(self, name)) is not None]
+        if len(given) != 1:
+            found = ", ".join(name for name, _ in given) or "none"
+            raise InvalidRequest(
+                f"tasks[{index}]: a task sets exactly one of {', '.join(SURFACE_FIELDS)}; it sets {found}",
+                param=f"tasks[{index}]",
+            )
+        return given[0]
+
+
+class BundleRequest(msgspec.Struct, forbid_unknown_fields=True):
+    tasks: Annotated[list[BundleTask], msgspec.Meta(min_length=1)]
+    options: BundleOptions = msgspec.field(default_factory=BundleOptions)
+
+
+class BundleResult(msgspec.Struct, omit_defaults=True):
+    """One task's result: on status 200 its surface field holds the response, otherwise
+    `error` says why, as the task's own route would have."""
+
+    id: str
+    status: int
+    decisions: DecisionsResponse | None = None
+    classify: ClassifyResponse | None = None
+    embeddings: EmbeddingsResponse | None = None
+    rerank: RerankResponse | None = None
+    error: ErrorDetail | None = None
+
+
+class BundleResponse(msgspec.Struct):
+    results: list[BundleResult]
+
+
+def _embeddings_shape(request: Any, body: Any) -> Any:
+    # As POST /v1/embeddings: without per-item errors asked for, a failed input fails the task.
+    return body if request.options.overflow is not None else no_null_vectors(body)
+
+
+# What a surface's own route does to the surface's response before sending it.
+ROUTE_SHAPES: dict[str, Callable[[Any, Any], Any]] = {"embeddings": _embeddings_shape}
+
+
+def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, dict[str, Any]]]:
+    """Each task's surface and body; a RequestTooLarge past `max_tasks`, an InvalidRequest
+    for a task without exactly one surface or with an id an earlier task has."""
+    if len(data.tasks) > max_tasks:
+        raise RequestTooLarge(
+            f"tasks: {len(data.tasks)} tasks; at most {max_tasks} per bundle (limits.max_bundle_tasks)",
+            param="tasks",
+        )
+    first: dict[str, int] = {}
+    for index, task in enumerate(data.tasks):
+        if task.id in first:
+            raise InvalidRequest(
+                f"tasks[{index}].id: {task.id!r} is also the id of tasks[{first[task.id]}]",
+                param=f"tasks[{index}].id",
+            )
+        first[task.id] = index
+    return [task.surface(index) for index, task in enumerate(data.tasks)]
+
+
+def _failed(task_id: str, exc: SrunError) -> BundleResult:
+    error = ErrorDetail(code=exc.code, message=exc.message, type=error_type(exc.status), param=exc.param)
+    return BundleResult(id=task_id, status=exc.status, error=error)
+
+
+def _decode(index: int, surface: str, value: dict[str, Any]) -> Any:
+    try:
+        return REGISTRY.get(surface).decode(value)
+    except msgspec.ValidationError as exc:
+        # msgspec names the field as `$.path`; here it is the task's.
+        message = str(exc).replace("`$", f"`tasks[{index}].{surface}")
+        raise InvalidRequest(f"tasks[{index}].{surface}: {message}", param=f"tasks[{index}].{surface}") from None
+
+
+async def run_task(
+    runtime: Runtime,
+    index: int,
+    task_id: str,
+    surface: str,
+    value: dict[str, Any],
+    deadline_ms: float | None,
+    timing: Timing,
+) -> BundleResult:
+    """One task, answered as its own route would answer it (never raising but for cancellation)."""
+    try:
+        request = _decode(index, surface, value)
+        body = await serve_surface(runtime, REGISTRY.get(surface), request, timing, deadline_ms=deadline_ms)
+        shape = ROUTE_SHAPES.get(surface)
+        return BundleResult(id=task_id, status=200, **{surface: body if shape is None else shape(request, body)})
+    except SrunError as exc:
+        return _failed(task_id, exc)
+    except Exception as exc:  # one task's failure is its own 500, never the others'
+        if not model_failure(exc):
+            raise
+        log.exception("bundle_task_failed", task=task_id, error_type=type(exc).__name__)
+        return _failed(task_id, SrunError(f"{type(exc).__name__}: the server failed this task"))
+
+
+@post("/v1/bundle", status_code=200, summary="Serve several surface requests, for one or more models, in one call")
+async def bundle(
+    request: Request[Any, Any, Any], data: JSONBody[BundleRequest], state: State
+) -> Response[BundleResponse]:
+    timing = timing_of(request)
+    runtime: Runtime = state.runtime
+    request.scope["state"]["srun_model"] = ""
+    surfaces = check(data, runtime.settings.max_bundle_tasks)
+    timings = [Timing() for _ in data.tasks]
+    finished: list[int] = []
+
+    async def one(index: int) -> BundleResult:
+        surface, value = surfaces[index]
+        task = data.tasks[index]
+        result = await run_task(runtime, index, task.id, surface, value, data.options.deadline_ms, timings[index])
+        finished.append(index)
+        return result
+
+    async def every() -> list[BundleResult]:
+        return list(await asyncio.gather(*(one(i) for i in range(len(data.tasks)))))
+
+    done, results = await unless_disconnected(request, every())
+    if not done or results is None:
+        return client_closed()
+    # The tasks tokenise one after another on the event loop: their sum. They wait and run
+    # side by side: the queue, forward and post of the one answered last (as upstream says).
+    timing.tokenize_s = sum(t.tokenize_s for t in timings)
+    if finished:
+        last = timings[finished[-1]]
+        timing.queue_s, timing.forward_s, timing.post_s = last.queue_s, last.forward_s, last.post_s
+    return encoded(BundleResponse(results=results), timing)
