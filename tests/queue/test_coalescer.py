@@ -156,9 +156,10 @@ async def test_a_failing_item_fails_alone(model: LoadedModel) -> None:
     assert sorted(batches.sizes) == [1, 2, 4]
 
 
-async def test_a_lone_request_joins_the_next_forward_not_the_end_of_the_queue(model: LoadedModel) -> None:
+async def test_a_lone_request_behind_a_backlog_runs_in_the_next_forward_alone(model: LoadedModel) -> None:
     # Large requests queue several full batches; a lone item arrives while the first one runs.
-    # It waits for that forward only: the next batch takes it ahead of the large requests' rest.
+    # It waits for that forward only, and runs in a batch of its own: the large requests' rest
+    # follows in their order.
     import threading
 
     limits = BatchLimits(max_num_seqs=4, batch_wait_ms=0)
@@ -179,11 +180,27 @@ async def test_a_lone_request_joins_the_next_forward_not_the_end_of_the_queue(mo
     coalescer.start()
     await asyncio.to_thread(started.wait, 10)
     (lone,) = coalescer.submit([WorkItem(token_ids=[1, 2, 3], cache_key="lone")])
+    bulk = coalescer.submit(items(2, start=50), priority=BULK)
     release.set()
-    await asyncio.wait_for(asyncio.gather(*large, lone), 10)
+    await asyncio.wait_for(asyncio.gather(*large, lone, *bulk), 10)
     await coalescer.close()
     assert len(forwards[0]) == 4 and "lone" not in forwards[0]
-    assert forwards[1][0] == "lone" and len(forwards[1]) == 4  # a full batch, the lone item in it
-    # The large requests keep their own order around it.
-    rest = [key for batch in forwards[1:] for key in batch if key != "lone"]
-    assert rest == [f"k{i}" for i in range(4, 24)]
+    assert forwards[1] == ["lone"]
+    rest = [key for batch in forwards[2:] for key in batch]
+    assert rest == [*(f"k{i}" for i in range(4, 24)), "k50", "k51"]
+
+
+async def test_without_a_backlog_small_and_large_requests_share_a_batch(model: LoadedModel) -> None:
+    limits = BatchLimits(max_num_seqs=8, batch_wait_ms=0, small_request_items=1)
+    _, batches = await run(
+        model, limits, (items(3), INTERACTIVE), (items(1, start=10), INTERACTIVE), (items(2, start=20), BULK)
+    )
+    assert batches.sizes == [6]
+    # Behind a backlog of large requests the small one goes alone; with bulk items only behind
+    # it, they fill its batch as before.
+    _, batches = await run(
+        model, limits, (items(9), INTERACTIVE), (items(1, start=10), INTERACTIVE), (items(2, start=20), BULK)
+    )
+    assert batches.sizes == [1, 8, 3]
+    _, batches = await run(model, limits, (items(1, start=10), INTERACTIVE), (items(9, start=20), BULK))
+    assert batches.sizes == [8, 2]

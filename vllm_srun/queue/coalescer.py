@@ -7,10 +7,11 @@ in a burst (this one came within the window of the one before): a lone caller wa
 nobody. A `batch_invariant` model never waits (batching cannot change an answer).
 Items that arrive during a forward form the next batch at once. Interactive items
 (priority 0) are taken before bulk ones; among those, the items of small requests (at most
-`small_request_items` to run) before the queued items of larger ones, so a lone request joins
-the next forward instead of waiting behind every batch a large request fills (within each
-class, arrival order: requests of one size keep their order). Identical cache keys in the
-pending set run once.
+`small_request_items` to run) before the queued items of larger ones, and when more than one
+batch is pending they run in a batch of their own: a lone request waits for the forward in
+progress only, not behind every batch a large request fills nor through one more full forward
+(within each class, arrival order: requests of one size keep their order; bulk items still
+fill what interactive work leaves free). Identical cache keys in the pending set run once.
 Items whose deadline has passed are answered `deadline_exceeded` and never run.
 """
 
@@ -43,6 +44,7 @@ class BatchLimits:
     max_num_seqs: int = defaults.MAX_NUM_SEQS
     max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
     batch_wait_ms: float = defaults.BATCH_WAIT_MS
+    small_request_items: int = defaults.SMALL_REQUEST_ITEMS
     small_request_items: int = defaults.SMALL_REQUEST_ITEMS
 
 
@@ -171,6 +173,12 @@ class Coalescer:
             return slot.priority, slot.request_items > small, slot.enqueued_s
 
         ordered = sorted(self._pending.items(), key=order)
+        # Behind a backlog (more than one batch pending), small interactive requests run in a
+        # batch of their own: a full batch of a large request's items would cost them one more
+        # full forward, where their own small one costs a few rows.
+        backlog = len(self._pending) > self.limits.max_num_seqs or (
+            sum(s.item.tokens() for s in self._pending.values()) > self.limits.max_num_batched_tokens
+        )
         for key, slot in ordered:
             if slot.deadline_s is not None and slot.deadline_s < now:
                 del self._pending[key]
@@ -184,6 +192,8 @@ class Coalescer:
                 len(batch) >= self.limits.max_num_seqs or tokens + cost > self.limits.max_num_batched_tokens
             ):
                 break
+            if backlog and batch and _small(batch[0], small) and _large(slot, small):
+                break  # the small requests' batch ends here
             del self._pending[key]
             batch.append(slot)
             tokens += cost
@@ -266,6 +276,16 @@ class Coalescer:
         )
         for slot, array in zip(batch, arrays, strict=True):
             _resolve(slot, np.asarray(array, dtype=np.float32), queue_s, forward_s)
+
+
+def _small(slot: _Slot, small_request_items: int) -> bool:
+    """Whether `slot` is an item of a small interactive request."""
+    return slot.priority == INTERACTIVE and slot.request_items <= small_request_items
+
+
+def _large(slot: _Slot, small_request_items: int) -> bool:
+    """Whether `slot` is an item of a large interactive request."""
+    return slot.priority == INTERACTIVE and slot.request_items > small_request_items
 
 
 def _resolve(slot: _Slot, result: Result, queue_s: float = 0.0, forward_s: float = 0.0) -> None:
