@@ -207,9 +207,18 @@ class _Methods(Generic[R]):
     def _send(self, call: Call) -> R:
         raise NotImplementedError
 
-    def classify(self, input: Any, *, model: str | None = None, options: dict[str, Any] | None = None) -> R:
-        """POST /v1/classify: `input` is a text, a `{"text", "text_pair"}` pair, or a list of them."""
-        return self._send(Call("POST", CLASSIFY.path, json=_body(input=input, model=model, options=options)))
+    def classify(
+        self,
+        input: Any,
+        *,
+        model: str | None = None,
+        head: str | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> R:
+        """POST /v1/classify: `input` is a text, a `{"text", "text_pair"}` pair, or a list of
+        them; `head` names the head to run (default the model's first)."""
+        fields = {"model": model, "head": head, "options": options}
+        return self._send(Call("POST", CLASSIFY.path, json=_body(input=input, **fields)))
 
     def embeddings(
         self,
@@ -234,7 +243,8 @@ class _Methods(Generic[R]):
         return_documents: bool = False,
         options: dict[str, Any] | None = None,
     ) -> R:
-        """POST /v1/rerank: `documents` are texts or `{"text"}` objects."""
+        """POST /v1/rerank: `documents` are texts or `{"text"}` objects; a returned `document` is
+        the document's text."""
         fields = {"model": model, "top_n": top_n, "return_documents": return_documents, "options": options}
         return self._send(Call("POST", RERANK.path, json=_body(query=query, documents=documents, **fields)))
 

@@ -62,7 +62,7 @@ BULK_CHUNK_SIZE = 256
 LEASE_S = 5.0
 LEASE_RENEW_S = 1.0
 # Work whose worker process died this many times runs again one item per forward, so the item
-# that kills workers is found and fails alone (`forward_failed`); after MAX_CRASHES, whatever
+# that kills workers is found and fails alone (`unavailable`); after MAX_CRASHES, whatever
 # has no result yet fails without running again.
 POISON_CRASHES = 2
 MAX_CRASHES = 6

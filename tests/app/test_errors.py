@@ -142,8 +142,14 @@ def test_unknown_model_names_add_no_metric_series(server: Server) -> None:
 def test_item_error_in_place_never_fails_siblings(server: Server) -> None:
     body = {"model": "short", "input": ["one two three four five six seven refund", "refund"]}
     results = server.post("/v1/classify", body).json()["results"]
-    assert results[0]["error"]["code"] == "max_length_exceeded"
-    assert results[0]["input"] == {"tokens": 8, "processed_tokens": 8, "truncated": False, "windows": 1}
+    assert results[0]["error"] == "max_length_exceeded" and "8 tokens" in results[0]["message"]
+    assert results[0]["input"] == {
+        "tokens": 8,
+        "processed_tokens": 8,
+        "truncated": False,
+        "tokens_lower_bound": False,
+        "windows": 1,
+    }
     assert results[1]["label"] == "billing"
     body["options"] = {"overflow": "truncate"}
     truncated = server.post("/v1/classify", body).json()["results"][0]

@@ -17,7 +17,6 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
 from vllm_srun.errors import InvalidRequest, SrunError, Unavailable
-from vllm_srun.plugins.bodies import ErrorBody
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -37,8 +36,9 @@ _HTTP_CODES = {
 _OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 
 
-class ErrorDetail(msgspec.Struct):
-    """What went wrong: the runtime's `code` and `message`, OpenAI's `type` and `param`."""
+class ErrorBody(msgspec.Struct):
+    """What went wrong (upstream's ErrorBody): the runtime's `code` and `message`, OpenAI's
+    `type` and `param`."""
 
     code: str
     message: str
@@ -46,10 +46,14 @@ class ErrorDetail(msgspec.Struct):
     param: str | None
 
 
+# The name this body had before it took upstream's.
+ErrorDetail = ErrorBody
+
+
 class ErrorResponse(msgspec.Struct):
     """Every error this app answers outside the TEI-shaped routes."""
 
-    error: ErrorDetail
+    error: ErrorBody
 
 
 # The statuses a route may answer with an error body, and why; the OpenAPI document lists
@@ -66,23 +70,25 @@ ERROR_STATUSES = {
 }
 
 
-# Item error codes that are the input's fault; any other failed on the server's side.
+# Item error codes (upstream's ItemError) that are the input's fault; any other failed on the
+# server's side.
 _CLIENT_ITEM_CODES = frozenset(
-    {"max_length_exceeded", "invalid_input", "invalid_request", "invalid_question"}
+    {"max_length_exceeded", "scan_budget_exceeded", "invalid_input", "invalid_question"}
 )
 
 
-def item_failure(field: str, index: int, error: ErrorBody) -> SrunError:
-    """One input's error as the whole request's, for routes whose API has no per-item errors
-    (OpenAI's embeddings, Cohere's rerank): the input's fault is a 400 naming `field[index]`, a
-    passed deadline or lost service a 503, anything else a 500."""
+def item_failure(field: str, index: int, code: str, message: str | None) -> SrunError:
+    """One input's error (its `error` code and `message`) as the whole request's, for routes
+    whose API has no per-item errors (OpenAI's embeddings, Cohere's rerank): the input's fault
+    is a 400 naming `field[index]`, a passed deadline or lost service a 503, anything else (a
+    model output that failed its check) a 500."""
     param = f"{field}[{index}]"
-    message = f"{param}: {error.message}"
-    if error.code in _CLIENT_ITEM_CODES:
-        return InvalidRequest(message, param=param)
-    if error.code in ("deadline_exceeded", "unavailable"):
-        return Unavailable(message, param=param)
-    return SrunError(message, param=param)
+    text = f"{param}: {message or code}"
+    if code in _CLIENT_ITEM_CODES:
+        return InvalidRequest(text, param=param)
+    if code in ("deadline_exceeded", "unavailable"):
+        return Unavailable(text, param=param)
+    return SrunError(text, param=param)
 
 
 def error_specs(body: type[Any], statuses: dict[int, str] = ERROR_STATUSES) -> dict[int, ResponseSpec]:
@@ -109,7 +115,7 @@ def error_response(
     *,
     param: str | None = None,
 ) -> Response[Any]:
-    body = ErrorResponse(ErrorDetail(code=code, message=message, type=error_type(status), param=param))
+    body = ErrorResponse(ErrorBody(code=code, message=message, type=error_type(status), param=param))
     return Response(
         msgspec.to_builtins(body),
         status_code=status,

@@ -15,6 +15,7 @@ from typing import Any
 from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
+from vllm_srun.plugins.bodies import CacheMeta, merged_meta
 from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
@@ -154,12 +155,16 @@ async def serve_surface(
     with tracing.span("finish", surface=surface.name):
         body = model.finish_surface(plan, submission.results)
     if options.return_meta:
-        body.meta = {
-            **(body.meta or {}),
-            "engine": served.placement.engine if served.placement else None,
-            "device": served.placement.device if served.placement else None,
-            "numerics": model.info.numerics,
-            "cache": {"hits": submission.hits, "misses": submission.misses},
-        }
+        placement = served.placement
+        body.meta = merged_meta(
+            body.meta,
+            engine=placement.engine if placement else None,
+            device=placement.device if placement else None,
+            accelerator=placement.device.split(":")[0] if placement else None,
+            numerics=model.info.numerics,
+            queue_ms=submission.queue_s * 1000,
+            compute_ms=submission.forward_s * 1000,
+            cache=CacheMeta(hits=submission.hits, misses=submission.misses),
+        )
     timing.post_s = time.perf_counter() - finishing
     return body

@@ -1,4 +1,5 @@
-"""Pieces every surface's bodies share: the request `options`, and the error of one item.
+"""Pieces every surface's bodies share: the request `options`, the error code of one item,
+`usage` and `meta`, named as the upstream runtime's contract (2.3.0) names them.
 
 They sit apart from the surfaces' own bodies so that each surface module (`surfaces`,
 `decision_surface`) can import them, and `surfaces` can import every surface's request
@@ -7,9 +8,11 @@ type to describe it, without an import cycle.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
+
+from vllm_srun.errors import InvalidRequest
 
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]
@@ -30,7 +33,11 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     follows the package; `false` answers the vector before a trailing Normalize module (TEI's
     `normalize: false`), `true` a unit vector whatever the package says. `return_logits`
     (classify) adds each sequence result's raw logits, which probabilities fix only up to a
-    constant (TEI's `raw_scores`).
+    constant (TEI's `raw_scores`). `max_tokens` is a per-input token budget, special tokens
+    included (default and ceiling: the model's limit); an input over it meets `overflow`.
+    `profile` names the numerics a request expects: the model's own (`exact` for float32) or
+    a 400 naming `options.profile`. `head` is the classify head (the request's top-level
+    `head` is upstream's name for it; this one stays as an alias).
     """
 
     return_meta: bool = False
@@ -40,9 +47,11 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     threshold: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     return_tokens: bool = False
     head: str | None = None
-    deadline_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    deadline_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
     normalize: bool | None = None
     return_logits: bool = False
+    max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    profile: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]*$")] | None = None
 
     @property
     def overflow_mode(self) -> Overflow:
@@ -50,8 +59,102 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
         return self.overflow or "reject"
 
 
-class ErrorBody(msgspec.Struct):
-    """Why one input (or question) failed, in place of its result: `{code, message}`."""
+# Why one item (an input, a document, a question) has no result: upstream's ItemError codes,
+# the only codes an item's `error` carries on the wire, each with a `message` beside it.
+ItemErrorCode = Literal[
+    "invalid_question",
+    "invalid_input",
+    "max_length_exceeded",
+    "scan_budget_exceeded",
+    "invalid_model_output",
+    "deadline_exceeded",
+    "unavailable",
+]
+ITEM_ERROR_CODES: frozenset[str] = frozenset(get_args(ItemErrorCode))
 
-    code: str
-    message: str
+
+def item_error_code(code: str) -> ItemErrorCode:
+    """`code` as upstream's ItemError: itself when it is one. A plugin's own code outside the
+    vocabulary is an input's fault when it says so (`invalid_request`), else the service's."""
+    if code in ITEM_ERROR_CODES:
+        return code  # type: ignore[return-value]
+    return "invalid_input" if code == "invalid_request" else "unavailable"
+
+
+class Usage(msgspec.Struct, omit_defaults=True):
+    """Tokens a request read and wrote (upstream's Usage). Encoders write none, so
+    `output_tokens` is 0; rerank also carries OpenAI's `prompt_tokens`/`total_tokens`."""
+
+    input_tokens: int
+    output_tokens: int = msgspec.field(default_factory=int)  # always written: upstream requires it
+    prompt_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class Representation(msgspec.Struct, omit_defaults=True):
+    """The identity of an embedding space: vectors whose representations differ never mix."""
+
+    model_sha256: str
+    layer: int
+    dimension: int
+    normalized: bool | None = None
+    modality: str | None = None
+
+
+class CacheMeta(msgspec.Struct):
+    """How many of a request's work items the result cache answered (ours, not upstream's)."""
+
+    hits: int
+    misses: int
+
+
+class ResponseMeta(msgspec.Struct, omit_defaults=True):
+    """`meta` of a response (`options.return_meta`), in upstream's ResponseMeta names; `cache` is
+    ours. The family fills what the model knows; the server adds where and how long it ran."""
+
+    model_id: str | None = None
+    model_sha256: str | None = None
+    profile: str | None = None
+    numerics: str | None = None
+    engine: str | None = None
+    # Ours: the forward paths the deployment's engines choose between (e.g. the packed native
+    # forward and an onnxruntime one for small batches); `engine` stays the one named at start.
+    engine_paths: list[str] | None = None
+    accelerator: str | None = None
+    device: str | None = None
+    queue_ms: float | None = None
+    compute_ms: float | None = None
+    head: str | None = None
+    representation: Representation | None = None
+    cache: CacheMeta | None = None
+
+
+def merged_meta(meta: Any, **fields: Any) -> Any:
+    """`meta` with `fields` added where it has none: a ResponseMeta stays one (a family's plain
+    dict stays a dict), so the server can add placement and timing to any surface's meta."""
+    if isinstance(meta, ResponseMeta):
+        own = {k: v for k, v in fields.items() if getattr(meta, k) is None}
+        return msgspec.structs.replace(meta, **own)
+    if meta is None:
+        return ResponseMeta(**fields)
+    return {**fields, **meta}
+
+
+EXACT_PROFILE = "exact"
+
+
+def served_profile(numerics: str) -> str:
+    """The profile a model is served under: `exact` for float32 numerics, else `max_speed`."""
+    return EXACT_PROFILE if numerics == "float32" else "max_speed"
+
+
+def check_profile(options: Options, numerics: str) -> None:
+    """A request's `options.profile` must be the one the model is served under."""
+    if options.profile is None:
+        return
+    served = served_profile(numerics)
+    if options.profile != served:
+        raise InvalidRequest(
+            f"options.profile: {options.profile!r} is not enabled for this model; it serves {served!r}",
+            param="options.profile",
+        )

@@ -20,9 +20,11 @@ from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
 import msgspec
 
 from vllm_srun.errors import InvalidRequest
-from vllm_srun.plugins.bodies import ErrorBody as ErrorBody
+from vllm_srun.plugins.bodies import ItemErrorCode as ItemErrorCode
 from vllm_srun.plugins.bodies import Options as Options
 from vllm_srun.plugins.bodies import Overflow as Overflow
+from vllm_srun.plugins.bodies import ResponseMeta as ResponseMeta
+from vllm_srun.plugins.bodies import Usage as Usage
 from vllm_srun.plugins.bodies import WindowOptions as WindowOptions
 from vllm_srun.plugins.decision_surface import (
     DecisionsRequest,
@@ -32,15 +34,38 @@ from vllm_srun.plugins.decision_surface import (
 )
 
 
-class TextPair(msgspec.Struct, forbid_unknown_fields=True):
-    text: str
+class ClassifyItem(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """One classify input in object form: a text, or a pair `{text, text_pair}`. Upstream's
+    grounded `{context, question, answer}` items need a grounded head, which no family here
+    has: they are refused naming the field (see `texts_of`)."""
+
+    text: str | None = None
     text_pair: str | None = None
+    context: str | None = None
+    question: str | None = None
+    answer: str | None = None
+
+
+# The name plugins written before upstream's ClassifyItem import.
+TextPair = ClassifyItem
+
+ClassifyInput = str | ClassifyItem | Annotated[list[str | ClassifyItem], msgspec.Meta(min_length=1)]
 
 
 class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
-    input: str | TextPair | Annotated[list[str | TextPair], msgspec.Meta(min_length=1)]
+    input: ClassifyInput
     model: str | None = None
+    head: str | None = None
     options: Options = msgspec.field(default_factory=Options)
+
+    def head_name(self) -> str | None:
+        """The head asked for: `head`, or its alias `options.head`; both, and different, is a 400."""
+        if self.head is not None and self.options.head is not None and self.head != self.options.head:
+            raise InvalidRequest(
+                f"head: {self.head!r} differs from options.head {self.options.head!r}; give one of them",
+                param="head",
+            )
+        return self.head if self.head is not None else self.options.head
 
 
 TokenIds = Annotated[list[int], msgspec.Meta(min_length=1)]
@@ -87,19 +112,27 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class RerankDocument(msgspec.Struct, forbid_unknown_fields=True):
+    """A document as an object (Cohere's and TEI's clients send these); upstream sends strings."""
+
     text: str
 
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """`layer` and `dimensions` name the pair scorer's exit; a model here serves one exit (its
+    last layer, at its own dimension), so any other is a 400 naming the field."""
+
     query: str
     documents: Annotated[list[str | RerankDocument], msgspec.Meta(min_length=1)]
     model: str | None = None
     top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_documents: bool = False
+    layer: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     options: Options = msgspec.field(default_factory=Options)
 
 
-# Responses. Fields left at their default are omitted from the JSON, except `object`.
+# Responses. Fields left at their default are omitted from the JSON, except `object`. A failed
+# item carries `error` (upstream's ItemError code) and `message` in place of its result.
 
 
 def _always(value: str) -> Any:
@@ -107,71 +140,114 @@ def _always(value: str) -> Any:
     return msgspec.field(default_factory=lambda: value)
 
 
-class InputInfo(msgspec.Struct):
+class InputUsage(msgspec.Struct):
+    """Tokenizer facts of one input, special tokens included. `processed_tokens` counts what the
+    model read (a token in two windows once per window); the whole input is always tokenized,
+    so `tokens` is exact and `tokens_lower_bound` false."""
+
     tokens: int
     processed_tokens: int
     truncated: bool = False
+    tokens_lower_bound: bool = False
     windows: int = 1
 
 
 class Span(msgspec.Struct, omit_defaults=True):
+    """A labelled span: code-point offsets into the input text, end exclusive."""
+
     label: str
     start: int
     end: int
     text: str
-    score: float
+    probability: float
+
+
+class TokenProbabilities(msgspec.Struct, omit_defaults=True):
+    """One token's label probabilities (`options.return_tokens`), in the response's label order;
+    `token` and the most probable `label` are ours."""
+
+    start: int
+    end: int
+    probabilities: list[float]
+    token: str | None = None
+    label: str | None = None
+
+
+class ClassifyWindow(msgspec.Struct, omit_defaults=True):
+    """One window of a windowed input: content-token offsets of the windowed text (end
+    exclusive), and the window's own `probabilities` (sequence heads) or `scores`."""
+
+    start: int
+    end: int
+    probabilities: list[float] | None = None
+    scores: list[float] | None = None
+
+
+ClassifyKind = Literal["sequence", "scores", "token"]
 
 
 class ClassifyResult(msgspec.Struct, omit_defaults=True):
+    """One input's result. sequence: label, probabilities; scores: scores and selected; token:
+    spans. `score` (the label's probability or relevance) and `logits` are ours."""
+
     index: int
     label: str | None = None
     score: float | None = None
     probabilities: list[float] | None = None
+    scores: list[float] | None = None
     logits: list[float] | None = None
     selected: list[str] | None = None
     spans: list[Span] | None = None
-    tokens: list[dict[str, Any]] | None = None
-    input: InputInfo | None = None
-    error: ErrorBody | None = None
+    tokens: list[TokenProbabilities] | None = None
+    windows: list[ClassifyWindow] | None = None
+    input: InputUsage | None = None
+    error: ItemErrorCode | None = None
+    message: str | None = None
 
 
 class ClassifyResponse(msgspec.Struct, omit_defaults=True):
     model: str
     head: str
+    kind: ClassifyKind
     labels: list[str]
     results: list[ClassifyResult]
+    usage: Usage
     object: str = _always("classification")
-    meta: dict[str, Any] | None = None
+    meta: ResponseMeta | None = None
 
 
-class EmbeddingData(msgspec.Struct, omit_defaults=True):
+class Embedding(msgspec.Struct, omit_defaults=True):
     index: int
     embedding: list[float] | str | None = None
     object: str = _always("embedding")
-    input: InputInfo | None = None
-    error: ErrorBody | None = None
+    input: InputUsage | None = None
+    error: ItemErrorCode | None = None
+    message: str | None = None
 
 
-class Usage(msgspec.Struct):
+class EmbeddingsUsage(msgspec.Struct):
+    """OpenAI's embeddings usage (upstream keeps it on this surface)."""
+
     prompt_tokens: int
     total_tokens: int
 
 
 class EmbeddingsResponse(msgspec.Struct, omit_defaults=True):
-    data: list[EmbeddingData]
+    data: list[Embedding]
     model: str
-    usage: Usage
+    usage: EmbeddingsUsage
     object: str = _always("list")
-    meta: dict[str, Any] | None = None
+    meta: ResponseMeta | None = None
 
 
 class RerankResult(msgspec.Struct, omit_defaults=True):
     index: int
     relevance_score: float | None = None
     logit: float | None = None
-    document: RerankDocument | None = None
-    input: InputInfo | None = None
-    error: ErrorBody | None = None
+    document: str | None = None
+    input: InputUsage | None = None
+    error: ItemErrorCode | None = None
+    message: str | None = None
 
 
 class RerankResponse(msgspec.Struct, omit_defaults=True):
@@ -179,13 +255,30 @@ class RerankResponse(msgspec.Struct, omit_defaults=True):
     results: list[RerankResult]
     usage: Usage
     object: str = _always("rerank")
-    meta: dict[str, Any] | None = None
+    meta: ResponseMeta | None = None
 
 
-def texts_of(value: str | TextPair | list[str | TextPair]) -> list[TextPair]:
-    """Classify input in its one general form: a list of (text, optional pair)."""
+def texts_of(value: ClassifyInput) -> list[tuple[str, str | None]]:
+    """Classify input in its one general form: (text, optional pair) per input. A grounded item,
+    or an object without `text`, is an InvalidRequest naming its field."""
     values = value if isinstance(value, list) else [value]
-    return [TextPair(text=v) if isinstance(v, str) else v for v in values]
+    out: list[tuple[str, str | None]] = []
+    for index, item in enumerate(values):
+        if isinstance(item, str):
+            out.append((item, None))
+            continue
+        where = "input" if not isinstance(value, list) else f"input[{index}]"
+        for name in ("context", "question", "answer"):
+            if getattr(item, name) is not None:
+                raise InvalidRequest(
+                    f"{where}.{name}: grounded {{context, question, answer}} items need a grounded head, "
+                    "which this server does not run; give {text} or {text, text_pair}",
+                    param=f"{where}.{name}",
+                )
+        if item.text is None:
+            raise InvalidRequest(f"{where}.text: required", param=f"{where}.text")
+        out.append((item.text, item.text_pair))
+    return out
 
 
 # -- descriptors ----------------------------------------------------------------------------
@@ -285,11 +378,12 @@ class SurfaceRegistry:
         return {route.path: surface for surface in self for route in surface.routes}
 
 
-def _chars(value: str | TextPair | RerankDocument | list[Any]) -> int:
+def _chars(value: str | ClassifyItem | RerankDocument | list[Any]) -> int:
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, TextPair):
-        return len(value.text) + len(value.text_pair or "")
+    if isinstance(value, ClassifyItem):
+        parts = (value.text, value.text_pair, value.context, value.question, value.answer)
+        return sum(len(p or "") for p in parts)
     if isinstance(value, RerankDocument):
         return len(value.text)
     return sum(_chars(v) for v in value)

@@ -102,7 +102,7 @@ class ChunkRunner:
                 raise  # Redis is away, not the requests wrong: the chunk runs again (worker.py)
             except Exception as exc:  # a bug must fail these requests, not stall the job
                 log.exception("chunk_failed", job=chunk.job_id, chunk=chunk.index)
-                body = error_body("forward_failed", f"{type(exc).__name__}: {exc}")
+                body = error_body("unavailable", f"the forward failed: {type(exc).__name__}: {exc}")
                 lines = [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
         await self.store.store_chunk(chunk.job_id, chunk.index, chunk.chunks, lines)
         return len(lines)
@@ -112,7 +112,7 @@ class ChunkRunner:
     ) -> list[ResultLine]:
         coalescer = self.coalescers.get(chunk.deployment)
         if coalescer is None:
-            body = error_body("forward_failed", f"this worker does not serve {chunk.deployment!r}")
+            body = error_body("unavailable", f"this worker does not serve {chunk.deployment!r}")
             return [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
         model = coalescer.model
         planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo)

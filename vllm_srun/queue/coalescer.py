@@ -261,7 +261,7 @@ class Coalescer:
                 await self._forward(loop, batch[half:])
                 return
             log.exception("forward_failed", model=self.name, batch_size=len(items))
-            error = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
+            error = ItemError("unavailable", f"the forward failed: {type(exc).__name__}: {exc}")
             for slot in batch:
                 _resolve(slot, error)
             return

@@ -27,7 +27,7 @@ raised only by the reaper) travels with the claim: from `POISON_CRASHES` on, the
 isolated (`run_isolated`): one item per forward, each marked in Redis (`keys.isolation_key`)
 from the executor thread's start to its end, and stored as soon as it is done. An item whose
 mark survives a crash killed the worker on its own: the next run fails it alone with
-`forward_failed` and answers its siblings. From `MAX_CRASHES` on, nothing is forwarded again:
+`unavailable` and answers its siblings. From `MAX_CRASHES` on, nothing is forwarded again:
 whatever has no result yet fails, so no input loops forever.
 """
 
@@ -125,7 +125,7 @@ class LeaseKeeper:
 
 
 def _failed(message: str) -> bytes:
-    return encode_result(ItemError("forward_failed", message))
+    return encode_result(ItemError("unavailable", message))
 
 
 async def run_isolated(
@@ -200,7 +200,7 @@ async def _solo(
         arrays = await running
         result = np.asarray(arrays[0], dtype=np.float32)
     except Exception as exc:  # a Python error fails this item, as the coalescer's forward does
-        result = ItemError("forward_failed", f"the forward failed: {type(exc).__name__}: {exc}")
+        result = ItemError("unavailable", f"the forward failed: {type(exc).__name__}: {exc}")
     encoded = encode_result(result)
     async with cache.pipeline(transaction=False) as pipe:
         write_back(pipe, deployment, [item], [encoded], ttl_s)

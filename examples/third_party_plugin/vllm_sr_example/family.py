@@ -31,17 +31,17 @@ from vllm_srun.plugins.base import (
     Verification,
     WorkItem,
 )
+from vllm_srun.plugins.bodies import item_error_code
 from vllm_srun.plugins.package import ModelPackage, combined_sha256
 from vllm_srun.plugins.surfaces import (
     ClassifyResponse,
     ClassifyResult,
-    EmbeddingData,
+    Embedding,
     EmbeddingsRequest,
     EmbeddingsResponse,
-    ErrorBody,
-    InputInfo,
+    EmbeddingsUsage,
+    InputUsage,
     Options,
-    RerankDocument,
     RerankRequest,
     RerankResponse,
     RerankResult,
@@ -160,18 +160,18 @@ class KeywordModel(LoadedModel):
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _item(self, text: str | list[int], options: Options) -> tuple[WorkItem | ItemError, InputInfo]:
+    def _item(self, text: str | list[int], options: Options) -> tuple[WorkItem | ItemError, InputUsage]:
         if isinstance(text, list):  # token ids (OpenAI's embeddings input): ours, unknown ones 0
             ids = [i if 0 < i <= len(self.ids) else 0 for i in text]
         else:
             ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
-        info = InputInfo(tokens=len(ids), processed_tokens=len(ids))
+        info = InputUsage(tokens=len(ids), processed_tokens=len(ids))
         if len(ids) > self.max_tokens:
             if options.overflow == "reject":
                 message = f"{len(ids)} tokens; the model takes {self.max_tokens} (options.overflow)"
                 return ItemError("max_length_exceeded", message), info
             ids = ids[: self.max_tokens]
-            info = InputInfo(tokens=info.tokens, processed_tokens=len(ids), truncated=True)
+            info = InputUsage(tokens=info.tokens, processed_tokens=len(ids), truncated=True)
         return WorkItem(token_ids=ids), info
 
     def plan_surface(self, surface: str, request: Any) -> Plan:
@@ -179,7 +179,7 @@ class KeywordModel(LoadedModel):
         if options.overflow == "window":
             raise InvalidRequest("options.overflow: 'window' is not supported by example_keywords")
         if surface == "classify":
-            texts = [p.text + (" " + p.text_pair if p.text_pair else "") for p in texts_of(request.input)]
+            texts = [text + (" " + pair if pair else "") for text, pair in texts_of(request.input)]
         elif surface == "embeddings":
             texts = request.inputs()
             if request.dimensions is not None and request.dimensions > len(self.ids):
@@ -207,13 +207,12 @@ class KeywordModel(LoadedModel):
             return self._rerank(request, aligned, usage)
         raise UnsupportedSurface(f"the example family does not serve {plan.surface}")
 
-    def _classify(self, aligned: list[tuple[Result, InputInfo]]) -> ClassifyResponse:
+    def _classify(self, aligned: list[tuple[Result, InputUsage]]) -> ClassifyResponse:
         out = []
         for index, (result, info) in enumerate(aligned):
             if isinstance(result, ItemError):
-                out.append(
-                    ClassifyResult(index=index, input=info, error=ErrorBody(result.code, result.message))
-                )
+                code = item_error_code(result.code)
+                out.append(ClassifyResult(index=index, input=info, error=code, message=result.message))
                 continue
             logits = np.array(
                 [result[ids].sum() if ids else _FALLBACK_LOGIT for ids in self.label_ids], dtype=np.float64
@@ -229,42 +228,48 @@ class KeywordModel(LoadedModel):
                     input=info,
                 )
             )
-        return ClassifyResponse(model=self.info.name, head="keywords", labels=self.labels, results=out)
+        tokens = sum(info.processed_tokens for _, info in aligned)
+        return ClassifyResponse(
+            model=self.info.name,
+            head="keywords",
+            kind="sequence",
+            labels=self.labels,
+            results=out,
+            usage=Usage(input_tokens=tokens),
+        )
 
     def _embeddings(
-        self, request: EmbeddingsRequest, aligned: list[tuple[Result, InputInfo]], usage: int
+        self, request: EmbeddingsRequest, aligned: list[tuple[Result, InputUsage]], usage: int
     ) -> EmbeddingsResponse:
         data = []
         for index, (result, info) in enumerate(aligned):
             if isinstance(result, ItemError):
-                data.append(
-                    EmbeddingData(index=index, input=info, error=ErrorBody(result.code, result.message))
-                )
+                code = item_error_code(result.code)
+                data.append(Embedding(index=index, input=info, error=code, message=result.message))
                 continue
             vector = embedding_value(
                 l2_normalize(result[1:]),
                 encoding_format=request.encoding_format,
                 dimensions=request.dimensions,
             )
-            data.append(EmbeddingData(index=index, embedding=vector, input=info))
-        return EmbeddingsResponse(data=data, model=self.info.name, usage=Usage(usage, usage))
+            data.append(Embedding(index=index, embedding=vector, input=info))
+        return EmbeddingsResponse(data=data, model=self.info.name, usage=EmbeddingsUsage(usage, usage))
 
     def _rerank(
-        self, request: RerankRequest, aligned: list[tuple[Result, InputInfo]], usage: int
+        self, request: RerankRequest, aligned: list[tuple[Result, InputUsage]], usage: int
     ) -> RerankResponse:
         query, _ = aligned[0]
         out = []
         for index, (result, info) in enumerate(aligned[1:]):
             document = request.documents[index]
-            doc = RerankDocument(document) if isinstance(document, str) else document
+            doc = document if isinstance(document, str) else document.text
             failed = (
                 query if isinstance(query, ItemError) else result if isinstance(result, ItemError) else None
             )
             if failed is not None:
-                error = ErrorBody(
-                    failed.code, f"{'query' if failed is query else 'document'}: {failed.message}"
-                )
-                out.append(RerankResult(index=index, input=info, error=error))
+                message = f"{'query' if failed is query else 'document'}: {failed.message}"
+                code = item_error_code(failed.code)
+                out.append(RerankResult(index=index, input=info, error=code, message=message))
                 continue
             score = float(np.dot(l2_normalize(query[1:]), l2_normalize(result[1:])))
             out.append(
@@ -279,4 +284,5 @@ class KeywordModel(LoadedModel):
         out.sort(key=lambda r: (r.relevance_score is None, -(r.relevance_score or 0.0), r.index))
         if request.top_n is not None:
             out = out[: request.top_n]
-        return RerankResponse(model=self.info.name, results=out, usage=Usage(usage, usage))
+        usage_body = Usage(input_tokens=usage, prompt_tokens=usage, total_tokens=usage)
+        return RerankResponse(model=self.info.name, results=out, usage=usage_body)

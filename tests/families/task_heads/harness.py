@@ -103,7 +103,7 @@ def rows_of(model: TaskHeadsModel, surface: Surface, request: Request) -> tuple[
     return [i.token_ids for i in plan.items], [i.type_ids for i in plan.items]
 
 
-def fail_item(index: int, code: str = "forward_failed") -> Tamper:
+def fail_item(index: int, code: str = "unavailable") -> Tamper:
     """A `tamper` for `Harness.roundtrip` that answers work item `index` with an item error."""
 
     def tamper(results: list[Result]) -> list[Result]:

@@ -10,6 +10,7 @@ import pytest
 from families.task_heads.harness import ATOL, TEXTS, Harness, fail_item, rows_of, sigmoid, unit
 
 from vllm_srun.errors import InvalidRequest
+from vllm_srun.plugins.bodies import Representation
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -50,7 +51,7 @@ def test_rerank_scores_order_and_top_n(th: Harness, engine: str, variant: str) -
     )
     assert [r.index for r in top.results] == [r.index for r in out.results[:2]]
     texts = [d if isinstance(d, str) else d.text for d in documents]
-    assert all(r.document.text == texts[r.index] for r in top.results)
+    assert all(r.document == texts[r.index] for r in top.results)
 
     # A cross-encoder also answers classify with its relevance score.
     classify = th.roundtrip(
@@ -79,9 +80,11 @@ def test_base64_dimensions_and_meta(th: Harness, engine: str) -> None:
         np.testing.assert_allclose(
             b.embedding, unit(np.asarray(a.embedding[:8], dtype=np.float64)), atol=1e-5
         )
-    assert short.meta == {
-        "representation": {"model_sha256": model.info.model_sha256, "dimension": 8, "normalized": True}
-    }
+    assert short.meta is not None and short.meta.representation == Representation(
+        model_sha256=model.info.model_sha256, layer=2, dimension=8, normalized=True, modality="text"
+    )
+    assert (short.meta.model_id, short.meta.model_sha256) == (model.info.name, model.info.model_sha256)
+    assert (short.meta.profile, short.meta.numerics, short.meta.head) == ("exact", "float32", "pooled")
     with pytest.raises(InvalidRequest, match="dimensions"):
         model.plan_surface("embeddings", EmbeddingsRequest(input="x", dimensions=33))
 
@@ -95,12 +98,17 @@ def test_item_errors_stay_with_their_item(th: Harness, engine: str) -> None:
         EmbeddingsRequest(input=TEXTS[:3]),
         tamper=fail_item(1, "deadline_exceeded"),
     )
-    assert out.data[1].error.code == "deadline_exceeded" and out.data[1].embedding is None
+    assert out.data[1].error == "deadline_exceeded" and out.data[1].message == "injected"
+    assert out.data[1].embedding is None
     assert out.data[0].embedding is not None and out.data[2].embedding is not None
     rerank = th.load("bert-reranker", engine)
     out_rerank = th.roundtrip(
         rerank, "rerank", RerankRequest(query="q", documents=["a", "b", "c"]), tamper=fail_item(0)
     )
-    assert [r.index for r in out_rerank.results][-1] == 0 and out_rerank.results[
-        -1
-    ].error.code == "forward_failed"
+    failed = out_rerank.results[-1]
+    assert failed.index == 0 and (failed.error, failed.message) == ("unavailable", "injected")
+    # A code outside upstream's vocabulary (a plugin's own) still answers with one of it.
+    odd = th.roundtrip(
+        rerank, "rerank", RerankRequest(query="q", documents=["a"]), tamper=fail_item(0, "weird")
+    )
+    assert odd.results[0].error == "unavailable"

@@ -35,7 +35,8 @@ def test_spans_have_code_point_offsets_on_multibyte_text(th: Harness) -> None:
         ("LOC", "Paris", text.index("Paris"), text.index("Paris") + 5),
     ]
     assert all(
-        s.score == pytest.approx(float(softmax(np.array([5.0, 0, 0, 0, 0]))[0])) for s in out.results[0].spans
+        s.probability == pytest.approx(float(softmax(np.array([5.0, 0, 0, 0, 0]))[0]))
+        for s in out.results[0].spans
     )
 
 
@@ -91,8 +92,8 @@ def test_token_probabilities_match_transformers(th: Harness, engine: str, varian
         probs = softmax(logits.astype(np.float64))[1:-1]  # the tokens of the text, no [CLS]/[SEP]
         assert len(result.tokens) == len(probs)
         for token, p in zip(result.tokens, probs, strict=True):
-            assert token["label"] == out.labels[int(p.argmax())]
-            assert abs(token["score"] - p.max()) < ATOL
+            assert token.label == out.labels[int(p.argmax())]
+            np.testing.assert_allclose(token.probabilities, p, atol=ATOL)
 
 
 @pytest.mark.torch
@@ -111,6 +112,6 @@ def test_random_spans_align_with_words(th: Harness, engine: str, variant: str) -
         for span in result.spans:
             assert text[span.start : span.end] == span.text and span.text.strip() == span.text
             assert span.start in starts and span.end in ends, (span, text)
-            assert 0 <= span.score <= 1
+            assert 0 <= span.probability <= 1
             checked += 1
     assert checked > 0

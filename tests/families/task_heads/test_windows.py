@@ -60,8 +60,8 @@ def test_too_many_windows_fail_that_input_alone(th: Harness) -> None:
     plan = model.plan_surface("classify", ClassifyRequest(input=[words, "paris"], options=options))
     assert len(plan.items) == 1  # only the short input runs
     finished = model.finish_surface(plan, [np.zeros(2, dtype=np.float32)])
-    error = finished.results[0].error
-    assert error is not None and error.code == "max_length_exceeded" and str(MAX_WINDOWS + 1) in error.message
+    failed = finished.results[0]
+    assert failed.error == "max_length_exceeded" and str(MAX_WINDOWS + 1) in (failed.message or "")
     # One window fewer is within the bound.
     fits = " ".join(["paris"] * (MAX_WINDOWS + 7))
     plan = model.plan_surface("classify", ClassifyRequest(input=fits, options=options))
@@ -73,7 +73,7 @@ def test_reject_answers_siblings(th: Harness, engine: str) -> None:
     model = th.load("bert-sequence", engine)
     out = th.roundtrip(model, "classify", ClassifyRequest(input=["good movie", LONG, "bad"]))
     ok, long, bad = out.results
-    assert long.error.code == "max_length_exceeded" and "128" in long.error.message
+    assert long.error == "max_length_exceeded" and "128" in (long.message or "")
     assert long.input.tokens > 128 and long.input.processed_tokens == 0 and long.probabilities is None
     assert ok.error is None and bad.error is None and ok.probabilities is not None
 
@@ -108,8 +108,17 @@ def test_window_sequence_takes_max_logits(th: Harness, engine: str) -> None:
     assert all(len(r) <= 64 for r in rows)
     ref = th.reference(th.package("bert-multilabel"), rows[:-1])
     expected = sigmoid(np.max(np.stack(ref), axis=0).astype(np.float64))
-    np.testing.assert_allclose(out.results[0].probabilities, expected, atol=ATOL)
+    np.testing.assert_allclose(out.results[0].scores, expected, atol=ATOL)
+    # Each window is listed: its content-token range and its own scores.
+    windows = out.results[0].windows
+    assert windows is not None and len(windows) == info.windows
+    for k, (window, logits) in enumerate(zip(windows, ref, strict=True)):
+        assert (window.start, window.end) == (46 * k, min(46 * k + 62, content))
+        np.testing.assert_allclose(window.scores, sigmoid(logits.astype(np.float64)), atol=ATOL)
+        assert window.probabilities is None
     assert out.results[1].input.windows == 1
+    short = out.results[1].windows
+    assert short is not None and [(w.start, w.end) for w in short] == [(0, out.results[1].input.tokens - 2)]
 
 
 @pytest.mark.torch

@@ -140,7 +140,7 @@ def answer(data: CohereRerankRequest) -> Any:
         results = []
         for result in body.results:
             if result.error is not None:
-                raise item_failure("documents", result.index, result.error)
+                raise item_failure("documents", result.index, result.error, result.message)
             assert result.relevance_score is not None
             document = data.documents[result.index] if data.return_documents else None
             if isinstance(document, str):
@@ -149,7 +149,7 @@ def answer(data: CohereRerankRequest) -> Any:
         meta = CohereMeta(
             api_version=CohereApiVersion(API_VERSION),
             billed_units=CohereBilledUnits(search_units=1),
-            tokens=CohereTokens(input_tokens=body.usage.prompt_tokens),
+            tokens=CohereTokens(input_tokens=body.usage.input_tokens),
         )
         return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
 

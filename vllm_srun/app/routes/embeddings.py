@@ -34,5 +34,5 @@ def no_null_vectors(body: EmbeddingsResponse) -> EmbeddingsResponse:
     naming `input[i]`, as the request's error."""
     for item in body.data:
         if item.error is not None:
-            raise item_failure("input", item.index, item.error)
+            raise item_failure("input", item.index, item.error, item.message)
     return body

@@ -60,7 +60,7 @@ def vectors(body: EmbeddingsResponse) -> list[list[float]]:
     out: list[list[float]] = []
     for item in body.data:
         if item.error is not None:
-            raise_item_error("inputs", item.index, item.error)
+            raise_item_error("inputs", item.index, item.error, item.message)
         assert isinstance(item.embedding, list)
         out.append(item.embedding)
     return out

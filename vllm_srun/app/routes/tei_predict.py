@@ -75,11 +75,13 @@ def convert(request: Request[Any, Any, Any], data: PredictRequest) -> ClassifyRe
 def predictions(body: ClassifyResponse, result: ClassifyResult, raw_scores: bool) -> list[Prediction]:
     """One input's labels and scores, best first."""
     if result.error is not None:
-        raise_item_error("inputs", result.index, result.error)
+        raise_item_error("inputs", result.index, result.error, result.message)
     if raw_scores and result.logits is None:
         raise TeiError("backend", f"head {body.head!r} answers no logits")
-    if result.probabilities is not None:
-        scores = result.logits if raw_scores else result.probabilities
+    # A sequence head's probabilities, or a multi-label head's scores (those have `selected`).
+    per_label = result.probabilities if result.selected is None else result.scores
+    if per_label is not None:
+        scores = result.logits if raw_scores else per_label
         assert scores is not None
         pairs = list(zip(body.labels, scores, strict=True))
     elif result.label is not None and result.score is not None:

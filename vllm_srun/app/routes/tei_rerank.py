@@ -60,7 +60,7 @@ def ranks(data: TeiRerankRequest) -> Any:
         out: list[Rank] = []
         for result in body.results:
             if result.error is not None:
-                raise_item_error("texts", result.index, result.error)
+                raise_item_error("texts", result.index, result.error, result.message)
             assert result.relevance_score is not None
             score = result.logit if data.raw_scores and result.logit is not None else result.relevance_score
             text = data.texts[result.index] if data.return_text else None

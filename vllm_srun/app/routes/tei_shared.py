@@ -31,7 +31,6 @@ from vllm_srun.errors import (
 )
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import Options, Overflow
-from vllm_srun.plugins.surfaces import ErrorBody
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -147,12 +146,13 @@ def options(runtime: Runtime, truncate: bool | None, direction: Direction) -> Op
     return Options(overflow=overflow, truncation_direction="left" if direction.lower() == "left" else "right")
 
 
-def raise_item_error(field: str, index: int, error: ErrorBody) -> None:
-    """One input's error as TEI answers it: the whole request fails. An input over the limit is
-    TEI's `validation` (413); anything else failed in the model (`backend`, 424)."""
-    if error.code == "max_length_exceeded":
-        raise TeiError("validation", f"{field}[{index}]: {error.message}")
-    raise TeiError("backend", f"{field}[{index}]: {error.code}: {error.message}")
+def raise_item_error(field: str, index: int, code: str, message: str | None) -> None:
+    """One input's error (its `error` code and `message`) as TEI answers it: the whole request
+    fails. An input over the limit is TEI's `validation` (413); anything else failed in the
+    model (`backend`, 424)."""
+    if code == "max_length_exceeded":
+        raise TeiError("validation", f"{field}[{index}]: {message}")
+    raise TeiError("backend", f"{field}[{index}]: {code}: {message}")
 
 
 def model_for(runtime: Runtime, surface: str | None) -> tuple[str, LoadedModel]:

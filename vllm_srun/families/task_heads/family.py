@@ -111,6 +111,7 @@ class TaskHeadsFamily(ModelFamily):
             hidden_size=int(layout.config.get("hidden_size") or 0),
             sentence=sentence,
             post_pooling=load_post_pooling(package, sentence),
+            num_layers=int(layout.config.get("num_hidden_layers") or 0),
         )
 
     def descriptor(self) -> dict[str, Any]:

@@ -11,13 +11,15 @@ import numpy as np
 from vllm_srun.families.task_heads import heads
 from vllm_srun.families.task_heads.spans import token_readout
 from vllm_srun.plugins.base import ItemError
+from vllm_srun.plugins.bodies import Representation, ResponseMeta, item_error_code, served_profile
 from vllm_srun.plugins.surfaces import (
+    ClassifyKind,
     ClassifyResponse,
     ClassifyResult,
-    EmbeddingData,
+    ClassifyWindow,
+    Embedding,
     EmbeddingsResponse,
-    ErrorBody,
-    RerankDocument,
+    EmbeddingsUsage,
     RerankResponse,
     RerankResult,
     Usage,
@@ -28,14 +30,56 @@ if TYPE_CHECKING:
 
 Rows = list[np.ndarray] | ItemError
 
+# Upstream's classify kinds: a relevance head answers label scores, one per label.
+KINDS: dict[str, ClassifyKind] = {
+    heads.SEQUENCE: "sequence",
+    heads.SCORES: "scores",
+    heads.TOKEN: "token",
+    heads.RELEVANCE: "scores",
+}
 
-def _error(error: ItemError) -> ErrorBody:
-    return ErrorBody(code=error.code, message=error.message)
+
+def _fail(item: ClassifyResult | Embedding | RerankResult, error: ItemError) -> None:
+    item.error, item.message = item_error_code(error.code), error.message
 
 
-def _usage(inputs: list[PlannedInput]) -> Usage:
-    tokens = sum(p.split.info.processed_tokens for p in inputs)
-    return Usage(prompt_tokens=tokens, total_tokens=tokens)
+def _tokens(inputs: list[PlannedInput]) -> int:
+    return sum(p.split.info.processed_tokens for p in inputs)
+
+
+def _meta(model: TaskHeadsModel, state: PlanState) -> ResponseMeta | None:
+    if not state.options.return_meta:
+        return None
+    info = model.info
+    return ResponseMeta(
+        model_id=info.name,
+        model_sha256=info.model_sha256,
+        profile=served_profile(info.numerics),
+        numerics=info.numerics,
+        head=state.head.name,
+    )
+
+
+def _relevance_scores(score: float, labels: int) -> list[float]:
+    """A relevance score as one score per label: a two-label model's is its last label's
+    softmax probability, so the first label has the rest."""
+    return [score] if labels == 1 else [1.0 - score, score]
+
+
+def _windows(head: str, planned: PlannedInput, rows: list[np.ndarray], labels: int) -> list[ClassifyWindow]:
+    """Each window's own reading, for an input read under the window policy."""
+    assert planned.split.windows is not None
+    out: list[ClassifyWindow] = []
+    for (start, end), row in zip(planned.split.windows, rows, strict=True):
+        window = ClassifyWindow(start=start, end=end)
+        if head == heads.SEQUENCE:
+            window.probabilities = heads.softmax(row.astype(np.float64)).tolist()
+        elif head == heads.SCORES:
+            window.scores = heads.sigmoid(row.astype(np.float64)).tolist()
+        elif head == heads.RELEVANCE:
+            window.scores = _relevance_scores(heads.relevance([row]).score, labels)
+        out.append(window)
+    return out
 
 
 def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> ClassifyResponse:
@@ -44,8 +88,12 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         result = ClassifyResult(index=index, input=planned.split.info)
         if isinstance(rows, ItemError):
-            result.error = _error(rows)
-        elif head.kind == heads.TOKEN:
+            _fail(result, rows)
+            results.append(result)
+            continue
+        if planned.split.windows is not None:
+            result.windows = _windows(head.kind, planned, rows, len(labels))
+        if head.kind == heads.TOKEN:
             result.spans, result.tokens = token_readout(
                 planned.text,
                 planned.enc,
@@ -58,6 +106,7 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
         elif head.kind == heads.RELEVANCE:
             relevance = heads.relevance(rows)
             result.label, result.score = labels[-1], relevance.score
+            result.scores = _relevance_scores(relevance.score, len(labels))
             if options.return_logits:
                 result.logits = [relevance.logit]
         else:
@@ -65,26 +114,36 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
             probs = heads.sigmoid(logits) if head.kind == heads.SCORES else heads.softmax(logits)
             best = int(probs.argmax())
             result.label, result.score = labels[best], float(probs[best])
-            result.probabilities = probs.tolist()
             if options.return_logits:
                 result.logits = logits.tolist()
             if head.kind == heads.SCORES:
+                result.scores = probs.tolist()
                 threshold = options.threshold if options.threshold is not None else heads.DEFAULT_THRESHOLD
                 result.selected = [label for label, p in zip(labels, probs, strict=True) if p >= threshold]
+            else:
+                result.probabilities = probs.tolist()
         results.append(result)
-    return ClassifyResponse(model=model.info.name, head=head.name, labels=list(labels), results=results)
+    return ClassifyResponse(
+        model=model.info.name,
+        head=head.name,
+        kind=KINDS[head.kind],
+        labels=list(labels),
+        results=results,
+        usage=Usage(input_tokens=_tokens(state.inputs)),
+        meta=_meta(model, state),
+    )
 
 
 def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
     dimensions: int | None = state.extra.get("dimensions")
     as_base64 = state.extra.get("encoding_format") == "base64"
-    data: list[EmbeddingData] = []
+    data: list[Embedding] = []
     dimension = model.info.embedding.dimension if model.info.embedding else 0
     normalize = model.normalize if state.options.normalize is None else state.options.normalize
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
-        item = EmbeddingData(index=index, input=planned.split.info)
+        item = Embedding(index=index, input=planned.split.info)
         if isinstance(rows, ItemError):
-            item.error = _error(rows)
+            _fail(item, rows)
         else:
             vectors = model.embedding_rows(state, planned, rows, normalize=normalize)
             vector = heads.pooled(vectors, normalize=normalize, dimensions=dimensions)
@@ -96,15 +155,20 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
                 else vector.tolist()
             )
         data.append(item)
-    response = EmbeddingsResponse(data=data, model=model.info.name, usage=_usage(state.inputs))
-    if state.options.return_meta:
-        response.meta = {
-            "representation": {
-                "model_sha256": model.info.model_sha256,
-                "dimension": dimensions or dimension,
-                "normalized": normalize,
-            }
-        }
+    tokens = _tokens(state.inputs)
+    response = EmbeddingsResponse(
+        data=data, model=model.info.name, usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
+    )
+    meta = _meta(model, state)
+    if meta is not None:
+        meta.representation = Representation(
+            model_sha256=model.info.model_sha256,
+            layer=state.extra.get("layer") or model.num_layers,
+            dimension=dimensions or dimension,
+            normalized=normalize,
+            modality="text",
+        )
+        response.meta = meta
     return response
 
 
@@ -122,10 +186,10 @@ def rerank(
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         result = RerankResult(index=index, input=planned.split.info)
         if state.extra.get("return_documents"):
-            result.document = RerankDocument(text=planned.text)
+            result.document = planned.text
         error = query if isinstance(query, ItemError) else rows if isinstance(rows, ItemError) else None
         if error is not None:
-            result.error = _error(error)
+            _fail(result, error)
             failed.append(result)
             continue
         assert isinstance(rows, list)
@@ -142,8 +206,9 @@ def rerank(
     top_n = state.extra.get("top_n")
     if top_n is not None:
         ordered = ordered[:top_n]
-    inputs = state.inputs + ([state.query] if state.query is not None else [])
-    return RerankResponse(model=model.info.name, results=ordered, usage=_usage(inputs))
+    tokens = _tokens(state.inputs + ([state.query] if state.query is not None else []))
+    usage = Usage(input_tokens=tokens, prompt_tokens=tokens, total_tokens=tokens)
+    return RerankResponse(model=model.info.name, results=ordered, usage=usage, meta=_meta(model, state))
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

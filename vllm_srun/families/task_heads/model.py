@@ -36,6 +36,7 @@ from vllm_srun.plugins.base import (
     Result,
     WorkItem,
 )
+from vllm_srun.plugins.bodies import check_profile
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -115,6 +116,7 @@ class TaskHeadsModel(LoadedModel):
         hidden_size: int = 0,
         sentence: SentenceConfig | None = None,
         post_pooling: PostPooling | None = None,
+        num_layers: int = 0,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -127,6 +129,7 @@ class TaskHeadsModel(LoadedModel):
         self.post_pooling = post_pooling or PostPooling()
         self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         self.heads = {head.name: head for head in info.heads}
+        self.num_layers = num_layers  # encoder layers: the last is the exit every surface serves
 
     def tokenizer(self) -> Tokenizer:
         return self.encoder.tokenizer
@@ -142,6 +145,7 @@ class TaskHeadsModel(LoadedModel):
                 f"model {self.info.name!r} does not serve {surface!r}; it serves "
                 f"{', '.join(self.info.surfaces) or 'nothing'}"
             )
+        check_profile(request.options, self.info.numerics)
         if surface == "classify" and isinstance(request, ClassifyRequest):
             return self._plan_classify(request)
         if surface == "embeddings" and isinstance(request, EmbeddingsRequest):
@@ -151,8 +155,8 @@ class TaskHeadsModel(LoadedModel):
         raise InvalidRequest(f"a {surface} request was expected, got {type(request).__name__}")
 
     def _plan_classify(self, request: ClassifyRequest) -> Plan:
-        head = self._head("classify", request.options)
-        pairs = [(t.text, t.text_pair) for t in texts_of(request.input)]
+        head = self._head("classify", request.head_name(), "options.head" if request.head is None else "head")
+        pairs = texts_of(request.input)
         if not pairs:
             raise InvalidRequest("input: must not be empty")
         if head.kind == TOKEN:
@@ -162,7 +166,7 @@ class TaskHeadsModel(LoadedModel):
         return self._plan("classify", head, request.options, pairs)
 
     def _plan_embeddings(self, request: EmbeddingsRequest) -> Plan:
-        head = self._head("embeddings", request.options)
+        head = self._head("embeddings", request.options.head)
         inputs = request.inputs()
         if not inputs:
             raise InvalidRequest("input: must not be empty", param="input")
@@ -222,15 +226,17 @@ class TaskHeadsModel(LoadedModel):
             if planned.split.error is None:
                 continue
             param = "input" if single else f"input[{index}]"
+            budget, limit = self._budget(state.options)
             raise InvalidRequest(
-                f"{param}: input has {planned.split.info.tokens} tokens; the model takes at most "
-                f"{self.max_tokens} (set options.overflow to 'truncate', or serve with --auto-truncate; "
-                "options.overflow 'reject' answers each input in place)",
+                f"{param}: input has {planned.split.info.tokens} tokens; {limit} {budget} (set "
+                "options.overflow to 'truncate', or serve with --auto-truncate; options.overflow "
+                "'reject' answers each input in place)",
                 param=param,
             )
 
     def _plan_rerank(self, request: RerankRequest) -> Plan:
-        head = self._head("rerank", request.options)
+        head = self._head("rerank", request.options.head)
+        self._check_exit(head, request)
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
             raise InvalidRequest("documents: must not be empty")
@@ -247,33 +253,67 @@ class TaskHeadsModel(LoadedModel):
         plan.state.extra = SurfaceOptions(top_n=request.top_n, return_documents=request.return_documents)
         return plan
 
-    def _head(self, surface: str, options: Options) -> HeadInfo:
-        if options.head is None:
+    def _head(self, surface: str, name: str | None, field: str = "options.head") -> HeadInfo:
+        if name is None:
             return next(h for h in self.info.heads if surface in SURFACES_OF[h.kind])
-        head = self.heads.get(options.head)
+        head = self.heads.get(name)
         if head is None:
-            raise InvalidRequest(f"options.head: no head {options.head!r}; heads: {', '.join(self.heads)}")
+            raise InvalidRequest(f"{field}: no head {name!r}; heads: {', '.join(self.heads)}", param=field)
         if surface not in SURFACES_OF[head.kind]:
             serving = [h.name for h in self.info.heads if surface in SURFACES_OF[h.kind]]
             raise InvalidRequest(
-                f"options.head: head {head.name!r} does not answer {surface}; "
-                f"heads that do: {', '.join(serving)}"
+                f"{field}: head {head.name!r} does not answer {surface}; heads that do: {', '.join(serving)}",
+                param=field,
             )
         return head
 
+    def exit_dimension(self, head: HeadInfo) -> int:
+        """The dimension of the representation a head scores from: the embedding's for a
+        bi-encoder, the encoder's hidden size for a cross-encoder."""
+        if head.kind == POOLED and self.info.embedding is not None:
+            return self.info.embedding.dimension
+        return self.hidden_size
+
+    def _check_exit(self, head: HeadInfo, request: RerankRequest) -> None:
+        """A model here serves one pair-scorer exit: its last layer, at its own dimension."""
+        dimension = self.exit_dimension(head)
+        if request.layer is not None and request.layer != self.num_layers:
+            raise InvalidRequest(
+                f"layer: {request.layer} is not an exit of this model; it scores from its last layer, "
+                f"{self.num_layers}",
+                param="layer",
+            )
+        if request.dimensions is not None and request.dimensions != dimension:
+            raise InvalidRequest(
+                f"dimensions: {request.dimensions} is not an exit of this model; it scores at dimension "
+                f"{dimension}",
+                param="dimensions",
+            )
+
+    def _budget(self, options: Options) -> tuple[int, str]:
+        """The per-input token budget and whose it is: `options.max_tokens`, at most the model's."""
+        if options.max_tokens is None:
+            return self.max_tokens, "the model takes at most"
+        if options.max_tokens > self.max_tokens:
+            raise InvalidRequest(
+                f"options.max_tokens: {options.max_tokens} exceeds the model's limit of {self.max_tokens} tokens",
+                param="options.max_tokens",
+            )
+        return options.max_tokens, "options.max_tokens allows at most"
+
     def _policy(self, options: Options) -> Overflow:
         mode = options.overflow_mode
+        budget, limit = self._budget(options)
         if options.window is not None and mode != "window":
             raise InvalidRequest("options.window: applies only with options.overflow 'window'")
         if mode != "window":
-            return Overflow(mode, self.max_tokens, left=options.truncation_direction == "left")
-        # Without window options: windows as long as the model takes, sharing an eighth.
-        tokens = options.window.tokens if options.window else self.max_tokens
-        overlap = options.window.overlap if options.window else self.max_tokens // 8
-        if tokens > self.max_tokens:
-            raise InvalidRequest(
-                f"options.window.tokens: {tokens} exceeds the model's limit of {self.max_tokens} tokens"
-            )
+            return Overflow(mode, budget, left=options.truncation_direction == "left", limit=limit)
+        # Without window options: windows as long as the budget, sharing an eighth.
+        tokens = options.window.tokens if options.window else budget
+        overlap = options.window.overlap if options.window else budget // 8
+        if tokens > budget:
+            whose = "the model's limit" if options.max_tokens is None else "options.max_tokens"
+            raise InvalidRequest(f"options.window.tokens: {tokens} exceeds {whose} of {budget} tokens")
         room = tokens - self.encoder.special_tokens(pair=False)
         if room < 2:
             raise InvalidRequest(
@@ -285,7 +325,7 @@ class TaskHeadsModel(LoadedModel):
                 f"options.window.overlap: {overlap} must be smaller than the {room} text tokens a window of "
                 f"{tokens} holds"
             )
-        return Overflow("window", self.max_tokens, tokens, overlap)
+        return Overflow("window", budget, tokens, overlap, limit=limit)
 
     def _output(self, head: HeadInfo, *, skip: int = 0) -> str:
         if head.kind == TOKEN:
@@ -365,7 +405,7 @@ class TaskHeadsModel(LoadedModel):
             expected = self._shape(output, len(piece))
             if tuple(result.shape) != expected:
                 return ItemError(
-                    "forward_failed",
+                    "invalid_model_output",
                     f"engine returned shape {tuple(result.shape)} for {output!r}, expected {expected}",
                 )
             rows.append(result)

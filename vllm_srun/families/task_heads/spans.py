@@ -7,22 +7,21 @@ tags join consecutive words with the same tag.
 
 Offsets are code points into the input text (what `tokenizers` reports on a Python str), end
 exclusive, with surrounding whitespace trimmed (byte-level and SentencePiece tokens carry the
-space before a word). A span's score is the mean, over its words, of each word's first-token
+space before a word). A span's probability is the mean, over its words, of each word's first-token
 probability. With windows, spans are found per window and then united: spans of one label
-that overlap are merged into one covering both, keeping the higher score.
+that overlap are merged into one covering both, keeping the higher probability.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from vllm_srun.families.task_heads.heads import softmax
 from vllm_srun.families.task_heads.tokenize import FIRST, Encoded
-from vllm_srun.plugins.surfaces import Span
+from vllm_srun.plugins.surfaces import Span, TokenProbabilities
 
 _OUTSIDE = "O"
 
@@ -97,7 +96,7 @@ def _spans_of(text: str, words: list[_Word], threshold: float | None) -> list[Sp
             continue
         start, end = _trim(text, members[0].start, max(w.end for w in members))
         if start < end:
-            out.append(Span(label=kind, start=start, end=end, text=text[start:end], score=score))
+            out.append(Span(label=kind, start=start, end=end, text=text[start:end], probability=score))
     return out
 
 
@@ -109,7 +108,7 @@ def _union(text: str, spans: list[Span]) -> list[Span]:
             if prev.label == span.label and span.start < prev.end:
                 prev.end = max(prev.end, span.end)
                 prev.text = text[prev.start : prev.end]
-                prev.score = max(prev.score, span.score)
+                prev.probability = max(prev.probability, span.probability)
                 break
         else:
             merged.append(span)
@@ -125,12 +124,12 @@ def token_readout(
     *,
     threshold: float | None,
     return_tokens: bool,
-) -> tuple[list[Span], list[dict[str, Any]] | None]:
+) -> tuple[list[Span], list[TokenProbabilities] | None]:
     """Spans over `text` (and per-token readings if asked) from each piece's token logits."""
     spans: list[Span] = []
     # For per-token output, a token seen in several windows is read from the window where it
     # sits farthest from a cut edge, where the model saw the most context around it.
-    chosen: dict[int, tuple[int, dict[str, Any]]] = {}
+    chosen: dict[int, tuple[int, TokenProbabilities]] = {}
     for piece, window_logits in zip(pieces, logits, strict=True):
         probs = softmax(window_logits.astype(np.float64))
         spans.extend(_spans_of(text, _words(enc, piece, probs, labels), threshold))
@@ -144,13 +143,13 @@ def token_readout(
                 continue
             best = int(probs[row].argmax())
             start, end = _trim(text, int(enc.offsets[pos][0]), int(enc.offsets[pos][1]))
-            reading = {
-                "token": enc.tokens[pos],
-                "start": start,
-                "end": end,
-                "label": labels[best],
-                "score": float(probs[row, best]),
-            }
+            reading = TokenProbabilities(
+                start=start,
+                end=end,
+                probabilities=probs[row].tolist(),
+                token=enc.tokens[pos],
+                label=labels[best],
+            )
             chosen[pos] = (margin, reading)
     tokens = [chosen[pos][1] for pos in sorted(chosen)] if return_tokens else None
     return (_union(text, spans) if len(pieces) > 1 else spans), tokens

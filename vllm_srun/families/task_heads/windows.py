@@ -25,7 +25,7 @@ import numpy as np
 
 from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encoded
 from vllm_srun.plugins.base import ItemError
-from vllm_srun.plugins.surfaces import InputInfo
+from vllm_srun.plugins.surfaces import InputUsage
 
 # Windows one input may be split into. Each window is a forward row, so the work of an input
 # grows with its length times window.tokens / (window.tokens - overlap): without a bound, an
@@ -42,6 +42,8 @@ class Overflow:
     window_tokens: int = 0
     overlap: int = 0
     left: bool = False  # truncate keeps each text's last tokens instead of its first
+    # Whose limit `max_tokens` is, as an error message says it.
+    limit: str = "the model takes at most"
 
 
 @dataclass(eq=False)
@@ -49,34 +51,38 @@ class Split:
     """The pieces one input is run as, or the error it is answered with instead."""
 
     pieces: list[np.ndarray]
-    info: InputInfo
+    info: InputUsage
     error: ItemError | None = None
+    # Under the window policy: each piece's [start, end) in content tokens of the windowed text.
+    windows: list[tuple[int, int]] | None = None
 
 
 def split(enc: Encoded, policy: Overflow) -> Split:
     n = len(enc)
     if policy.mode == "window":
         if n <= policy.window_tokens:
-            return _whole(n)
+            whole = _whole(n)
+            whole.windows = [(0, int((_ranks(enc, _windowed(enc)) >= 0).sum()))]
+            return whole
         return _windows(enc, policy)
     if n <= policy.max_tokens:
         return _whole(n)
     if policy.mode == "truncate":
         keep = _truncated(enc, policy.max_tokens, left=policy.left)
-        return Split([keep], InputInfo(tokens=n, processed_tokens=len(keep), truncated=True))
+        return Split([keep], InputUsage(tokens=n, processed_tokens=len(keep), truncated=True))
     return Split(
         [],
-        InputInfo(tokens=n, processed_tokens=0, windows=0),
+        InputUsage(tokens=n, processed_tokens=0, windows=0),
         ItemError(
             "max_length_exceeded",
-            f"input has {n} tokens; the model takes at most {policy.max_tokens} "
+            f"input has {n} tokens; {policy.limit} {policy.max_tokens} "
             "(set options.overflow to 'truncate' or 'window')",
         ),
     )
 
 
 def _whole(n: int) -> Split:
-    return Split([np.arange(n, dtype=np.int64)], InputInfo(tokens=n, processed_tokens=n))
+    return Split([np.arange(n, dtype=np.int64)], InputUsage(tokens=n, processed_tokens=n))
 
 
 def _ranks(enc: Encoded, which: int) -> np.ndarray:
@@ -109,17 +115,21 @@ def _truncated(enc: Encoded, max_tokens: int, *, left: bool = False) -> np.ndarr
     return np.flatnonzero(mask)
 
 
+def _windowed(enc: Encoded) -> int:
+    """The text windows cut: a pair's second (a rerank's document), else the only one."""
+    return SECOND if enc.is_pair and bool((enc.seq == SECOND).any()) else FIRST
+
+
 def _windows(enc: Encoded, policy: Overflow) -> Split:
     n = len(enc)
-    which = SECOND if enc.is_pair and bool((enc.seq == SECOND).any()) else FIRST
-    ranks = _ranks(enc, which)
+    ranks = _ranks(enc, _windowed(enc))
     length = int((ranks >= 0).sum())
     room = policy.window_tokens - (n - length)
     step = room - policy.overlap
     if step < 1:
         return Split(
             [],
-            InputInfo(tokens=n, processed_tokens=0, windows=0),
+            InputUsage(tokens=n, processed_tokens=0, windows=0),
             ItemError(
                 "max_length_exceeded",
                 f"input has {n - length} tokens besides the windowed text, leaving no room for windows "
@@ -130,7 +140,7 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
     if count > MAX_WINDOWS:
         return Split(
             [],
-            InputInfo(tokens=n, processed_tokens=0, windows=0),
+            InputUsage(tokens=n, processed_tokens=0, windows=0),
             ItemError(
                 "max_length_exceeded",
                 f"input needs {count} windows of {policy.window_tokens} tokens with overlap "
@@ -141,8 +151,8 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
     # Positions outside the windowed text go in every window; the text's positions are in rank
     # order, so each window is a slice of them (linear in the window, not in the input).
     fixed, text = np.flatnonzero(ranks < 0), np.flatnonzero(ranks >= 0)
-    pieces = [
-        np.sort(np.concatenate((fixed, text[start : start + room]))) for start in range(0, count * step, step)
-    ]
+    starts = range(0, count * step, step)
+    pieces = [np.sort(np.concatenate((fixed, text[start : start + room]))) for start in starts]
     processed = sum(len(p) for p in pieces)
-    return Split(pieces, InputInfo(tokens=n, processed_tokens=processed, windows=len(pieces)))
+    info = InputUsage(tokens=n, processed_tokens=processed, windows=len(pieces))
+    return Split(pieces, info, windows=[(start, min(start + room, length)) for start in starts])
