@@ -56,7 +56,7 @@ class Health(msgspec.Struct, omit_defaults=True):
 
 class Liveness(msgspec.Struct):
     api_version: str
-    status: Literal["alive"] = "alive"
+    status: Literal["alive"]
 
 
 @dataclass(frozen=True)
@@ -132,4 +132,4 @@ async def health(state: State) -> Response[Health]:
 
 @get("/health/live", summary="Liveness: the process answers", opt={"public": True})
 async def live() -> Liveness:
-    return Liveness(api_version=defaults.API_VERSION)
+    return Liveness(api_version=defaults.API_VERSION, status="alive")

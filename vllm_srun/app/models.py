@@ -94,10 +94,11 @@ class PluginInfo(msgspec.Struct):
     capabilities: dict[str, Any]
 
 
-class ModelCard(msgspec.Struct, omit_defaults=True):
+class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One served model. From `aliases` on the fields are ours, not upstream's."""
 
     id: str
+    object: Literal["model"]
     family: str
     surfaces: list[str]
     ready: bool
@@ -105,7 +106,6 @@ class ModelCard(msgspec.Struct, omit_defaults=True):
     golden: GoldenStatus
     plugins: list[PluginInfo]
     created: int
-    object: str = msgspec.field(default_factory=lambda: "model")
     owned_by: str = msgspec.field(default_factory=lambda: "vllm-srun")
     reason: str | None = None
     repo: str | None = None
@@ -147,14 +147,14 @@ class ProcessLimits(msgspec.Struct):
     max_request_bytes: int
 
 
-class ModelList(msgspec.Struct):
+class ModelList(msgspec.Struct, kw_only=True):
     """Every served model; `plugins` (every installed plugin, by group) is ours."""
 
     api_version: str
+    object: Literal["list"]
     data: list[ModelCard]
     limits: ProcessLimits
     plugins: dict[str, Any]
-    object: str = "list"
 
 
 def routes_of(surfaces: list[str]) -> list[str]:
@@ -272,6 +272,7 @@ def card(
     facts = _facts(served.model, runtime.settings.max_inputs) if served.model is not None else {}
     return ModelCard(
         id=served.name,
+        object="model",
         family=served.model.info.family if served.model is not None else served.family or "",
         surfaces=facts.pop("surfaces", []),
         ready=state.status == "ready",
@@ -300,6 +301,7 @@ async def list_models(state: State) -> ModelList:
     states = await model_states(runtime)
     return ModelList(
         api_version=defaults.API_VERSION,
+        object="list",
         data=[
             card(runtime, served, states[name], await runtime.queue.engines(name))
             for name, served in runtime.models.items()

@@ -27,7 +27,7 @@ from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError, model_failure
-from vllm_srun.plugins.decision_surface import DecisionsResponse
+from vllm_srun.plugins.decision_surface import DecisionResponse
 from vllm_srun.plugins.surfaces import (
     REGISTRY,
     ClassifyResponse,
@@ -86,7 +86,7 @@ class BundleResult(msgspec.Struct, omit_defaults=True):
 
     id: str
     status: int
-    decisions: DecisionsResponse | None = None
+    decisions: DecisionResponse | None = None
     classify: ClassifyResponse | None = None
     embeddings: EmbeddingsResponse | None = None
     rerank: RerankResponse | None = None
@@ -125,8 +125,32 @@ def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, dict[str, Any]
     return [task.surface(index) for index, task in enumerate(data.tasks)]
 
 
+# Upstream's ErrorBody codes, and the one a code of ours outside them is reported as, by its
+# status (a lost Redis or a stopping server is a 503 like a model not ready).
+UPSTREAM_CODES = frozenset(
+    {
+        "invalid_request",
+        "model_not_found",
+        "request_too_large",
+        "unsupported_surface",
+        "overloaded",
+        "internal_error",
+        "not_ready",
+    }
+)
+_CODE_OF_STATUS = {
+    400: "invalid_request",
+    404: "model_not_found",
+    413: "request_too_large",
+    422: "unsupported_surface",
+    429: "overloaded",
+    503: "not_ready",
+}
+
+
 def _failed(task_id: str, exc: SrunError) -> BundleResult:
-    error = ErrorDetail(code=exc.code, message=exc.message, type=error_type(exc.status), param=exc.param)
+    code = exc.code if exc.code in UPSTREAM_CODES else _CODE_OF_STATUS.get(exc.status, "internal_error")
+    error = ErrorDetail(code=code, message=exc.message, type=error_type(exc.status), param=exc.param)
     return BundleResult(id=task_id, status=exc.status, error=error)
 
 
