@@ -120,6 +120,8 @@ def test_tasks_for_one_model_share_its_batches(server: Server) -> None:
     )
     assert rows == 6
     assert forwards < 6, f"{forwards} forwards for 6 tasks of one model"
+    counted = metric(after, "vllm_srun_requests_total", model="", surface="bundle", status="200")
+    assert counted > metric(before, "vllm_srun_requests_total", model="", surface="bundle", status="200")
 
 
 def test_the_bundle_deadline_applies_unless_a_task_has_an_earlier_one(server: Server) -> None:

@@ -87,8 +87,8 @@ def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
 
 def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:
     """The metrics label of each surface route: its surface's name (/v1/systemone counts as
-    decisions)."""
-    return {path: surface.name for path, surface in registry.by_path().items()}
+    decisions); a bundle counts as `bundle`, under no one model (its tasks may name several)."""
+    return {**{path: surface.name for path, surface in registry.by_path().items()}, "/v1/bundle": "bundle"}
 
 
 def _edge(surface_of_path: dict[str, str]) -> Callable[[ASGIApp], ASGIApp]:
