@@ -10,6 +10,7 @@ import pytest
 
 # Every response on upstream's paths is checked against its contract (tests/contract/hook.py).
 from contract.hook import (  # noqa: F401
+    pytest_configure,
     pytest_runtest_call,
     pytest_runtest_protocol,
     pytest_terminal_summary,

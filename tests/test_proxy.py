@@ -20,6 +20,9 @@ import pytest
 import uvicorn
 from helpers import Proc, free_port
 
+# The upstreams here are toy ASGI apps, not vllm-srun: upstream's contract does not apply to them.
+pytestmark = pytest.mark.contract_exempt("toy upstreams behind the proxy")
+
 
 class Upstream:
     """A real HTTP server on a free port that says who it is, streams on demand and reports

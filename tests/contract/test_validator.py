@@ -287,3 +287,14 @@ def test_readme_table_covers_every_component_with_no_blank_row() -> None:
     value_types = {"EmbeddingVector"}  # Embedding.embedding's row says what it is
     assert {c for c in COMPONENTS if not re.search(rf"\b{c}\b", named)} == value_types
     assert ("ModelLimits", "max_scan_tokens") in readme_table.absent()
+
+
+@pytest.mark.contract_exempt("proves the marker: this test's peer is not this server")
+def test_an_exempt_test_is_not_checked() -> None:
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text="not json")
+
+    mark = len(hook.LOG.violations)
+    with httpx.Client(transport=httpx.MockTransport(reply), base_url="http://toy") as client:
+        client.get("/health")
+    assert hook.LOG.exempt and len(hook.LOG.violations) == mark
