@@ -240,8 +240,12 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     if any(s in info.surfaces for s in _INPUT_SURFACES):
         limits.max_inputs = max_inputs
     if decisions:
-        types = info.question_types or list(model.question_types if isinstance(model, DecisionModel) else ())
-        facts.update(question_types=types, presets=list(info.presets), modalities=["text"])
+        # What a state may carry: text only, for every decision model this runtime can run.
+        types, modalities = list(info.question_types), ["text"]
+        if isinstance(model, DecisionModel):
+            types = types or list(model.question_types)
+            modalities = list(getattr(model, "modalities", modalities))
+        facts.update(question_types=types, presets=list(info.presets), modalities=modalities)
         limits.min_options, limits.max_options = MIN_CHOICES, MAX_CHOICES
         limits.min_levels, limits.max_levels = MIN_LEVELS, MAX_LEVELS
     facts["limits"] = limits
