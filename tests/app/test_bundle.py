@@ -128,6 +128,12 @@ def test_the_bundle_deadline_applies_unless_a_task_has_an_earlier_one(server: Se
     tasks = [{"id": "a", "classify": {"model": "kw", "input": "refund deadline"}}]
     ok = server.post("/v1/bundle", {"tasks": tasks, "options": {"deadline_ms": 30000}})
     assert ok.status_code == 200 and ok.json()["results"][0]["status"] == 200
+    assert "error" not in ok.json()["results"][0]["classify"]["results"][0]
+    # The bundle's deadline is the earlier: it passes before the item can run.
+    late = {"model": "kw", "input": "refund deadline passed", "options": {"deadline_ms": 60000}}
+    passed = server.post("/v1/bundle", {"tasks": [{"id": "a", "classify": late}], "options": {"deadline_ms": 0.001}})
+    (result,) = passed.json()["results"]
+    assert result["status"] == 200 and result["classify"]["results"][0]["error"] == "deadline_exceeded"
     for options in ({"deadline_ms": 0}, {"deadline_ms": -1}, {"colour": 1}):
         refused = server.post("/v1/bundle", {"tasks": tasks, "options": options})
         assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", refused.text
