@@ -159,7 +159,7 @@ def test_serve_stops_on_sigterm_after_load(slow_engine: None, tmp_path: Path, pr
     stop(server)
     assert held.stream_ended.is_set(), "the event stream was ended, not left open"
     answer = in_flight.result(timeout=5)
-    assert answer.status_code == 503 and answer.json()["error"]["code"] == "unavailable", answer.text
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "not_ready", answer.text
     assert "Application shutdown complete" in server.log()
 
 

@@ -182,7 +182,9 @@ def test_503_unavailable_when_redis_goes(
     redis_proc.stop()
     started = time.monotonic()
     error = error_of(server.post("/v1/classify", {"input": "refund"}), 503)
-    assert error["code"] == "unavailable" and time.monotonic() - started < 5
+    # Upstream's code for a runtime that cannot serve now; the message says why.
+    assert error["code"] == "not_ready" and time.monotonic() - started < 5
+    assert "redis" in error["message"].lower()
 
 
 def test_start_refuses_unreachable_redis(tmp_path: Path, keywords: Path) -> None:
@@ -205,3 +207,16 @@ def test_param_names_the_field_a_message_starts_with() -> None:
     assert InvalidRequest("anything", param="input").param == "input"
     assert Unavailable("Redis is unreachable: refused").param is None
     assert InvalidRequest("model 'x' is not served").param is None
+
+
+def test_upstream_routes_answer_upstream_error_codes() -> None:
+    from vllm_srun.app.errors import UPSTREAM_ERROR_CODES, upstream_code
+
+    assert upstream_code("unavailable", 503) == "not_ready"
+    assert upstream_code("job_not_found", 404) == "model_not_found"
+    assert upstream_code("not_found", 404) == "model_not_found"
+    assert upstream_code("http_error", 500) == "internal_error"
+    assert {upstream_code(code, 400) for code in UPSTREAM_ERROR_CODES} == UPSTREAM_ERROR_CODES
+    # Statuses upstream does not document are this server's own, with its own codes.
+    assert upstream_code("unauthorized", 401) == "unauthorized"
+    assert upstream_code("method_not_allowed", 405) == "method_not_allowed"

@@ -140,7 +140,7 @@ def test_stopping_redis_fails_fast_and_recovers(topology: Callable[..., Topology
     for app in topo.apps:
         started = time.monotonic()
         down = app.post("/v1/classify", {"input": "refund again"})
-        assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable"
+        assert down.status_code == 503 and down.json()["error"]["code"] == "not_ready"
         assert time.monotonic() - started < 5
     topo.redis = RedisProcess(tmp_path / "redis-again.log", port=port)
     for i, app in enumerate(topo.apps):

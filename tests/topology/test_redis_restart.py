@@ -148,7 +148,7 @@ def test_a_redis_kill_and_restart_loses_no_job(paced_engine: None, tmp_path: Pat
     for text in ("refund during the outage", "parcel during the outage"):
         started = time.monotonic()
         down = app.post("/v1/classify", {"input": text})
-        assert down.status_code == 503 and down.json()["error"]["code"] == "unavailable", down.text
+        assert down.status_code == 503 and down.json()["error"]["code"] == "not_ready", down.text
         assert time.monotonic() - started < 5
     time.sleep(2)
 

@@ -1,7 +1,8 @@
 """The one place runtime errors become HTTP responses:
 `{"error": {"code", "message", "type", "param"}}`.
 
-`code` and `message` are the runtime's own; `type` and `param` are OpenAI's fields of those
+`code` and `message` are the runtime's own (on the upstream runtime's routes, `code` is one of
+its ErrorBody codes: see `upstream_code`); `type` and `param` are OpenAI's fields of those
 names, so OpenAI clients raise their usual exception with `.param` set (`param` is null when
 no one field is at fault).
 """
@@ -149,11 +150,64 @@ def _validation_message(exc: ValidationException) -> str:
     return "; ".join(parts) or exc.detail
 
 
-def handle_srun_error(_: Request[Any, Any, Any], exc: SrunError) -> Response[Any]:
-    return error_response(exc.status, exc.code, exc.message, exc.headers, param=exc.param)
+# The upstream runtime's routes (its OpenAPI 2.3.0): their errors' codes are its ErrorBody's.
+UPSTREAM_PATHS = frozenset(
+    {
+        "/v1/classify",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/decisions",
+        "/v1/systemone",
+        "/v1/bundle",
+        "/v1/models",
+        "/health",
+        "/health/live",
+        "/metrics",
+    }
+)
+UPSTREAM_ERROR_CODES = frozenset(
+    {
+        "invalid_request",
+        "model_not_found",
+        "request_too_large",
+        "unsupported_surface",
+        "overloaded",
+        "internal_error",
+        "not_ready",
+    }
+)
+# A code of ours outside upstream's, by the status upstream documents it under: a lost Redis or
+# a stopping server is a 503 as a model that is not ready is; the message still says which.
+_UPSTREAM_BY_STATUS = {
+    400: "invalid_request",
+    404: "model_not_found",
+    413: "request_too_large",
+    422: "unsupported_surface",
+    429: "overloaded",
+    500: "internal_error",
+    503: "not_ready",
+}
 
 
-def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+def upstream_code(code: str, status: int) -> str:
+    """`code` in upstream's ErrorBody vocabulary: itself when it is one, else the code of its
+    status there. A status upstream does not document (401 under `--api-key`, 405) is ours, and
+    keeps our code."""
+    if code in UPSTREAM_ERROR_CODES:
+        return code
+    return _UPSTREAM_BY_STATUS.get(status, code)
+
+
+def _code(request: Request[Any, Any, Any], code: str, status: int) -> str:
+    return upstream_code(code, status) if request.url.path in UPSTREAM_PATHS else code
+
+
+def handle_srun_error(request: Request[Any, Any, Any], exc: SrunError) -> Response[Any]:
+    code = _code(request, exc.code, exc.status)
+    return error_response(exc.status, code, exc.message, exc.headers, param=exc.param)
+
+
+def handle_http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     if isinstance(exc, ValidationException):
         message = _validation_message(exc)
         # Litestar names the body "data" (its handler parameter); an empty body is a KeyError.
@@ -164,7 +218,8 @@ def handle_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response
     message = exc.detail
     if status == 413:
         message = f"the request body is larger than allowed (--max-request-bytes): {exc.detail}"
-    return error_response(status, _HTTP_CODES.get(status, "http_error"), message, dict(exc.headers or {}))
+    code = _code(request, _HTTP_CODES.get(status, "http_error"), status)
+    return error_response(status, code, message, dict(exc.headers or {}))
 
 
 def handle_bad_bytes(_: Request[Any, Any, Any], exc: UnicodeDecodeError) -> Response[Any]:
