@@ -298,3 +298,13 @@ def test_an_exempt_test_is_not_checked() -> None:
     with httpx.Client(transport=httpx.MockTransport(reply), base_url="http://toy") as client:
         client.get("/health")
     assert hook.LOG.exempt and len(hook.LOG.violations) == mark
+
+
+def test_a_non_number_in_a_float_vector_is_caught() -> None:
+    """The validator's fast path over float vectors must not hide a bad element."""
+    for bad in ("x", True, None):
+        body = copy.deepcopy(EMBEDDINGS)
+        body["data"][0]["embedding"] = [0.1, bad, 0.3]
+        assert check("POST", "/v1/embeddings", 200, body, TIMING), bad
+        bundle = {"results": [{"id": "e", "status": 200, "embeddings": body}]}
+        assert check("POST", "/v1/bundle", 200, bundle, TIMING), bad
