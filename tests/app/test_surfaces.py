@@ -147,3 +147,27 @@ def test_metrics_count_requests_by_model_surface_status(server: Server) -> None:
 def test_openapi_document_is_served(server: Server) -> None:
     doc = server.get("/openapi.json").json()
     assert "/v1/classify" in doc["paths"] and "/v1/embeddings" in doc["paths"]
+
+
+def test_a_plugin_family_takes_the_upstream_options_or_refuses_them(server: Server) -> None:
+    """The example family honours `options.max_tokens`, `options.profile` and `head`, and refuses
+    rerank exits it does not have, naming each field: never a silent ignore."""
+    three = "refund the invoice"
+    budget = server.post("/v1/classify", {"input": [three, "refund"], "options": {"max_tokens": 2}})
+    assert budget.status_code == 200, budget.text
+    failed, fine = budget.json()["results"]
+    assert failed["error"] == "max_length_exceeded" and "options.max_tokens" in failed["message"]
+    assert fine["label"] == "billing"
+    cut = server.post("/v1/classify", {"input": three, "options": {"max_tokens": 2, "overflow": "truncate"}})
+    assert cut.json()["results"][0]["input"]["processed_tokens"] == 2
+    for body, param in (
+        ({"input": "x", "options": {"max_tokens": 100000}}, "options.max_tokens"),
+        ({"input": "x", "options": {"profile": "max_speed"}}, "options.profile"),
+        ({"input": "x", "head": "other"}, "head"),
+    ):
+        refused = server.post("/v1/classify", body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert server.post("/v1/classify", {"input": "refund", "head": "keywords"}).status_code == 200
+    for field in ("layer", "dimensions"):
+        refused = server.post("/v1/rerank", {"query": "refund", "documents": ["refund"], field: 1})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text

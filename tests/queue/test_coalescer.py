@@ -148,7 +148,7 @@ async def test_a_failing_item_fails_alone(model: LoadedModel) -> None:
     )
     errors = [o.result for o in outcomes if isinstance(o.result, ItemError)]
     assert len(errors) == 1 and outcomes[3].result is errors[0]
-    assert errors[0].code == "forward_failed"
+    assert errors[0].code == "unavailable"
     alone, _ = await run(model, BatchLimits(max_num_seqs=8, batch_wait_ms=0), (good, INTERACTIVE))
     for outcome, expected in zip(outcomes[:3] + outcomes[4:], alone, strict=True):
         np.testing.assert_array_equal(outcome.result, expected.result)

@@ -215,7 +215,7 @@ def test_a_poison_input_fails_alone_and_a_worker_stays_up(cluster: Cluster) -> N
     answer = classify(url, ["refund now", POISON + "parcel", "parcel please"])
     assert answer.status_code == 200, answer.text
     interactive = answer.json()["results"]
-    assert interactive[1]["error"]["code"] == "forward_failed", interactive
+    assert interactive[1]["error"] == "unavailable", interactive
     assert [interactive[0]["label"], interactive[2]["label"]] == ["billing", "shipping"], interactive
     wait_for(lambda: job(url, job_id)["status"] in ("completed", "failed"), 60, "the bulk job to finish")
     status = job(url, job_id)
@@ -224,7 +224,7 @@ def test_a_poison_input_fails_alone_and_a_worker_stays_up(cluster: Cluster) -> N
     assert [line["index"] for line in stored] == list(range(n))
     broken = [line for line in stored if line["response"]["results"][0].get("error")]
     assert [line["index"] for line in broken] == [poison_at], broken[:3]
-    assert broken[0]["response"]["results"][0]["error"]["code"] == "forward_failed"
+    assert broken[0]["response"]["results"][0]["error"] == "unavailable"
     assert cluster.restarts >= 1, "the poison input did kill workers"
     assert cluster.live() >= 1
     # Served as before: the poison input did not take the deployment down.

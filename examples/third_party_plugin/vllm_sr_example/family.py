@@ -31,7 +31,7 @@ from vllm_srun.plugins.base import (
     Verification,
     WorkItem,
 )
-from vllm_srun.plugins.bodies import item_error_code
+from vllm_srun.plugins.bodies import check_profile, item_error_code
 from vllm_srun.plugins.package import ModelPackage, combined_sha256
 from vllm_srun.plugins.surfaces import (
     ClassifyResponse,
@@ -160,31 +160,49 @@ class KeywordModel(LoadedModel):
 
     # -- planning ---------------------------------------------------------------------------
 
+    def _budget(self, options: Options) -> int:
+        """Tokens one input may have: `options.max_tokens`, at most the model's limit."""
+        if options.max_tokens is not None and options.max_tokens > self.max_tokens:
+            raise InvalidRequest(
+                f"options.max_tokens: {options.max_tokens} exceeds the model's limit of {self.max_tokens}",
+                param="options.max_tokens",
+            )
+        return options.max_tokens or self.max_tokens
+
     def _item(self, text: str | list[int], options: Options) -> tuple[WorkItem | ItemError, InputUsage]:
+        budget = self._budget(options)
         if isinstance(text, list):  # token ids (OpenAI's embeddings input): ours, unknown ones 0
             ids = [i if 0 < i <= len(self.ids) else 0 for i in text]
         else:
             ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
         info = InputUsage(tokens=len(ids), processed_tokens=len(ids))
-        if len(ids) > self.max_tokens:
+        if len(ids) > budget:
             if options.overflow == "reject":
-                message = f"{len(ids)} tokens; the model takes {self.max_tokens} (options.overflow)"
+                message = (
+                    f"{len(ids)} tokens; at most {budget} are taken (options.max_tokens, options.overflow)"
+                )
                 return ItemError("max_length_exceeded", message), info
-            ids = ids[: self.max_tokens]
+            ids = ids[:budget]
             info = InputUsage(tokens=info.tokens, processed_tokens=len(ids), truncated=True)
         return WorkItem(token_ids=ids), info
 
     def plan_surface(self, surface: str, request: Any) -> Plan:
         options: Options = request.options
+        check_profile(options, self.info.numerics)
         if options.overflow == "window":
             raise InvalidRequest("options.overflow: 'window' is not supported by example_keywords")
         if surface == "classify":
+            if request.head_name() not in (None, "keywords"):
+                raise InvalidRequest(f"head: {request.head_name()!r}; this model's one head is 'keywords'")
             texts = [text + (" " + pair if pair else "") for text, pair in texts_of(request.input)]
         elif surface == "embeddings":
             texts = request.inputs()
             if request.dimensions is not None and request.dimensions > len(self.ids):
                 raise InvalidRequest(f"dimensions: at most {len(self.ids)} for this model")
         elif surface == "rerank":
+            for field in ("layer", "dimensions"):
+                if getattr(request, field) is not None:
+                    raise InvalidRequest(f"{field}: this model scores from one exit and takes no {field}")
             texts = [request.query] + [d if isinstance(d, str) else d.text for d in request.documents]
         else:
             raise UnsupportedSurface(f"model {self.info.name!r} does not serve {surface!r}")
