@@ -26,6 +26,14 @@ QUESTIONS = {
     "level": {"type": "score", "instructions": "How positive?", "levels": ["bad", "fine", "great"]},
 }
 BAD_QUESTION = {"type": "ask", "instructions": "Which?"}
+# Upstream's newer question forms: a set over ordered labels, and presets the model defines.
+SET_QUESTION = {
+    "type": "set",
+    "instructions": "Which are mentioned?",
+    "labels": [{"key": "films", "description": "films"}, {"key": "food", "description": None}],
+    "threshold": 0.4,
+}
+PRESETS = {"domain": {"preset": "domain"}, "topics": {"preset": "topics"}}
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +82,14 @@ def test_classify(server: Server) -> None:
         {"model": "tok", "input": "John lives in Paris", "options": {"return_tokens": True}},
     )
     assert spans.status_code == 200 and spans.json()["kind"] == "token"
+    windowed = {
+        "model": "cls",
+        "head": "sequence",
+        "input": LONG,
+        "options": {"overflow": "window", "window": {"tokens": 32, "overlap": 4}},
+    }
+    windows = exchange(server, "POST", "/v1/classify", windowed).json()["results"][0]
+    assert len(windows["windows"]) == windows["input"]["windows"] > 1
     failed = exchange(server, "POST", "/v1/classify", {"model": "cls", "input": [LONG, "good film"]})
     assert failed.status_code == 200 and item_errors(failed.json()["results"]) == ["max_length_exceeded"]
     assert exchange(server, "POST", "/v1/classify", {"model": "nope", "input": "x"}).status_code == 404
@@ -89,6 +105,8 @@ def test_embeddings(server: Server) -> None:
     assert b64.status_code == 200 and isinstance(b64.json()["data"][0]["embedding"], str)
     meta = {"model": "emb", "input": "good film", "options": {"return_meta": True}}
     assert exchange(server, "POST", "/v1/embeddings", meta).json()["meta"]["representation"]["layer"] >= 1
+    early = exchange(server, "POST", "/v1/embeddings", {**meta, "layer": 1}).json()
+    assert early["meta"]["representation"]["layer"] == 1
     long = {"model": "emb", "input": [LONG, "good film"], "options": {"overflow": "reject"}}
     failed = exchange(server, "POST", "/v1/embeddings", long)
     assert failed.status_code == 200 and item_errors(failed.json()["data"]) == ["max_length_exceeded"]
@@ -118,6 +136,11 @@ def test_decisions(server: Server, path: str) -> None:
     answers = failed.json()["answers"]
     assert failed.status_code == 200 and answers["bad"]["error"] == "invalid_question"
     assert "error" not in answers["good"]
+    upstream = exchange(
+        server, "POST", path, {**request, "questions": {"seen": SET_QUESTION, **PRESETS}}
+    ).json()
+    assert set(upstream["sets"]) == {"seen", "topics"} and "seen.films" in upstream["answers"]
+    assert upstream["thresholds"]["seen"] == 0.4 and upstream["answers"]["domain"]["type"] == "choice"
     states = {**request, "states": {"other": {"state": "Bad food", "questions": {"good": QUESTIONS["good"]}}}}
     many = exchange(server, "POST", path, states)
     assert many.status_code == 200 and "good" in many.json()["states"]["other"]["answers"]
