@@ -281,3 +281,20 @@ def test_job_ids_stay_one_path_segment(client: Client) -> None:
 def test_jsonl_text_is_sent_as_lines(client: Client) -> None:
     job = client.submit_job('{"input": "refund"}\n{"input": "parcel"}\n', surface="classify")
     assert job["counts"]["total"] == 2
+
+
+def test_upstream_fields_reach_the_server(client: Client) -> None:
+    """`head`, `layer`, `input_type` and the rerank exit are sent: the server answers or refuses
+    each by name (the keyword model has one head, one layer, no prompts and one exit)."""
+    assert client.classify("refund", head="keywords")["results"][0]["label"] == "billing"
+    with pytest.raises(APIError) as head:
+        client.classify("refund", head="nope")
+    assert (head.value.status, head.value.code) == (400, "invalid_request") and "head" in head.value.message
+    for fields in ({"layer": 1}, {"input_type": "query"}):
+        with pytest.raises(APIError) as refused:
+            client.embeddings("refund", **fields)  # type: ignore[arg-type]
+        assert refused.value.status == 400 and next(iter(fields)) in refused.value.message
+    for name in ("layer", "dimensions"):
+        with pytest.raises(APIError) as exit_:
+            client.rerank("refund", ["refund"], **{name: 1})  # type: ignore[arg-type]
+        assert exit_.value.status == 400 and name in exit_.value.message

@@ -227,10 +227,18 @@ class _Methods(Generic[R]):
         model: str | None = None,
         encoding_format: str = "float",
         dimensions: int | None = None,
+        layer: int | None = None,
+        input_type: str | None = None,
         options: dict[str, Any] | None = None,
     ) -> R:
-        """POST /v1/embeddings (OpenAI-compatible)."""
-        fields = {"encoding_format": encoding_format, "dimensions": dimensions, "options": options}
+        """POST /v1/embeddings (OpenAI-compatible; `layer` and `input_type` are upstream's)."""
+        fields = {
+            "encoding_format": encoding_format,
+            "dimensions": dimensions,
+            "layer": layer,
+            "input_type": input_type,
+            "options": options,
+        }
         return self._send(Call("POST", EMBEDDINGS.path, json=_body(input=input, model=model, **fields)))
 
     def rerank(
@@ -241,11 +249,20 @@ class _Methods(Generic[R]):
         model: str | None = None,
         top_n: int | None = None,
         return_documents: bool = False,
+        layer: int | None = None,
+        dimensions: int | None = None,
         options: dict[str, Any] | None = None,
     ) -> R:
         """POST /v1/rerank: `documents` are texts or `{"text"}` objects; a returned `document` is
-        the document's text."""
-        fields = {"model": model, "top_n": top_n, "return_documents": return_documents, "options": options}
+        the document's text. `layer` and `dimensions` name the scorer's exit (upstream's)."""
+        fields = {
+            "model": model,
+            "top_n": top_n,
+            "return_documents": return_documents,
+            "layer": layer,
+            "dimensions": dimensions,
+            "options": options,
+        }
         return self._send(Call("POST", RERANK.path, json=_body(query=query, documents=documents, **fields)))
 
     def decisions(

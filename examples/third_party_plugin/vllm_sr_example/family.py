@@ -197,6 +197,9 @@ class KeywordModel(LoadedModel):
             texts = [text + (" " + pair if pair else "") for text, pair in texts_of(request.input)]
         elif surface == "embeddings":
             texts = request.inputs()
+            for field in ("layer", "input_type", "prompt_name", "prompt"):
+                if getattr(request, field) is not None:
+                    raise InvalidRequest(f"{field}: example_keywords has one layer and no prompts")
             if request.dimensions is not None and request.dimensions > len(self.ids):
                 raise InvalidRequest(f"dimensions: at most {len(self.ids)} for this model")
         elif surface == "rerank":
