@@ -119,7 +119,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     found = LOG.since(_marks.get(item.nodeid, 0), item.nodeid)
     if ENFORCE and found:
         shown = "\n  ".join(found[:20])
-        raise AssertionError(f"{len(found)} responses break upstream's contract 2.3.0:\n  {shown}")
+        raise AssertionError(f"{len(found)} violations of upstream's contract 2.3.0:\n  {shown}")
     return result
 
 

@@ -263,7 +263,7 @@ def test_the_hook_records_and_when_enforced_fails(monkeypatch: pytest.MonkeyPatc
             wrapper = hook.pytest_runtest_call(item)  # type: ignore[arg-type]
             next(wrapper)
             if enforce:
-                with pytest.raises(AssertionError, match="1 responses break upstream's contract"):
+                with pytest.raises(AssertionError, match="1 violations of upstream's contract"):
                     wrapper.send(None)
             else:
                 with pytest.raises(StopIteration):
