@@ -66,7 +66,7 @@ def test_keyword_and_decision_models_in_one_process(
     models = {m["id"]: m for m in server.get("/v1/models").json()["data"]}
     assert models["kw"]["device"] == "example_host" and models["judge"]["device"] == "cpu"
     assert models["kw"]["state"] == models["judge"]["state"] == "ready"
-    assert models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"] == {"status": "unverified"}
+    assert models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"]["status"] == "unverified"
     assert models["judge"]["modalities"] == ["text"] and "choice" in models["judge"]["question_types"]
     assert models["judge"]["limits"]["min_options"] == 2 and models["judge"]["status"] == "ready"
     assert (
@@ -121,7 +121,9 @@ def test_builtin_by_name_is_verified(start_server: Callable[..., Server], tmp_pa
     cache_package(hub, "vllm-sr-example/keywords", PINNED, write_keywords(tmp_path / "src"))
     server = start_server("example-keywords", env={"HF_HUB_CACHE": str(hub)})
     model = server.get("/v1/models").json()["data"][0]
-    assert model["id"] == "example-keywords" and model["golden"] == {"status": "matched"}
+    assert model["id"] == "example-keywords" and model["golden"]["status"] == "matched"
+    assert model["golden"]["checked"] == model["golden"]["matched"] >= 1
+    assert "matched on cpu" in model["golden"]["reference"]
     assert model["state"] == model["status"] == "ready" and model["ready"] is True
     assert (model["repo"], model["revision"]) == ("vllm-sr-example/keywords", PINNED)
     listing = subprocess.run(
@@ -185,7 +187,7 @@ def test_a_model_failing_its_golden_check_while_another_serves(
     health = wait_states(server, {"bad-keywords": "failed", "plain": "ready"})
     assert "golden check failed" in health["reasons"]["bad-keywords"]
     model = {m["id"]: m for m in server.get("/v1/models").json()["data"]}["bad-keywords"]
-    assert model["golden"] == {"status": "failed"}
+    assert model["golden"]["status"] == "failed" and "golden record 0" in model["golden"]["reference"]
     assert server.post("/v1/classify", {"model": "plain", "input": "refund"}).status_code == 200
 
 

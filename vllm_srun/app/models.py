@@ -174,7 +174,12 @@ def profile_of(numerics: str) -> ProfileInfo:
 
 def golden_of(served: ServedModel) -> GoldenStatus:
     if served.golden is not None:
-        return GoldenStatus(status=_GOLDEN.get(served.golden, "unverified"))  # type: ignore[arg-type]
+        return GoldenStatus(
+            status=_GOLDEN.get(served.golden, "unverified"),  # type: ignore[arg-type]
+            checked=served.golden_checked,
+            matched=served.golden_matched,
+            reference=served.golden_reference,
+        )
     # Not run: still to come while the model comes up; never, for one that failed before it.
     return GoldenStatus(status="unverified" if served.state == "failed" else "pending")
 

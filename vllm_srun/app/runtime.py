@@ -89,6 +89,11 @@ class ServedModel:
     state: str = "loading"
     reason: str | None = None
     golden: str | None = None
+    # What the golden check compared: recorded answers run (`golden_checked`) and matched, and
+    # its own account of the reference it held the model to.
+    golden_checked: int | None = None
+    golden_matched: int | None = None
+    golden_reference: str | None = None
     model: LoadedModel | None = None
     placement: Placement | None = None
     approximation: dict[str, Any] | None = None
@@ -181,13 +186,12 @@ async def bring_up(
     try:
         served.model = await asyncio.to_thread(load_prepared, prepared)
         served.state = "warming"
-        result = await asyncio.to_thread(
-            run_golden,
-            served.model,
-            prepared.resolved.builtin.golden if prepared.resolved.builtin else None,
-            device_class=device_class_of(prepared.placement.device),
-        )
-        served.golden = result.status
+        device_class = device_class_of(prepared.placement.device)
+        records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
+        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
+        served.golden, served.golden_reference = result.status, result.reason
+        if result.status == "verified":  # every record ran and matched
+            served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
         if result.status == "failed":
             raise ConfigError(f"golden check failed: {result.reason}")
         if served.model.info.numerics != "float32" and served.model.engine_model is not None:
