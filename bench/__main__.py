@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from bench import infinity, report, shapes
+from bench import infinity, lone_miss, report, shapes
 from bench.ceiling import Ceiling, adjacent_pass, run_ceiling, torch_threads
 from bench.corpus import corpus, with_repeats
 from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, rss_mb, tree
@@ -152,6 +152,7 @@ def shape_runs(
         "cache": lambda url: shapes.cached(
             url, sequence, first, concurrency=32, encoding=encoding, timeout_s=timeout_s
         ),
+        "lone_miss": lambda url: lone_miss.lone_miss(url, texts, encoding=encoding, timeout_s=timeout_s),
     }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.lone_miss import LONE_MAX_FORWARDS
+
 # Shape name → (label in the table, its share-of-ceiling target or None).
 SHAPES = {
     "c1x1": "c1 x 1 text",
@@ -12,6 +14,7 @@ SHAPES = {
     "c4x64": "c4 x 64 texts",
     "bulk_job": "bulk job",
     "cache": "cache (30% rep)",
+    "lone_miss": "lone miss @c32",
 }
 RATIO_TARGETS = {"c32x1": 0.90, "c4x64": 0.90, "bulk_job": 0.95}
 PEER_TARGET = 1.3
@@ -99,6 +102,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             hit,
             f"<= {HIT_P50_MS}",
             None if hit is None else hit <= HIT_P50_MS,
+        )
+    )
+    forwards = shapes.get("lone_miss", {}).get("lone_p95_forwards")
+    out.append(
+        _target(
+            "lone_miss",
+            "lone miss p95 in full-batch forwards",
+            forwards,
+            f"<= {LONE_MAX_FORWARDS}",
+            None if forwards is None else forwards <= LONE_MAX_FORWARDS,
         )
     )
     rss = memory.get("replica_rss_mb")
