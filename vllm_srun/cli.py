@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--port", PORT, "port to bind")
     setting("--max-request-bytes", POSITIVE, "largest request body")
     setting("--max-inputs", POSITIVE, "most inputs in one request")
+    setting("--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
     setting(
         "--local-cache-mb",
         NON_NEGATIVE,
@@ -336,6 +337,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             embedded=embedded_redis is not None,
             max_request_bytes=args.max_request_bytes,
             max_inputs=args.max_inputs,
+            max_bundle_tasks=args.max_bundle_tasks,
             local_cache_mb=args.local_cache_mb,
             max_queued_items=args.max_queued_items,
             max_queued_tokens=args.max_queued_tokens,
