@@ -16,6 +16,7 @@ from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.bodies import CacheMeta, merged_meta
+from vllm_srun.plugins.bodies import CacheMeta, merged_meta
 from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
@@ -158,6 +159,7 @@ async def serve_surface(
         placement = served.placement
         body.meta = merged_meta(
             body.meta,
+            revision=served.revision,
             engine=placement.engine if placement else None,
             device=placement.device if placement else None,
             accelerator=placement.device.split(":")[0] if placement else None,

@@ -86,7 +86,7 @@ class Usage(msgspec.Struct, omit_defaults=True):
     `output_tokens` is 0; rerank also carries OpenAI's `prompt_tokens`/`total_tokens`."""
 
     input_tokens: int
-    output_tokens: int = msgspec.field(default_factory=int)  # always written: upstream requires it
+    output_tokens: int
     prompt_tokens: int | None = None
     total_tokens: int | None = None
 
@@ -113,6 +113,7 @@ class ResponseMeta(msgspec.Struct, omit_defaults=True):
     ours. The family fills what the model knows; the server adds where and how long it ran."""
 
     model_id: str | None = None
+    revision: str | None = None  # the Hub revision; none for a local package directory
     model_sha256: str | None = None
     profile: str | None = None
     numerics: str | None = None

@@ -147,7 +147,7 @@ class InputUsage(msgspec.Struct):
 
     tokens: int
     processed_tokens: int
-    truncated: bool = False
+    truncated: bool
     tokens_lower_bound: bool = False
     windows: int = 1
 
@@ -216,10 +216,12 @@ class ClassifyResponse(msgspec.Struct, omit_defaults=True):
     meta: ResponseMeta | None = None
 
 
-class Embedding(msgspec.Struct, omit_defaults=True):
+class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One input's vector; `object` is always "embedding" (OpenAI's, and required upstream)."""
+
     index: int
+    object: str
     embedding: list[float] | str | None = None
-    object: str = _always("embedding")
     input: InputUsage | None = None
     error: ItemErrorCode | None = None
     message: str | None = None
@@ -232,11 +234,13 @@ class EmbeddingsUsage(msgspec.Struct):
     total_tokens: int
 
 
-class EmbeddingsResponse(msgspec.Struct, omit_defaults=True):
+class EmbeddingsResponse(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """`object` is always "list" (OpenAI's, and required upstream)."""
+
     data: list[Embedding]
     model: str
     usage: EmbeddingsUsage
-    object: str = _always("list")
+    object: str
     meta: ResponseMeta | None = None
 
 

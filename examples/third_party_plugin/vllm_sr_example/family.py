@@ -175,7 +175,7 @@ class KeywordModel(LoadedModel):
             ids = [i if 0 < i <= len(self.ids) else 0 for i in text]
         else:
             ids = [self.ids.get(word, 0) for word in _WORD.findall(text.lower())]
-        info = InputUsage(tokens=len(ids), processed_tokens=len(ids))
+        info = InputUsage(tokens=len(ids), processed_tokens=len(ids), truncated=False)
         if len(ids) > budget:
             if options.overflow == "reject":
                 message = (
@@ -256,7 +256,7 @@ class KeywordModel(LoadedModel):
             kind="sequence",
             labels=self.labels,
             results=out,
-            usage=Usage(input_tokens=tokens),
+            usage=Usage(input_tokens=tokens, output_tokens=0),
         )
 
     def _embeddings(
@@ -266,15 +266,18 @@ class KeywordModel(LoadedModel):
         for index, (result, info) in enumerate(aligned):
             if isinstance(result, ItemError):
                 code = item_error_code(result.code)
-                data.append(Embedding(index=index, input=info, error=code, message=result.message))
+                data.append(
+                    Embedding(index=index, object="embedding", input=info, error=code, message=result.message)
+                )
                 continue
             vector = embedding_value(
                 l2_normalize(result[1:]),
                 encoding_format=request.encoding_format,
                 dimensions=request.dimensions,
             )
-            data.append(Embedding(index=index, embedding=vector, input=info))
-        return EmbeddingsResponse(data=data, model=self.info.name, usage=EmbeddingsUsage(usage, usage))
+            data.append(Embedding(index=index, object="embedding", embedding=vector, input=info))
+        usage_body = EmbeddingsUsage(prompt_tokens=usage, total_tokens=usage)
+        return EmbeddingsResponse(data=data, model=self.info.name, usage=usage_body, object="list")
 
     def _rerank(
         self, request: RerankRequest, aligned: list[tuple[Result, InputUsage]], usage: int
@@ -305,5 +308,5 @@ class KeywordModel(LoadedModel):
         out.sort(key=lambda r: (r.relevance_score is None, -(r.relevance_score or 0.0), r.index))
         if request.top_n is not None:
             out = out[: request.top_n]
-        usage_body = Usage(input_tokens=usage, prompt_tokens=usage, total_tokens=usage)
+        usage_body = Usage(input_tokens=usage, output_tokens=0, prompt_tokens=usage, total_tokens=usage)
         return RerankResponse(model=self.info.name, results=out, usage=usage_body)

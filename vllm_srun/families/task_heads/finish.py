@@ -129,7 +129,7 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
         kind=KINDS[head.kind],
         labels=list(labels),
         results=results,
-        usage=Usage(input_tokens=_tokens(state.inputs)),
+        usage=Usage(input_tokens=_tokens(state.inputs), output_tokens=0),
         meta=_meta(model, state),
     )
 
@@ -141,7 +141,7 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
     dimension = model.info.embedding.dimension if model.info.embedding else 0
     normalize = model.normalize if state.options.normalize is None else state.options.normalize
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
-        item = Embedding(index=index, input=planned.split.info)
+        item = Embedding(index=index, object="embedding", input=planned.split.info)
         if isinstance(rows, ItemError):
             _fail(item, rows)
         else:
@@ -156,9 +156,8 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
             )
         data.append(item)
     tokens = _tokens(state.inputs)
-    response = EmbeddingsResponse(
-        data=data, model=model.info.name, usage=EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
-    )
+    usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
+    response = EmbeddingsResponse(data=data, model=model.info.name, usage=usage, object="list")
     meta = _meta(model, state)
     if meta is not None:
         meta.representation = Representation(
@@ -207,7 +206,7 @@ def rerank(
     if top_n is not None:
         ordered = ordered[:top_n]
     tokens = _tokens(state.inputs + ([state.query] if state.query is not None else []))
-    usage = Usage(input_tokens=tokens, prompt_tokens=tokens, total_tokens=tokens)
+    usage = Usage(input_tokens=tokens, output_tokens=0, prompt_tokens=tokens, total_tokens=tokens)
     return RerankResponse(model=model.info.name, results=ordered, usage=usage, meta=_meta(model, state))
 
 

@@ -72,7 +72,7 @@ def split(enc: Encoded, policy: Overflow) -> Split:
         return Split([keep], InputUsage(tokens=n, processed_tokens=len(keep), truncated=True))
     return Split(
         [],
-        InputUsage(tokens=n, processed_tokens=0, windows=0),
+        InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
         ItemError(
             "max_length_exceeded",
             f"input has {n} tokens; {policy.limit} {policy.max_tokens} "
@@ -82,7 +82,7 @@ def split(enc: Encoded, policy: Overflow) -> Split:
 
 
 def _whole(n: int) -> Split:
-    return Split([np.arange(n, dtype=np.int64)], InputUsage(tokens=n, processed_tokens=n))
+    return Split([np.arange(n, dtype=np.int64)], InputUsage(tokens=n, processed_tokens=n, truncated=False))
 
 
 def _ranks(enc: Encoded, which: int) -> np.ndarray:
@@ -129,7 +129,7 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
     if step < 1:
         return Split(
             [],
-            InputUsage(tokens=n, processed_tokens=0, windows=0),
+            InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
             ItemError(
                 "max_length_exceeded",
                 f"input has {n - length} tokens besides the windowed text, leaving no room for windows "
@@ -140,7 +140,7 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
     if count > MAX_WINDOWS:
         return Split(
             [],
-            InputUsage(tokens=n, processed_tokens=0, windows=0),
+            InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
             ItemError(
                 "max_length_exceeded",
                 f"input needs {count} windows of {policy.window_tokens} tokens with overlap "
@@ -154,5 +154,5 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
     starts = range(0, count * step, step)
     pieces = [np.sort(np.concatenate((fixed, text[start : start + room]))) for start in starts]
     processed = sum(len(p) for p in pieces)
-    info = InputUsage(tokens=n, processed_tokens=processed, windows=len(pieces))
+    info = InputUsage(tokens=n, processed_tokens=processed, truncated=False, windows=len(pieces))
     return Split(pieces, info, windows=[(start, min(start + room, length)) for start in starts])
