@@ -16,7 +16,6 @@ from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.bodies import CacheMeta, merged_meta
-from vllm_srun.plugins.bodies import CacheMeta, merged_meta
 from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
