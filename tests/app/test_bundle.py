@@ -9,8 +9,6 @@ from collections.abc import Callable
 import pytest
 from helpers import Server, metric, write_keywords
 
-from vllm_srun import defaults
-
 QUESTIONS = {
     "topic": {
         "type": "choice",
@@ -40,7 +38,7 @@ def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPa
             device: cpu
         """)
     )
-    return module_server("--models", str(models), "--max-request-bytes", "200000")
+    return module_server("--models", str(models), "--max-request-bytes", "200000", "--max-bundle-tasks", "8")
 
 
 def alone(server: Server, path: str, body: dict) -> tuple[int, dict]:
@@ -159,7 +157,7 @@ def test_a_task_without_exactly_one_surface_or_with_a_repeated_id_refuses_the_bu
 
 def test_limits_on_tasks_and_bytes(server: Server) -> None:
     limits = server.get("/v1/models").json()["limits"]
-    assert limits == {"max_bundle_tasks": defaults.MAX_BUNDLE_TASKS, "max_request_bytes": 200000}
+    assert limits == {"max_bundle_tasks": 8, "max_request_bytes": 200000}
     task = {"classify": {"model": "kw", "input": "refund"}}
     most = [{"id": str(i), **task} for i in range(limits["max_bundle_tasks"])]
     assert server.post("/v1/bundle", {"tasks": most}).status_code == 200
