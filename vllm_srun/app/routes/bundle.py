@@ -21,7 +21,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.errors import ErrorDetail, error_type
+from vllm_srun.app.errors import ErrorDetail, error_type, upstream_code
 from vllm_srun.app.responses import client_closed, encoded, timing_of, unless_disconnected
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
@@ -125,31 +125,9 @@ def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, dict[str, Any]
     return [task.surface(index) for index, task in enumerate(data.tasks)]
 
 
-# Upstream's ErrorBody codes, and the one a code of ours outside them is reported as, by its
-# status (a lost Redis or a stopping server is a 503 like a model not ready).
-UPSTREAM_CODES = frozenset(
-    {
-        "invalid_request",
-        "model_not_found",
-        "request_too_large",
-        "unsupported_surface",
-        "overloaded",
-        "internal_error",
-        "not_ready",
-    }
-)
-_CODE_OF_STATUS = {
-    400: "invalid_request",
-    404: "model_not_found",
-    413: "request_too_large",
-    422: "unsupported_surface",
-    429: "overloaded",
-    503: "not_ready",
-}
-
-
 def _failed(task_id: str, exc: SrunError) -> BundleResult:
-    code = exc.code if exc.code in UPSTREAM_CODES else _CODE_OF_STATUS.get(exc.status, "internal_error")
+    # As the task's own route answers it: in upstream's ErrorBody codes.
+    code = upstream_code(exc.code, exc.status)
     error = ErrorDetail(code=code, message=exc.message, type=error_type(exc.status), param=exc.param)
     return BundleResult(id=task_id, status=exc.status, error=error)
 
