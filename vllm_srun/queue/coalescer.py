@@ -45,7 +45,6 @@ class BatchLimits:
     max_num_batched_tokens: int = defaults.MAX_NUM_BATCHED_TOKENS
     batch_wait_ms: float = defaults.BATCH_WAIT_MS
     small_request_items: int = defaults.SMALL_REQUEST_ITEMS
-    small_request_items: int = defaults.SMALL_REQUEST_ITEMS
 
 
 @dataclass(frozen=True)
