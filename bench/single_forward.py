@@ -9,7 +9,7 @@ mean-pooled embedding of each row; tokenisation is outside the timed region. Pat
 - native-dense: the native engine's small-batch path on torch (rows padded into one block,
                 one SDPA call per layer, no gather/scatter)
 - native-onnx:  the native engine's small-batch path on onnxruntime (that dense forward
-                exported from the loaded module at first use)
+                exported from the loaded module at load)
 - native-auto:  the native engine choosing its path by the batch's shape, as the server does
 - jit-frozen:   that dense forward traced with `torch.jit.trace` and `torch.jit.freeze`
 - jit-optimized: the same, then `torch.jit.optimize_for_inference`
@@ -181,8 +181,8 @@ def main() -> None:
     print(f"{'threads':>7} {'batch':>5} {'path':<14} {'p50 ms':>8} {'IQR ms':>13} {'max|d|':>8}")
     for threads in (int(t) for t in args.threads.split(",")):
         torch.set_num_threads(threads)
-        # A fresh model per thread count: the engine's onnxruntime session takes the thread
-        # count torch has when it is built.
+        # A fresh model per thread count, as a server started with that count has (the
+        # engine's onnxruntime session would follow torch's count anyway, opening a new one).
         model = load_native(path)
         paths: dict[str, Path_] = {
             "native": native_path(model, "packed"),
