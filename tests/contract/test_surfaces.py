@@ -94,6 +94,9 @@ def test_classify(server: Server) -> None:
     assert failed.status_code == 200 and item_errors(failed.json()["results"]) == ["max_length_exceeded"]
     assert exchange(server, "POST", "/v1/classify", {"model": "nope", "input": "x"}).status_code == 404
     assert exchange(server, "POST", "/v1/classify", {"model": "cls", "input": 5}).status_code == 400
+    # A model kind not served here (a grounded head) is refused with upstream's error, never ignored.
+    grounded = {"model": "cls", "input": [{"context": "c", "question": "q", "answer": "a"}]}
+    assert exchange(server, "POST", "/v1/classify", grounded).status_code == 400
 
 
 def test_embeddings(server: Server) -> None:
@@ -112,6 +115,8 @@ def test_embeddings(server: Server) -> None:
     assert failed.status_code == 200 and item_errors(failed.json()["data"]) == ["max_length_exceeded"]
     assert exchange(server, "POST", "/v1/embeddings", {"model": "nope", "input": "x"}).status_code == 404
     assert exchange(server, "POST", "/v1/embeddings", {"model": "emb", "input": []}).status_code == 400
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    assert exchange(server, "POST", "/v1/embeddings", {"model": "emb", "input": [image]}).status_code == 400
 
 
 def test_rerank(server: Server) -> None:
@@ -146,6 +151,8 @@ def test_decisions(server: Server, path: str) -> None:
     assert many.status_code == 200 and "good" in many.json()["states"]["other"]["answers"]
     assert exchange(server, "POST", path, {**request, "model": "nope"}).status_code == 404
     assert exchange(server, "POST", path, {**request, "questions": {}}).status_code == 400
+    images = {**request, "images": ["data:image/png;base64,iVBORw0KGgo="]}
+    assert exchange(server, "POST", path, images).status_code == 400
 
 
 def test_bundle(server: Server) -> None:
