@@ -248,3 +248,25 @@ def test_the_onnx_path_adds_at_most_one_copy_of_minilm_weights(nt: Any) -> None:
     weights = sum(p.numel() * p.element_size() for p in native.module.parameters())
     added = native.describe()["memory_bytes"]["onnxruntime-small-batch"]
     assert 0 < added <= 1.25 * weights, (added, weights)
+
+
+def test_the_onnx_pool_threads_run_at_the_forward_priority(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    from vllm_srun import defaults
+    from vllm_srun.engines.native.onnx_path import OnnxSmallBatch
+
+    monkeypatch.delenv("VLLM_SRUN_FORWARD_NICE", raising=False)
+    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
+    before = set(os.listdir("/proc/self/task"))
+    session = OnnxSmallBatch(native.module.bert, 3)  # two pool threads beside the caller's
+    started = set(os.listdir("/proc/self/task")) - before
+    assert len(started) >= 2, started
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in started} == {
+        min(19, base + defaults.FORWARD_NICE)
+    }
+    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base  # the caller's own is unchanged
+    del session

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import tempfile
+import threading
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +65,13 @@ class OnnxSmallBatch:
         # Idle pool threads sleep rather than spin, as torch's do here (see vllm_srun.tuning):
         # a spinning pool starves the event loop and Redis on a busy machine.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(self._path, options, providers=["CPUExecutionProvider"])
+        return _at_forward_priority(
+            lambda: ort.InferenceSession(self._path, options, providers=["CPUExecutionProvider"])
+        )
 
-    def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray, threads: int | None = None) -> np.ndarray:
+    def hidden(
+        self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray, threads: int | None = None
+    ) -> np.ndarray:
         """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`,
         on `threads` intra-op threads (None: the count the session has). A new count opens a
         new session (once per change: the forward thread's count is a setting, not per call)."""
@@ -123,10 +130,41 @@ def _export(backbone: BertBackbone, path: str) -> None:
     del graph
 
 
+def _at_forward_priority(build: Callable[[], Any]) -> Any:
+    """`build()` run in a helper thread at the forward threads' priority, so the intra-op pool
+    threads onnxruntime starts for the session inherit it (a thread's nice value is its own on
+    Linux, passed on to the threads it starts), as torch's OpenMP threads do from the forward
+    thread (vllm_srun.tuning). A caller already below the process's priority (the forward
+    thread itself) passes its own on unchanged."""
+    from vllm_srun.tuning import lower_forward_priority
+
+    lowered = False
+    if hasattr(os, "getpriority"):
+        try:
+            mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            lowered = mine > os.getpriority(os.PRIO_PROCESS, os.getpid())
+        except OSError:
+            lowered = True  # cannot tell: leave the priority alone
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        if not lowered:
+            lower_forward_priority()
+        try:
+            out["value"] = build()
+        except BaseException as exc:  # re-raised in the caller's thread
+            out["error"] = exc
+
+    helper = threading.Thread(target=run, name="onnx-session")
+    helper.start()
+    helper.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
 def _resident_bytes() -> int | None:
     """This process's resident memory (Linux's /proc), None elsewhere."""
-    import os
-
     try:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
