@@ -276,3 +276,21 @@ def test_rerank_documents_are_strings_and_usage_counts_tokens(server: Server) ->
     failed = [r for r in results if "error" in r]
     assert failed and all(r["error"] == "max_length_exceeded" for r in failed)
     assert [r for r in results if "error" not in r], "a pair within the budget is still scored"
+
+
+def test_the_model_cards_state_heads_and_the_rerank_exit(server: Server) -> None:
+    cards = {card["id"]: card for card in ok(server.get("/v1/models"))["data"]}
+    sequence = cards["seq"]["heads"][0]
+    assert (sequence["name"], sequence["kind"], sequence["inputs"]) == (
+        "sequence",
+        "sequence",
+        ["text", "pair"],
+    )
+    assert (sequence["overflow"], sequence["reduction"]) == ("reject", "max")
+    tagger = cards["tagger"]["heads"][0]
+    assert (tagger["inputs"], tagger["reduction"]) == (["text"], "span_union")
+    assert cards["multi"]["heads"][0]["default_threshold"] == 0.5
+    served = {"layer": LAYERS, "dimension": HIDDEN}
+    assert cards["ranker"]["rerank"] == {"exits": [served], "default": served}
+    assert cards["embedder"]["rerank"]["default"] == served  # its embedding is the hidden size
+    assert "rerank" not in cards["tagger"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_srun.errors import PackageError
-from vllm_srun.families.task_heads.heads import POOLED, heads_for, surfaces_of
+from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.families.task_heads.sentence import declared_layers, load_post_pooling
@@ -19,9 +19,12 @@ from vllm_srun.families.task_heads.tokenize import TextEncoder
 from vllm_srun.plugins.base import (
     EmbeddingView,
     EngineModel,
+    HeadInfo,
     ModelFamily,
     ModelInfo,
     ModelSpec,
+    RerankExit,
+    RerankView,
     Verification,
 )
 from vllm_srun.plugins.package import ModelPackage, checkpoint_spec, combined_sha256
@@ -77,6 +80,9 @@ class TaskHeadsFamily(ModelFamily):
         if layout.kind != "embedding" and not labels:
             raise PackageError(f"config.json of {package.name!r} names no labels (id2label/num_labels)")
         heads = heads_for(layout.kind, labels, layout.config.get("problem_type"))
+        embedding = (
+            _embedding_view(layout, engine_model, spec) if any(h.kind == POOLED for h in heads) else None
+        )
         info = ModelInfo(
             name=name,
             family=self.name,
@@ -84,9 +90,8 @@ class TaskHeadsFamily(ModelFamily):
             model_sha256=verification.model_sha256,
             numerics=numerics,
             heads=heads,
-            embedding=_embedding_view(layout, engine_model, spec)
-            if any(h.kind == POOLED for h in heads)
-            else None,
+            embedding=embedding,
+            rerank=_rerank_view(layout, heads, embedding),
             max_tokens=verification.max_tokens or layout.max_tokens,
             licence=verification.licence,
         )
@@ -121,6 +126,18 @@ class TaskHeadsFamily(ModelFamily):
             "model_types": ["bert", "modernbert"],
             "heads": ["sequence", "scores", "token", "pooled", "relevance"],
         }
+
+
+def _rerank_view(layout: Layout, heads: list[HeadInfo], embedding: EmbeddingView | None) -> RerankView | None:
+    """The one exit a pair scorer here serves: its last layer, at the width it scores from (the
+    embedding's for a bi-encoder, the hidden size for a cross-encoder)."""
+    head = next((h for h in heads if "rerank" in SURFACES_OF[h.kind]), None)
+    if head is None:
+        return None
+    hidden = int(layout.config.get("hidden_size") or 0)
+    dimension = embedding.dimension if head.kind == POOLED and embedding is not None else hidden
+    exit_ = RerankExit(layer=int(layout.config.get("num_hidden_layers") or 0), dimension=dimension)
+    return RerankView(exits=[exit_], default=exit_)
 
 
 def _embedding_view(layout: Layout, engine_model: EngineModel | None, spec: ModelSpec) -> EmbeddingView:

@@ -35,6 +35,22 @@ SURFACES_OF: dict[str, tuple[str, ...]] = {
 DEFAULT_THRESHOLD = 0.5
 
 
+def _classify_head(name: str, kind: str, labels: list[str], threshold: float | None = None) -> HeadInfo:
+    """A classify head with the facts upstream's HeadCard states: the inputs it takes (a token
+    head tags single texts), its long-input policy when a request names none (reject: nothing
+    is cut silently) and how it combines windows (see the module docstring)."""
+    return HeadInfo(
+        name=name,
+        kind=kind,
+        labels=labels,
+        threshold=threshold,
+        inputs=["text"] if kind == TOKEN else ["text", "pair"],
+        default_threshold=threshold,
+        overflow="reject",
+        reduction="span_union" if kind == TOKEN else "max",
+    )
+
+
 def heads_for(kind: str, labels: list[str], problem_type: str | None) -> list[HeadInfo]:
     """The heads of a model, the default head of each surface first.
 
@@ -42,16 +58,16 @@ def heads_for(kind: str, labels: list[str], problem_type: str | None) -> list[He
     it also reranks by the probability of its last label; a multi-label one has `scores`.
     """
     if kind == "token":
-        return [HeadInfo(name=TOKEN, kind=TOKEN, labels=labels)]
+        return [_classify_head(TOKEN, TOKEN, labels)]
     if kind == "embedding":
         return [HeadInfo(name=POOLED, kind=POOLED)]
     if problem_type == "multi_label_classification":
-        return [HeadInfo(name=SCORES, kind=SCORES, labels=labels, threshold=DEFAULT_THRESHOLD)]
+        return [_classify_head(SCORES, SCORES, labels, DEFAULT_THRESHOLD)]
     if len(labels) == 1:
-        return [HeadInfo(name=RELEVANCE, kind=RELEVANCE, labels=labels)]
-    heads = [HeadInfo(name=SEQUENCE, kind=SEQUENCE, labels=labels)]
+        return [_classify_head(RELEVANCE, RELEVANCE, labels)]
+    heads = [_classify_head(SEQUENCE, SEQUENCE, labels)]
     if len(labels) == 2:
-        heads.append(HeadInfo(name=RELEVANCE, kind=RELEVANCE, labels=labels))
+        heads.append(_classify_head(RELEVANCE, RELEVANCE, labels))
     return heads
 
 

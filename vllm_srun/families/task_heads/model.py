@@ -236,7 +236,7 @@ class TaskHeadsModel(LoadedModel):
 
     def _plan_rerank(self, request: RerankRequest) -> Plan:
         head = self._head("rerank", request.options.head)
-        self._check_exit(head, request)
+        self._check_exit(request)
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
             raise InvalidRequest("documents: must not be empty")
@@ -267,26 +267,22 @@ class TaskHeadsModel(LoadedModel):
             )
         return head
 
-    def exit_dimension(self, head: HeadInfo) -> int:
-        """The dimension of the representation a head scores from: the embedding's for a
-        bi-encoder, the encoder's hidden size for a cross-encoder."""
-        if head.kind == POOLED and self.info.embedding is not None:
-            return self.info.embedding.dimension
-        return self.hidden_size
-
-    def _check_exit(self, head: HeadInfo, request: RerankRequest) -> None:
-        """A model here serves one pair-scorer exit: its last layer, at its own dimension."""
-        dimension = self.exit_dimension(head)
-        if request.layer is not None and request.layer != self.num_layers:
+    def _check_exit(self, request: RerankRequest) -> None:
+        """A model here serves one pair-scorer exit (`info.rerank`): its last layer, at the width
+        it scores from; a request naming another is a 400 naming the field."""
+        if self.info.rerank is None:
+            return
+        served = self.info.rerank.default
+        if request.layer is not None and request.layer != served.layer:
             raise InvalidRequest(
                 f"layer: {request.layer} is not an exit of this model; it scores from its last layer, "
-                f"{self.num_layers}",
+                f"{served.layer}",
                 param="layer",
             )
-        if request.dimensions is not None and request.dimensions != dimension:
+        if request.dimensions is not None and request.dimensions != served.dimension:
             raise InvalidRequest(
                 f"dimensions: {request.dimensions} is not an exit of this model; it scores at dimension "
-                f"{dimension}",
+                f"{served.dimension}",
                 param="dimensions",
             )
 
