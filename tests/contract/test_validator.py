@@ -308,3 +308,15 @@ def test_a_non_number_in_a_float_vector_is_caught() -> None:
         assert check("POST", "/v1/embeddings", 200, body, TIMING), bad
         bundle = {"results": [{"id": "e", "status": 200, "embeddings": body}]}
         assert check("POST", "/v1/bundle", 200, bundle, TIMING), bad
+
+
+async def test_the_hook_sees_async_clients_too() -> None:
+    def reply(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"api_version": "2.3.0", "status": "dead"})
+
+    mark = len(hook.LOG.violations)
+    async with httpx.AsyncClient(transport=httpx.MockTransport(reply), base_url="http://contract") as client:
+        await client.get("/health/live")
+    recorded = [v.line for v in hook.LOG.violations[mark:]]
+    del hook.LOG.violations[mark:]
+    assert recorded == ["GET /health/live 200: Liveness at $.status: 'dead' is not one of ['alive']"]
