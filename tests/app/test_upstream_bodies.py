@@ -294,3 +294,18 @@ def test_the_model_cards_state_heads_and_the_rerank_exit(server: Server) -> None
     assert cards["ranker"]["rerank"] == {"exits": [served], "default": served}
     assert cards["embedder"]["rerank"]["default"] == served  # its embedding is the hidden size
     assert "rerank" not in cards["tagger"]
+
+
+def test_embeddings_text_parts_are_texts_and_other_modalities_are_refused(server: Server) -> None:
+    plain = ok(server.post("/v1/embeddings", {"model": "embedder", "input": ["good", "bad"]}))
+    parts = [{"type": "text", "text": "good"}, "bad"]
+    assert ok(server.post("/v1/embeddings", {"model": "embedder", "input": parts}))["data"] == plain["data"]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    assert "image" in refused(
+        server.post("/v1/embeddings", {"model": "embedder", "input": ["good", image]}), "input[1].image_url"
+    )
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    refused(server.post("/v1/embeddings", {"model": "embedder", "input": [audio]}), "input[0].input_audio")
+    refused(
+        server.post("/v1/embeddings", {"model": "embedder", "input": [{"type": "text"}]}), "input[0].text"
+    )

@@ -71,9 +71,44 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
 TokenIds = Annotated[list[int], msgspec.Meta(min_length=1)]
 
 
+class ImagePart(msgspec.Struct, forbid_unknown_fields=True):
+    url: str
+
+
+class AudioPart(msgspec.Struct, forbid_unknown_fields=True):
+    data: str
+    format: str | None = None
+
+
+class ContentPart(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Upstream's embeddings input part: `{type: text, text}` is a text like any other; image
+    and audio parts need a model with that modality, which no family here has, so they are
+    refused naming the part (see `EmbeddingsRequest.inputs`)."""
+
+    type: Literal["text", "image_url", "input_audio"]
+    text: str | None = None
+    image_url: ImagePart | None = None
+    input_audio: AudioPart | None = None
+
+
+def _part_text(part: ContentPart, index: int) -> str:
+    where = f"input[{index}]"
+    if part.type != "text":
+        modality = "image" if part.type == "image_url" else "audio"
+        raise InvalidRequest(
+            f"{where}.{part.type}: {modality} input needs a model with the {modality} modality; the "
+            "models here read text",
+            param=f"{where}.{part.type}",
+        )
+    if part.text is None:
+        raise InvalidRequest(f"{where}.text: a text part needs its text", param=f"{where}.text")
+    return part.text
+
+
 class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     """OpenAI-compatible: `input` (a text, a list of texts, a list of token ids or a list of
-    token-id lists), `model`, `encoding_format`, `dimensions`, `user` (accepted, not used).
+    token-id lists; upstream's text content parts too), `model`, `encoding_format`,
+    `dimensions`, `user` (accepted, not used).
 
     A sentence-transformers prompt is chosen by `prompt_name` (TEI's field), by `input_type`
     (the upstream runtime's: the package's "query" or "document" prompt) or given as a raw
@@ -81,7 +116,7 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     as given: no prompt and no special tokens are added to them.
     """
 
-    input: str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
+    input: str | Annotated[list[str | int | TokenIds | ContentPart], msgspec.Meta(min_length=1)]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -94,10 +129,10 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     def inputs(self) -> list[str | list[int]]:
         """Each input: a text or a list of token ids (a flat list of ids is one input). A list
-        mixing the forms is an InvalidRequest naming `input`."""
-        value = self.input
-        if isinstance(value, str):
-            return [value]
+        mixing the forms is an InvalidRequest naming `input`; so is an image or audio part."""
+        if isinstance(self.input, str):
+            return [self.input]
+        value = [_part_text(v, i) if isinstance(v, ContentPart) else v for i, v in enumerate(self.input)]
         if all(isinstance(v, int) for v in value):
             return [[v for v in value if isinstance(v, int)]]
         if any(isinstance(v, int) for v in value):

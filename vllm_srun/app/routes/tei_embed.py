@@ -45,7 +45,7 @@ def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRe
     surface_options = options(runtime, data.truncate, data.truncation_direction)
     surface_options.normalize = data.normalize
     converted = EmbeddingsRequest(
-        input=data.inputs,
+        input=data.inputs if isinstance(data.inputs, str) else [*data.inputs],
         dimensions=data.dimensions,
         prompt_name=data.prompt_name,
         options=surface_options,
