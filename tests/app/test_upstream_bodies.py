@@ -309,3 +309,15 @@ def test_embeddings_text_parts_are_texts_and_other_modalities_are_refused(server
     refused(
         server.post("/v1/embeddings", {"model": "embedder", "input": [{"type": "text"}]}), "input[0].text"
     )
+
+
+def test_an_input_past_its_scan_budget_is_not_read(server: Server) -> None:
+    from vllm_srun.families.task_heads.windows import MAX_WINDOWS
+
+    # Windows of 8 text tokens stepping by 1: MAX_WINDOWS + 8 tokens need one window too many.
+    options = {"overflow": "window", "window": {"tokens": 10, "overlap": 7}}
+    words = " ".join(["paris"] * (MAX_WINDOWS + 8))
+    body = ok(server.post("/v1/classify", {"model": "seq", "input": [words, "paris"], "options": options}))
+    failed, fine = body["results"]
+    assert failed["error"] == "scan_budget_exceeded" and str(MAX_WINDOWS + 1) in failed["message"]
+    assert failed["input"]["processed_tokens"] == 0 and "windows" not in failed and fine["label"]

@@ -61,7 +61,7 @@ def test_too_many_windows_fail_that_input_alone(th: Harness) -> None:
     assert len(plan.items) == 1  # only the short input runs
     finished = model.finish_surface(plan, [np.zeros(2, dtype=np.float32)])
     failed = finished.results[0]
-    assert failed.error == "max_length_exceeded" and str(MAX_WINDOWS + 1) in (failed.message or "")
+    assert failed.error == "scan_budget_exceeded" and str(MAX_WINDOWS + 1) in (failed.message or "")
     # One window fewer is within the bound.
     fits = " ".join(["paris"] * (MAX_WINDOWS + 7))
     plan = model.plan_surface("classify", ClassifyRequest(input=fits, options=options))

@@ -150,7 +150,7 @@ def raise_item_error(field: str, index: int, code: str, message: str | None) -> 
     """One input's error (its `error` code and `message`) as TEI answers it: the whole request
     fails. An input over the limit is TEI's `validation` (413); anything else failed in the
     model (`backend`, 424)."""
-    if code == "max_length_exceeded":
+    if code in ("max_length_exceeded", "scan_budget_exceeded"):
         raise TeiError("validation", f"{field}[{index}]: {message}")
     raise TeiError("backend", f"{field}[{index}]: {code}: {message}")
 

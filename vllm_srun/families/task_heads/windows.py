@@ -12,7 +12,9 @@ piece keeps its special tokens and every token keeps its offsets into the origin
 - `window`: the text (for a pair, the second text: the document of a rerank) is cut into
   windows of `window.tokens` tokens per forward, special tokens and the first text included,
   consecutive windows sharing `window.overlap` tokens of the windowed text. Without window
-  options a window is as long as the model takes and windows share an eighth of that.
+  options a window is as long as the per-input budget (`options.max_tokens`, else the model's
+  limit) and windows share an eighth of that. An input that needs more than `MAX_WINDOWS`
+  windows is past its scan budget: it answers `scan_budget_exceeded`, nothing of it read.
 
 How window results are combined is the head's business (see `heads.py` and `spans.py`).
 """
@@ -138,11 +140,12 @@ def _windows(enc: Encoded, policy: Overflow) -> Split:
         )
     count = 1 + -(-(length - room) // step)  # windows start at 0, step, ... until one reaches the end
     if count > MAX_WINDOWS:
+        # Upstream's code for an input read in windows that is longer than its scan budget.
         return Split(
             [],
             InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
             ItemError(
-                "max_length_exceeded",
+                "scan_budget_exceeded",
                 f"input needs {count} windows of {policy.window_tokens} tokens with overlap "
                 f"{policy.overlap}; at most {MAX_WINDOWS} per input (raise options.window.tokens "
                 "or lower options.window.overlap)",
