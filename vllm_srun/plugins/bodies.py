@@ -36,8 +36,8 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     constant (TEI's `raw_scores`). `max_tokens` is a per-input token budget, special tokens
     included (default and ceiling: the model's limit); an input over it meets `overflow`.
     `profile` names the numerics a request expects: the model's own (`exact` for float32) or
-    a 400 naming `options.profile`. `head` is the classify head (the request's top-level
-    `head` is upstream's name for it; this one stays as an alias).
+    a 400 naming `options.profile`. `head` picks a model's head by name (on classify the
+    request's top-level `head` is upstream's field for it, and this one its alias).
     """
 
     return_meta: bool = False
