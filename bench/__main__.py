@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import httpx
 from bench import infinity, lone_miss, report, shapes
 from bench.ceiling import Ceiling, adjacent_pass, run_ceiling, torch_threads
 from bench.corpus import corpus, with_repeats
-from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, rss_mb, tree
+from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, main_thread_cpu_s, rss_mb, tree
 from vllm_srun.tuning import default_threads
 
 SHAPE_NAMES = tuple(report.SHAPES)
@@ -178,6 +179,7 @@ def run_shape(
         if args.profile is not None and name == "c32x1":
             args.profile.mkdir(parents=True, exist_ok=True)
             profiler = Profiler(server.pid, args.profile / "c32x1.txt")
+        shapes.server_cpu_s = partial(main_thread_cpu_s, server.pid)
         outcome = _run_async(run(server.url))
         if profiler is not None:
             profiler.stop()
@@ -186,6 +188,7 @@ def run_shape(
         summary["server_hwm_mb"] = {f"{comm(pid)}:{pid}": hwm_mb(pid) for pid in tree(server.pid)}
         return summary, profiler.top() if profiler else []
     finally:
+        shapes.server_cpu_s = None
         sampler.watch(None)
         if profiler is not None:
             profiler.stop()

@@ -142,6 +142,17 @@ def comm(pid: int) -> str:
         return "?"
 
 
+def main_thread_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) of a process's main thread: the server's event loop, where the
+    app and an embedded worker run, apart from the forward's threads."""
+    try:
+        stat = Path(f"/proc/{pid}/task/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def tree(pid: int) -> list[int]:
     """`pid` and its descendants (from /proc/*/stat parent ids)."""
     parents: dict[int, list[int]] = {}

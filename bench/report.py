@@ -21,6 +21,8 @@ PEER_TARGET = 1.3
 C1_SLACK_MS = 2.0
 HIT_P50_MS = 1.5
 REPLICA_MB = 250.0
+# The server's event loop (app and embedded worker) per single-text miss at c32.
+LOOP_CPU_MS = 1.0
 
 
 def add_ratios(result: dict[str, Any]) -> None:
@@ -82,6 +84,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             over,
             f">= {PEER_TARGET}",
             None if over is None else over >= PEER_TARGET,
+        )
+    )
+    cpu = shapes.get("c32x1", {}).get("loop_cpu_ms_per_request")
+    out.append(
+        _target(
+            "c32x1",
+            "event loop CPU ms per request",
+            cpu,
+            f"<= {LOOP_CPU_MS}",
+            None if cpu is None else cpu <= LOOP_CPU_MS,
         )
     )
     diff = shapes.get("c1x1", {}).get("p50_minus_ceiling_single_ms")
@@ -256,6 +268,10 @@ def _notes(result: dict[str, Any], by_name: dict[str, list[dict[str, Any]]]) -> 
         if parts:
             timing = ", ".join(f"{k} {_num(v, 2)}" for k, v in parts.items())
             out.append(f"Server-Timing p50 ms, {name}: {timing}")
+        if shape.get("loop_cpu_ms_per_request") is not None:
+            out.append(
+                f"  server event loop CPU per request, {name}: {shape['loop_cpu_ms_per_request']:.2f} ms"
+            )
         batches = shape.get("server_batches") or {}
         if batches.get("batches"):
             out.append(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,10 @@ REQUEST_TIMEOUT_S = 120.0
 EMBEDDINGS = "/v1/embeddings"  # another server's OpenAI-shaped route is passed as `path`
 JOB_POLL_S = 0.05
 IDLE_HITS = 128
+
+# The CPU seconds of the server's event loop so far (set by the bench around a shape; None when
+# not known): a closed loop reports that CPU per request over its measured part.
+server_cpu_s: Callable[[], float | None] | None = None
 
 
 @dataclass
@@ -185,9 +189,14 @@ async def _closed_loop(
                     return
                 await embed(client, batch, encoding, out, path=path)
 
+        loop_cpu = server_cpu_s() if server_cpu_s else None
         cpu, started = time.process_time(), time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(concurrency)))
         out.seconds, out.client_cpu_s = time.perf_counter() - started, time.process_time() - cpu
+        loop_cpu_after = server_cpu_s() if server_cpu_s else None
+        if loop_cpu is not None and loop_cpu_after is not None and out.requests:
+            # The app's and an embedded worker's event loop, forwards apart (their own threads).
+            out.extra["loop_cpu_ms_per_request"] = (loop_cpu_after - loop_cpu) * 1000 / out.requests
     return out
 
 

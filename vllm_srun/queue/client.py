@@ -118,6 +118,8 @@ class QueueClient:
 
     async def close(self) -> None:
         self._closing = True
+        for task in list(self._sending):
+            task.cancel()
         if self._listener is not None:
             self._listener.cancel()
             with contextlib.suppress(asyncio.CancelledError):
