@@ -118,6 +118,8 @@ def _follows(stand_ins: dict[str, Any], values: dict[str, Any]) -> set[str]:
 
 
 BATCHING = {"MAX_NUM_SEQS", "MAX_NUM_BATCHED_TOKENS", "BATCH_WAIT_MS"}
+# A batch limit with no command-line option: what a deployment's BatchLimits holds beside BATCHING.
+COALESCING = {"SMALL_REQUEST_ITEMS"}
 PLACEMENT = {"ENGINE", "DEVICE", "DTYPE"}
 SHARED = {*PLACEMENT, *BATCHING, "JOB_TIMEOUT_S", "JOB_TTL_S", "CACHE_TTL_S", "INTRA_OP_THREADS"}
 SERVE_ONLY = {
@@ -147,15 +149,15 @@ def test_every_way_to_name_a_model_reads_the_same_defaults(
     seen: tuple[dict[str, Any], dict[str, Any]], source: str
 ) -> None:
     stand_ins, out = seen
-    assert _follows(stand_ins, out[source]) == PLACEMENT | BATCHING
+    assert _follows(stand_ins, out[source]) == PLACEMENT | BATCHING | COALESCING
 
 
 def test_the_app_and_the_queue_read_the_defaults(seen: tuple[dict[str, Any], dict[str, Any]]) -> None:
     stand_ins, out = seen
     server = _follows(stand_ins, out["server-settings"])
     assert server == (SHARED | SERVE_ONLY | {"BULK_CHUNK_SIZE"}) - PLACEMENT - BATCHING - {"HOST", "PORT"}
-    assert _follows(stand_ins, out["batch-limits"]) == BATCHING
-    assert _follows(stand_ins, out["model-settings"]) == BATCHING
+    assert _follows(stand_ins, out["batch-limits"]) == BATCHING | COALESCING
+    assert _follows(stand_ins, out["model-settings"]) == BATCHING | COALESCING
     assert out["check-endpoints-timeout"] == stand_ins["CHECK_TIMEOUT_S"]
 
 

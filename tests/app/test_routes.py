@@ -59,6 +59,7 @@ def test_metrics_label_of_each_path_is_its_surface() -> None:
         "/v2/rerank": "rerank",
         "/v1/decisions": "decisions",
         "/v1/systemone": "decisions",
+        "/v1/bundle": "bundle",
     }
 
 

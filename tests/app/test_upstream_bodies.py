@@ -12,8 +12,6 @@ import httpx
 import pytest
 from helpers import Server
 
-pytestmark = pytest.mark.torch
-
 # Fixture packages (vllm_srun.testing.task_heads_fixtures): 2 layers, hidden size 32, 128 positions.
 LAYERS, HIDDEN, MAX_TOKENS = 2, 32, 128
 MODELS = {

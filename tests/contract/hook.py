@@ -29,7 +29,7 @@ from contract.validator import check
 
 # False while the server's bodies are still being brought to the contract: violations are
 # listed, not failed. True once they are: a violation then fails the test that met it.
-ENFORCE = False
+ENFORCE = True
 
 
 @dataclass(frozen=True)
