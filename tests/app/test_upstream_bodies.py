@@ -319,3 +319,55 @@ def test_an_input_past_its_scan_budget_is_not_read(server: Server) -> None:
     failed, fine = body["results"]
     assert failed["error"] == "scan_budget_exceeded" and str(MAX_WINDOWS + 1) in failed["message"]
     assert failed["input"]["processed_tokens"] == 0 and "windows" not in failed and fine["label"]
+
+
+def test_an_option_a_surface_does_not_read_is_refused_by_name(server: Server) -> None:
+    # Options are one shared struct; each surface names those it reads, and a request setting
+    # another one learns so instead of having it ignored.
+    refused(
+        server.post(
+            "/v1/rerank", {"model": "ranker", "query": "q", "documents": ["d"], "options": {"threshold": 0.3}}
+        ),
+        "options.threshold",
+    )
+    refused(
+        server.post(
+            "/v1/embeddings", {"model": "embedder", "input": "x", "options": {"return_tokens": True}}
+        ),
+        "options.return_tokens",
+    )
+    refused(
+        server.post("/v1/classify", {"model": "seq", "input": "x", "options": {"normalize": False}}),
+        "options.normalize",
+    )
+    # Set to its default, an option counts as not set; the surface's own options still pass.
+    ok(
+        server.post(
+            "/v1/rerank",
+            {
+                "model": "ranker",
+                "query": "q",
+                "documents": ["d"],
+                "options": {"return_tokens": False, "max_tokens": 64},
+            },
+        )
+    )
+    ok(server.post("/v1/embeddings", {"model": "embedder", "input": "x", "options": {"normalize": False}}))
+    # In a bundle the task fails alone, with the status it would have had on its own route.
+    body = ok(
+        server.post(
+            "/v1/bundle",
+            {
+                "tasks": [
+                    {
+                        "id": "a",
+                        "embeddings": {"model": "embedder", "input": "x", "options": {"threshold": 0.5}},
+                    },
+                    {"id": "b", "embeddings": {"model": "embedder", "input": "x"}},
+                ]
+            },
+        )
+    )
+    assert [r["status"] for r in body["results"]] == [400, 200]
+    assert body["results"][0]["error"]["code"] == "invalid_request"
+    assert "options.threshold" in body["results"][0]["error"]["message"]

@@ -126,6 +126,7 @@ def _validate(
             # Lax, as the surface endpoints decode their bodies: "4" for an int is accepted there,
             # so a job line must not be refused for it.
             request = surface.decode(value)
+            surface.check_options(request.options)
             count, field = surface.count(request), surface.counted_field
             if count == 0:
                 raise InvalidRequest(f"{field}: must not be empty")

@@ -15,7 +15,7 @@ from typing import Any
 from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.bodies import CacheMeta, merged_meta
+from vllm_srun.plugins.bodies import CacheMeta, check_profile, merged_meta
 from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
 from vllm_srun.queue.planning import plan_with_keys
 
@@ -57,7 +57,15 @@ class Timing:
         decoding its body, when it has one (`body_parse`)."""
         total_s = time.perf_counter() - self.started
         parse_s = self.parse_s if self.parse_s is not None else (total_s if body_parse else 0.0)
-        values = (parse_s, self.tokenize_s, self.queue_s, self.forward_s, self.post_s, self.serialize_s, total_s)
+        values = (
+            parse_s,
+            self.tokenize_s,
+            self.queue_s,
+            self.forward_s,
+            self.post_s,
+            self.serialize_s,
+            total_s,
+        )
         return ", ".join(f"{name};dur={value * 1000:.3f}" for name, value in zip(PHASES, values, strict=True))
 
 
@@ -118,6 +126,8 @@ async def serve_surface(
             f"model {model.info.name!r} does not serve {surface.name} "
             f"(it serves {', '.join(model.info.surfaces)})"
         )
+    surface.check_options(request.options)
+    check_profile(request.options, model.info.numerics)
     count = _check_size(runtime, surface, request)
     # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None

@@ -357,6 +357,8 @@ class Surface(Generic[RequestT]):
     `count(request)` is how many inputs a request carries, checked against `--max-inputs`;
     `counted_field` names them in that 413. `text_chars(request)` is how much text it
     carries, which decides whether planning (tokenising) runs off the event loop.
+    `options` names the fields of the shared `Options` the surface reads: a request that sets
+    any other is refused naming it (`check_options`) rather than having it ignored.
     """
 
     name: str
@@ -367,10 +369,23 @@ class Surface(Generic[RequestT]):
     counted_field: str
     count: Callable[[RequestT], int]
     text_chars: Callable[[RequestT], int]
+    options: frozenset[str]
 
     @property
     def path(self) -> str:
         return self.routes[0].path
+
+    def check_options(self, options: Options) -> None:
+        """An InvalidRequest naming the first option `options` sets that this surface does not
+        read (only options set away from their defaults count)."""
+        given = msgspec.to_builtins(options)  # omit_defaults: only what the request set
+        stray = sorted(set(given) - self.options)
+        if stray:
+            field = f"options.{stray[0]}"
+            raise InvalidRequest(
+                f"{field}: not an option of {self.name} (it takes {', '.join(sorted(self.options))})",
+                param=field,
+            )
 
     def decode(self, value: Any) -> RequestT:
         """A request from decoded JSON, as laxly as the routes decode their bodies ("4" is 4)."""
@@ -445,6 +460,11 @@ def _one_or_list(value: object) -> int:
 
 _APP = "vllm_srun.app.routes"
 
+# The options each surface reads. Every surface takes the request-wide ones; the rest belong
+# to the surfaces whose results they shape.
+_COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
+_INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
+
 CLASSIFY: Surface[ClassifyRequest] = Surface(
     name="classify",
     request_type=ClassifyRequest,
@@ -457,6 +477,7 @@ CLASSIFY: Surface[ClassifyRequest] = Surface(
     counted_field="input",
     count=lambda r: _one_or_list(r.input),
     text_chars=lambda r: _chars(r.input),
+    options=_INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"},
 )
 
 EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
@@ -471,6 +492,7 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
     counted_field="input",
     count=lambda r: len(r.inputs()),
     text_chars=lambda r: sum(len(i) for i in r.inputs()),
+    options=_INPUT_OPTIONS | {"normalize"},
 )
 
 RERANK: Surface[RerankRequest] = Surface(
@@ -486,6 +508,7 @@ RERANK: Surface[RerankRequest] = Surface(
     counted_field="documents",
     count=lambda r: len(r.documents),
     text_chars=lambda r: len(r.query) + _chars(r.documents),
+    options=_INPUT_OPTIONS,
 )
 
 DECISIONS: Surface[DecisionsRequest] = Surface(
@@ -502,6 +525,8 @@ DECISIONS: Surface[DecisionsRequest] = Surface(
     counted_field="questions",
     count=count_questions,
     text_chars=_decision_chars,
+    # max_tokens is a scan budget here, which the model refuses unless it has one.
+    options=_COMMON_OPTIONS | {"max_tokens"},
 )
 
 # Every surface, in one place: the app mounts their routes, jobs decode their lines, the
