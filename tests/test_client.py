@@ -298,3 +298,18 @@ def test_upstream_fields_reach_the_server(client: Client) -> None:
         with pytest.raises(APIError) as exit_:
             client.rerank("refund", ["refund"], **{name: 1})  # type: ignore[arg-type]
         assert exit_.value.status == 400 and name in exit_.value.message
+
+
+def test_bundle_answers_each_task_with_its_own_status(client: Client) -> None:
+    body = client.bundle(
+        [
+            {"id": "c", "classify": {"input": ["refund", "parcel"]}},
+            {"id": "e", "embeddings": {"input": "refund", "dimensions": 4}},
+            {"id": "bad", "classify": {"input": "refund", "head": "nope"}},
+        ],
+        deadline_ms=30_000,
+    )
+    assert [(r["id"], r["status"]) for r in body["results"]] == [("c", 200), ("e", 200), ("bad", 400)]
+    assert [r["label"] for r in body["results"][0]["classify"]["results"]] == ["billing", "shipping"]
+    assert len(body["results"][1]["embeddings"]["data"][0]["embedding"]) == 4
+    assert "head" in body["results"][2]["error"]["message"]

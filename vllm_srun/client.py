@@ -281,6 +281,13 @@ class _Methods(Generic[R]):
             Call("POST", DECISIONS.path, json=_body(state=state, questions=questions, **fields))
         )
 
+    def bundle(self, tasks: list[dict[str, Any]], *, deadline_ms: float | None = None) -> R:
+        """POST /v1/bundle: `tasks` are `{"id", <surface>: <that surface's request body>}`; the
+        answer has one `{"id", "status", <surface> | "error"}` per task, in task order (a task's
+        own failure is its status, not an exception)."""
+        options = None if deadline_ms is None else {"deadline_ms": deadline_ms}
+        return self._send(Call("POST", "/v1/bundle", json=_body(tasks=tasks, options=options)))
+
     def surface(self, name: str, body: dict[str, Any]) -> R:
         """POST `body` as is to surface `name`'s own route: any surface, including those without
         a method here. A name this client has no descriptor for (a newer server's) is posted to
