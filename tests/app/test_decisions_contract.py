@@ -64,7 +64,7 @@ def test_a_set_answers_what_its_labels_asked_as_nouls_answer(server: Server) -> 
         assert body["answers"][f"t.{label}"] == {"type": "noul", "noul": probabilities[label]}
         assert probabilities[label] == body["answers"][label]["noul"]
     assert body["thresholds"] == {"t": 0.5}
-    assert body["sets"]["t"]["selected"] == [k for k, p in probabilities.items() if p > 0.5]
+    assert body["sets"]["t"]["selected"] == [k for k, p in probabilities.items() if p >= 0.5]
     ordered = {"type": "set", "instructions": SET["instructions"], "threshold": 0.0}
     ordered["labels"] = [{"key": k, "description": d} for k, d in TOPICS.items()]
     again = decide(server, {"state": STATE, "questions": {"t": ordered}})
@@ -88,6 +88,12 @@ def test_a_preset_answers_as_the_question_it_names(server: Server) -> None:
     )
     card = server.get("/v1/models").json()["data"][0]
     assert set(card["presets"]) == set(PRESETS) and "set" in card["question_types"]
+    # Like any question, a preset may require the whole state read: the same answer, with proof.
+    full = decide(
+        server, {"state": STATE, "questions": {"domain": {"preset": "domain", "require_full_input": True}}}
+    )
+    assert full["answers"]["domain"].pop("input_coverage") == "complete"
+    assert full["answers"]["domain"] == by_name["answers"]["domain"]
 
 
 def test_usage_counts_every_pair_per_state(server: Server, nli: Path) -> None:

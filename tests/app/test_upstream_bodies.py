@@ -292,6 +292,17 @@ def test_the_model_cards_state_heads_and_the_rerank_exit(server: Server) -> None
     assert cards["ranker"]["rerank"] == {"exits": [served], "default": served}
     assert cards["embedder"]["rerank"]["default"] == served  # its embedding is the hidden size
     assert "rerank" not in cards["tagger"]
+    # A cross-encoder's relevance head answers classify too, as label scores: the card says so.
+    relevance = cards["ranker"]["heads"][0]
+    assert (relevance["kind"], cards["ranker"]["profile"]) == ("scores", "exact")
+    assert ok(server.post("/v1/classify", {"model": "ranker", "input": "x"}))["kind"] == "scores"
+
+
+def test_windows_from_the_budget_name_the_budget(server: Server) -> None:
+    # Without window options the windows are max_tokens long: a budget too small to hold one
+    # names options.max_tokens, not an options.window the request never set.
+    body = {"model": "seq", "input": LONG, "options": {"overflow": "window", "max_tokens": 3}}
+    assert "text tokens" in refused(server.post("/v1/classify", body), "options.max_tokens")
 
 
 def test_embeddings_text_parts_are_texts_and_other_modalities_are_refused(server: Server) -> None:

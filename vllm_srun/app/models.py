@@ -21,6 +21,7 @@ from vllm_srun import defaults
 from vllm_srun.app.health import ModelState, Status, model_states
 from vllm_srun.app.runtime import Runtime, ServedModel
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
+from vllm_srun.plugins.bodies import served_profile
 from vllm_srun.plugins.decision_surface import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.plugins.surfaces import REGISTRY
@@ -28,6 +29,9 @@ from vllm_srun.plugins.surfaces import REGISTRY
 # The kinds of classify head upstream's HeadCard names; a head of another kind (an embedder's
 # pooled output, a pair scorer's relevance, an NLI readout) is listed under `other_heads`.
 CLASSIFY_HEAD_KINDS = ("sequence", "scores", "token")
+# A head's kind as upstream's classify kinds name it: a relevance head (a cross-encoder's one
+# label) answers classify with label scores.
+_CLASSIFY_KIND = {**{kind: kind for kind in CLASSIFY_HEAD_KINDS}, "relevance": "scores"}
 # Surfaces whose requests count inputs against `--max-inputs` (upstream's `limits.max_inputs`).
 _INPUT_SURFACES = ("classify", "embeddings", "rerank")
 # Our golden check's outcomes in upstream's GoldenStatus words.
@@ -167,9 +171,10 @@ def routes_of(surfaces: list[str]) -> list[str]:
 def profile_of(numerics: str) -> ProfileInfo:
     """A numerics setting as upstream's profile: float32 is the exact reference, any other
     (bfloat16, float16) an approximation of it named after itself."""
+    name = served_profile(numerics)  # the name options.profile must give, and meta.profile says
     if numerics == "float32":
-        return ProfileInfo(name="exact", numerics="exact")
-    return ProfileInfo(name=numerics, numerics="approximate", description=f"{numerics} numerics")
+        return ProfileInfo(name=name, numerics="exact")
+    return ProfileInfo(name=name, numerics="approximate", description=f"{numerics} numerics")
 
 
 def golden_of(served: ServedModel) -> GoldenStatus:
@@ -211,7 +216,7 @@ def plugins_of(runtime: Runtime, served: ServedModel) -> list[PluginInfo]:
 def head_card(head: HeadInfo) -> HeadCard:
     return HeadCard(
         name=head.name,
-        kind=head.kind,  # type: ignore[arg-type]  # one of CLASSIFY_HEAD_KINDS: the caller checks
+        kind=_CLASSIFY_KIND[head.kind],  # type: ignore[arg-type]  # the caller checks it is one
         labels=list(head.labels or []),
         inputs=head.inputs,
         default_threshold=head.default_threshold if head.default_threshold is not None else head.threshold,
@@ -226,8 +231,9 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     """What the card says of a loaded model, from its family's ModelInfo."""
     info = model.info
     decisions = "decisions" in info.surfaces
-    heads = [h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS]
-    others = [h for h in info.heads if h.kind not in CLASSIFY_HEAD_KINDS]
+    classify = "classify" in info.surfaces
+    heads = [h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)]
+    others = [h for h in info.heads if h not in heads]
     facts: dict[str, Any] = {
         "surfaces": list(info.surfaces),
         "model_sha256": info.model_sha256,

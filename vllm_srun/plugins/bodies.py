@@ -24,7 +24,8 @@ class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """Options every surface takes; a family ignores those that do not apply to it.
+    """The options of every surface, in one struct; each surface's descriptor names those it
+    reads and refuses the others (`Surface.check_options`).
 
     `overflow` left out (None) means the server's default for a long input: truncation under
     `serve --auto-truncate`, else `reject` (a 400 on OpenAI-shaped embeddings, the item's own

@@ -592,20 +592,26 @@ def parse_question(
     )
 
 
+# What a preset question may say beside its name: the rest the preset defines.
+_PRESET_KEEPS = ("type", "threshold", "over", "require_full_input")
+
+
 def expand_preset(raw: Any, presets: dict[str, dict[str, Any]], path: str) -> Any:
     """A preset question as the question the model defines under that name; any other raw
     question as it is. A preset question takes only `preset`, `type` (the preset's own),
-    `threshold` and `over` (as upstream's presets do); anything else fails naming it."""
+    `threshold`, `over` and `require_full_input` (what any question may say of how it reads
+    the state); anything else fails naming it."""
     if not isinstance(raw, dict) or "preset" not in raw:
         return raw
     name = raw["preset"]
     if name not in presets:
         known = ", ".join(sorted(presets)) or "none"
         raise QuestionInvalid(f"{path}.preset: {name!r} is not a preset of this model (presets: {known})")
-    extra = sorted(set(raw) - {"preset", "type", "threshold", "over"})
+    extra = sorted(set(raw) - {"preset", *_PRESET_KEEPS})
     if extra:
         raise QuestionInvalid(
-            f"{path}.{extra[0]}: a preset question takes only preset, type, threshold and over; "
+            f"{path}.{extra[0]}: a preset question takes only preset, type, threshold, over and "
+            "require_full_input; "
             f"the preset fills in the rest (got {', '.join(extra)})"
         )
     defined = presets[name]
@@ -613,5 +619,5 @@ def expand_preset(raw: Any, presets: dict[str, dict[str, Any]], path: str) -> An
         raise QuestionInvalid(f"{path}.type: preset {name!r} is a {defined['type']} question")
     if "threshold" in raw and defined["type"] != "set":
         raise QuestionInvalid(f"{path}.threshold: preset {name!r} is a {defined['type']} question, not a set")
-    kept = {k: raw[k] for k in ("threshold", "over") if k in raw}
+    kept = {k: raw[k] for k in _PRESET_KEEPS if k in raw and k != "type"}
     return {**defined, **kept, "preset": name}

@@ -334,7 +334,7 @@ class DecisionModel(LoadedModel):
         body.sets = {
             **(body.sets or {}),
             entry.qid: SetAnswer(
-                selected=[k for k, p in labelled.items() if p > threshold],
+                selected=[k for k, p in labelled.items() if p >= threshold],
                 probabilities=labelled,
                 input_coverage=coverage,
             ),

@@ -525,8 +525,9 @@ DECISIONS: Surface[DecisionsRequest] = Surface(
     counted_field="questions",
     count=count_questions,
     text_chars=_decision_chars,
-    # max_tokens is a scan budget here, which the model refuses unless it has one.
-    options=_COMMON_OPTIONS | {"max_tokens"},
+    # max_tokens is a scan budget here, which the model refuses unless it has one; overflow
+    # says what a state too long for one input becomes (the model refuses `window`).
+    options=_COMMON_OPTIONS | {"max_tokens", "overflow"},
 )
 
 # Every surface, in one place: the app mounts their routes, jobs decode their lines, the

@@ -307,19 +307,24 @@ class TaskHeadsModel(LoadedModel):
         # Without window options: windows as long as the budget, sharing an eighth.
         tokens = options.window.tokens if options.window else budget
         overlap = options.window.overlap if options.window else budget // 8
+        # Without window options the windows follow the budget: a bad one is max_tokens's fault.
+        size_field = "options.window.tokens" if options.window else "options.max_tokens"
+        overlap_field = "options.window.overlap" if options.window else "options.max_tokens"
         if tokens > budget:
             whose = "the model's limit" if options.max_tokens is None else "options.max_tokens"
             raise InvalidRequest(f"options.window.tokens: {tokens} exceeds {whose} of {budget} tokens")
         room = tokens - self.encoder.special_tokens(pair=False)
         if room < 2:
             raise InvalidRequest(
-                f"options.window.tokens: {tokens} leaves {max(room, 0)} text tokens per window after the "
-                f"{tokens - room} special tokens; at least 2 are needed"
+                f"{size_field}: windows of {tokens} tokens leave {max(room, 0)} text tokens after the "
+                f"{tokens - room} special tokens; at least 2 are needed",
+                param=size_field,
             )
         if room - overlap < 1:
             raise InvalidRequest(
-                f"options.window.overlap: {overlap} must be smaller than the {room} text tokens a window of "
-                f"{tokens} holds"
+                f"{overlap_field}: an overlap of {overlap} must be smaller than the {room} text tokens a "
+                f"window of {tokens} holds",
+                param=overlap_field,
             )
         return Overflow("window", budget, tokens, overlap, limit=limit)
 
