@@ -382,3 +382,33 @@ def test_an_option_a_surface_does_not_read_is_refused_by_name(server: Server) ->
     assert [r["status"] for r in body["results"]] == [400, 200]
     assert body["results"][0]["error"]["code"] == "invalid_request"
     assert "options.threshold" in body["results"][0]["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("model", "option", "value"),
+    [
+        ("seq", "threshold", 0.3),
+        ("seq", "return_tokens", True),
+        ("binary", "threshold", 0.3),
+        ("ranker", "threshold", 0.3),
+        ("ranker", "return_tokens", True),
+        ("multi", "return_tokens", True),
+    ],
+)
+def test_a_classify_option_the_head_does_not_read_is_refused_by_name(
+    server: Server, model: str, option: str, value: object
+) -> None:
+    # Classify takes threshold and return_tokens, but only some heads read them: a head that
+    # would answer as if the option were unset refuses it instead.
+    refused(
+        server.post("/v1/classify", {"model": model, "input": "x", "options": {option: value}}),
+        f"options.{option}",
+    )
+
+
+def test_a_classify_option_the_head_reads_is_taken(server: Server) -> None:
+    ok(server.post("/v1/classify", {"model": "multi", "input": "x", "options": {"threshold": 0.3}}))
+    ok(server.post("/v1/classify", {"model": "tagger", "input": "x", "options": {"threshold": 0.3}}))
+    ok(server.post("/v1/classify", {"model": "tagger", "input": "x", "options": {"return_tokens": True}}))
+    # Set to its default, an option counts as not set.
+    ok(server.post("/v1/classify", {"model": "seq", "input": "x", "options": {"return_tokens": False}}))

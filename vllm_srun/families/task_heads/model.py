@@ -9,13 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+import msgspec
 import numpy as np
 from tokenizers import Tokenizer
 
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import finish
-from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, TOKEN, pool_tokens
+from vllm_srun.families.task_heads.heads import POOLED, SCORES, SURFACES_OF, TOKEN, pool_tokens
 from vllm_srun.families.task_heads.sentence import (
     PostPooling,
     SentenceConfig,
@@ -82,6 +83,24 @@ class PlanState:
     # Leading positions that pooling leaves out: a prompt, under a Pooling with include_prompt
     # false. The engine then returns token states ("hidden") and finish pools them.
     skip: int = 0
+
+
+# The classify options only some heads read (finish.classify), by the head kinds that read them.
+HEAD_OPTIONS = {"threshold": frozenset({TOKEN, SCORES}), "return_tokens": frozenset({TOKEN})}
+
+
+def _refuse_unread(head: HeadInfo, options: Options) -> None:
+    """An InvalidRequest naming a classify option `head` does not read: the surface takes it,
+    but this head would answer as if it were unset."""
+    given = msgspec.to_builtins(options)  # omit_defaults: only what the request set
+    for option, kinds in HEAD_OPTIONS.items():
+        if option in given and head.kind not in kinds:
+            field = f"options.{option}"
+            raise InvalidRequest(
+                f"{field}: the {head.kind} head {head.name!r} does not read it (only a "
+                f"{' or '.join(sorted(kinds))} head does)",
+                param=field,
+            )
 
 
 def _type_runs(types: np.ndarray) -> str:
@@ -163,6 +182,7 @@ class TaskHeadsModel(LoadedModel):
             for i, (_, pair) in enumerate(pairs):
                 if pair is not None:
                     raise InvalidRequest(f"input[{i}].text_pair: the token head tags single texts")
+        _refuse_unread(head, request.options)
         return self._plan("classify", head, request.options, pairs)
 
     def _plan_embeddings(self, request: EmbeddingsRequest) -> Plan:
