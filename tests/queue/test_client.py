@@ -12,10 +12,11 @@ from arq.constants import job_key_prefix
 
 from vllm_srun.errors import NotReady
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
+from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
-from vllm_srun.queue.worker import DeviceWorker
+from vllm_srun.queue.worker import Deployment, DeviceWorker
 
 
 @pytest.fixture
@@ -217,3 +218,41 @@ async def test_stored_results_are_found_by_the_script_that_would_queue_the_misse
     np.testing.assert_array_equal(mixed.results[0], array)
     result = mixed.results[1]
     assert isinstance(result, ItemError) and result.code == "deadline_exceeded"
+
+
+async def test_a_part_withdrawn_before_any_worker_claims_its_job_does_not_run(
+    client: QueueClient,
+    redis_url: str,
+    deployment: Deployment,
+    stats: Stats,
+    keywords_model: LoadedModel,
+    batches: list[int],
+    classify_items: Planner,
+) -> None:
+    name = keywords_model.info.name
+    await _ghost(client, name)
+    gone_items = classify_items("refund", "parcel", "invoice late")
+    kept_items = classify_items("charge twice")
+    gone = asyncio.create_task(submit(client, keywords_model, gone_items))
+    kept = asyncio.create_task(submit(client, keywords_model, kept_items, timeout_s=10.0))
+    for _ in range(100):
+        if await client.redis.zcard(keys.queue_name(name)):
+            break
+        await asyncio.sleep(0.01)
+    (job,) = await _queued_jobs(client, name)
+    assert len(job.items) == 4  # one job carries both requests
+    gone.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert await client.redis.zcard(keys.queue_name(name)) == 1  # the other still waits for it
+    # Only now does a worker claim the job: it never heard the cancel message, yet the
+    # withdrawn part does not run and nothing of it is stored.
+    worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats, poll_delay_s=5.0)
+    await worker.start()
+    try:
+        got = await asyncio.wait_for(kept, 5.0)
+    finally:
+        await worker.close()
+    np.testing.assert_array_equal(got.results[0], keywords_model.run(kept_items)[0])
+    assert sum(batches) == 1
+    assert await client.redis.exists(*(keys.result_key(name, i.cache_key) for i in gone_items)) == 0

@@ -150,11 +150,11 @@ def remove_job(pipe: Pipeline, *, queue: str, job_id: str) -> None:
 # run_job's first pipeline (GET the body, INCR and EXPIRE the retry counter) do one after another:
 # a job is taken when it is due and no worker holds it. Each job taken is leased (KEYS[2]) in the
 # same step, so no claimed job is ever without a lease. Per job: id, score, crash count, body
-# ('' when it expired) and try.
+# ('' when it expired), try and the request ids withdrawn from it (keys.withdrawn_key).
 _CLAIM = """
 local now, ttl, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
 local lease_until, crashes, job, retry = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local free = tonumber(ARGV[8])
+local free, withdrawn = tonumber(ARGV[8]), ARGV[10]
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[9]))
 local out = {}
 for i = 1, #due, 2 do
@@ -170,6 +170,7 @@ for i = 1, #due, 2 do
     table.insert(out, redis.call('GET', crashes .. id) or '0')
     table.insert(out, redis.call('GET', job .. id) or '')
     table.insert(out, try)
+    table.insert(out, redis.call('SMEMBERS', withdrawn .. id))
     free = free - 1
   end
 end
@@ -241,7 +242,7 @@ class Finish:
 
     A job function finds it in `ctx[FINISH]`; `on(pipe)` queues what arq's `finish_job` would do
     for a finished job without a kept result (the in-progress key, retry counter and body
-    deleted, the queue entry removed) on a pipeline to the main Redis that the job executes with
+    deleted, the queue entry removed), and drops its set of withdrawn requests, on a pipeline to the main Redis that the job executes with
     its own commands, so a job's results, reply and acknowledgement are one round trip. A job
     that returns without calling it is finished by the worker, in a round trip of its own."""
 
@@ -252,13 +253,20 @@ class Finish:
 
     def on(self, pipe: Pipeline) -> None:
         job_id = self.job_id
-        pipe.delete(in_progress_key_prefix + job_id, retry_key_prefix + job_id, job_key_prefix + job_id)
+        pipe.delete(
+            in_progress_key_prefix + job_id,
+            retry_key_prefix + job_id,
+            job_key_prefix + job_id,
+            keys.withdrawn_key(job_id),
+        )
         pipe.zrem(self.queue_name, job_id)
         self.sent = True
 
 
 # The key of a job's `Finish` in the ctx its function is called with.
 FINISH = "finish"
+# The key of the request ids withdrawn from a job before it was claimed, in the same ctx.
+WITHDRAWN = "withdrawn"
 
 
 class DrivenWorker(Worker):
@@ -321,22 +329,27 @@ class DrivenWorker(Worker):
             retry_key_prefix,
             free,
             self.queue_read_limit,
+            keys.WITHDRAWN_PREFIX,
         ]
         claim = self.pool.register_script(_CLAIM)  # local: hashes the script, no round trip
         claimed = await claim(keys=[self.queue_name, self.lease_key], args=args)
-        for i in range(0, len(claimed), 5):
-            raw_id, score, crashes, body, job_try = claimed[i : i + 5]
+        for i in range(0, len(claimed), 6):
+            raw_id, score, crashes, body, job_try, withdrawn = claimed[i : i + 6]
             job_id = raw_id.decode()
             await self.sem.acquire()
             self.job_counter += 1
             self.crashes[job_id] = int(crashes)
-            task = self.loop.create_task(self._run(job_id, int(float(score)), body, int(job_try)))
+            gone = frozenset(member.decode() for member in withdrawn)
+            task = self.loop.create_task(self._run(job_id, int(float(score)), body, int(job_try), gone))
             task.add_done_callback(functools.partial(self._done, job_id))
             self.tasks[job_id] = task
 
-    async def _run(self, job_id: str, score: int, body: bytes, job_try: int) -> None:
+    async def _run(
+        self, job_id: str, score: int, body: bytes, job_try: int, withdrawn: frozenset[str] = frozenset()
+    ) -> None:
         """arq's run_job for a job claimed with its body: its outcomes (expired, unknown function,
-        too many tries, failed, cancelled: run again, done) end the job as arq's would."""
+        too many tries, failed, cancelled: run again, done) end the job as arq's would. The job
+        function finds the request ids withdrawn before the claim in `ctx[WITHDRAWN]`."""
         if not body:
             log.warning("job %s expired", job_id)
             return await asyncio.shield(self.finish_failed_job(job_id, None))
@@ -361,6 +374,7 @@ class DrivenWorker(Worker):
             "enqueue_time": ms_to_datetime(enqueue_time_ms),
             "score": score,
             FINISH: finish,
+            WITHDRAWN: withdrawn,
         }
         timeout_s = self.job_timeout_s if function.timeout_s is None else function.timeout_s
         done = True

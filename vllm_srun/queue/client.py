@@ -65,6 +65,8 @@ class _Part:
     job_id: str = ""
     reply: asyncio.Future[protocol.JobReply] | None = None
     positions: list[int] = field(default_factory=list)
+    # How long the job's body lives in Redis (its record of withdrawn parts lives as long).
+    expires_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.found = [None] * len(self.items)
@@ -328,7 +330,7 @@ class QueueClient:
                 else:
                     found = await self.cache.mget(result_keys)
                 if all(raw is None for raw in found) and len(result_keys) <= GET_OR_ADD_MAX_KEYS:
-                    self._sent(job_id, parts)
+                    self._sent(job_id, parts, timeout_s + JOB_EXPIRY_S)
                     return
                 position = 0
                 for part in parts:  # what was found is answered; the rest runs
@@ -340,7 +342,7 @@ class QueueClient:
                 return
             job_id, payload, timeout_s = self._job(deployment, identity, pending)
             await self._enqueue(deployment, job_id, payload, timeout_s)
-            self._sent(job_id, pending)
+            self._sent(job_id, pending, timeout_s + JOB_EXPIRY_S)
             self._sent("", [part for part in parts if part not in pending])
         except asyncio.CancelledError:
             for part in parts:
@@ -379,15 +381,16 @@ class QueueClient:
         )
         return job_id, protocol.encode(payload), max(part.timeout_s for part in parts)
 
-    def _sent(self, job_id: str, parts: list[_Part]) -> None:
-        """`parts` are in job `job_id` ("": nothing left to run): each hears where."""
+    def _sent(self, job_id: str, parts: list[_Part], expires_s: float = 0.0) -> None:
+        """`parts` are in job `job_id` ("": nothing left to run), whose body lives `expires_s`:
+        each hears where."""
         reply = None
         if job_id:
             reply = self._waiting[job_id] = asyncio.get_running_loop().create_future()
             self._jobs[job_id] = {part.request_id for part in parts}
         position = 0
         for part in parts:
-            part.job_id, part.reply = job_id, reply
+            part.job_id, part.reply, part.expires_s = job_id, reply, expires_s
             for index, raw in enumerate(part.found):
                 if raw is None:
                     part.positions[index] = position
@@ -424,8 +427,9 @@ class QueueClient:
 
     async def _withdraw(self, deployment: str, part: _Part) -> None:
         """Tell a worker that took `part`'s job to drop its items; once no part of the job
-        waits, take the job out of the queue. (A part withdrawn from a job that others still
-        wait for runs with them if no worker has taken it yet: its results are stored.)"""
+        waits, take the job out of the queue. A job that others still wait for stays queued:
+        the part is recorded with it (`keys.withdrawn_key`, as long as the job's body lives),
+        so a worker that claims it later, and so never heard the cancel message, skips it."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await part.sent  # a part still on its way is withdrawn once it is queued
         if not part.job_id:
@@ -437,6 +441,10 @@ class QueueClient:
             async with self.redis.pipeline(transaction=True) as pipe:
                 if last:
                     remove_job(pipe, queue=keys.queue_name(deployment), job_id=part.job_id)
+                else:
+                    withdrawn = keys.withdrawn_key(part.job_id)
+                    pipe.sadd(withdrawn, part.request_id)
+                    pipe.pexpire(withdrawn, max(1, int(part.expires_s * 1000)))
                 pipe.publish(keys.cancel_channel(deployment), part.request_id.encode())
                 await pipe.execute()
         except REDIS_ERRORS as exc:

@@ -140,6 +140,17 @@ def cancel_channel(deployment: str) -> str:
     return f"{PREFIX}:cancel:{deployment_slug(deployment)}"
 
 
+# The request ids withdrawn from an interactive job live under this prefix + its arq job id (the
+# claim script builds the key).
+WITHDRAWN_PREFIX = f"{PREFIX}:withdrawn:"
+
+
+def withdrawn_key(job_id: str) -> str:
+    """Set: the request ids withdrawn from one interactive job. A cancel message reaches only a
+    worker that already runs the job; one that claims it later reads this with the job."""
+    return WITHDRAWN_PREFIX + job_id
+
+
 # Leases and crash recovery (queue/leases.py).
 
 

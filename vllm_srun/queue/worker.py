@@ -33,7 +33,7 @@ from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import FINISH, DrivenWorker, Finish
+from vllm_srun.queue.arq_compat import FINISH, WITHDRAWN, DrivenWorker, Finish
 from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
@@ -53,6 +53,19 @@ OUTAGE_RETRY_S = 0.1
 OUTAGE_RETRY_MAX_S = 2.0
 
 _T = TypeVar("_T")
+
+# What a withdrawn request's items are answered with (nobody waits for them; never stored).
+_CANCELLED = ItemError("cancelled", "the request was withdrawn")
+
+
+def _wanted(job: protocol.JobPayload, withdrawn: frozenset[str]) -> list[bool]:
+    """Per item of `job`: False when its request was withdrawn."""
+    wanted: list[bool] = []
+    start = 0
+    for part in job.split():
+        wanted += [part.request_id not in withdrawn] * (part.end - start)
+        start = part.end
+    return wanted
 
 
 @dataclass
@@ -353,21 +366,27 @@ class DeviceWorker:
     async def _run_job(self, ctx: dict[str, Any], job: protocol.JobPayload) -> int:
         crashes = self._crashes(ctx)
         deployment = self.deployments.get(job.deployment)
+        # Parts withdrawn before this claim (their cancel message went to no one) do not run.
+        withdrawn: frozenset[str] = ctx.get(WITHDRAWN) or frozenset()
         if crashes >= defaults.POISON_CRASHES and deployment is not None and self._refusal(job) is None:
-            encoded = await run_isolated(
-                self.redis,
-                job_id=ctx["job_id"],
-                deployment=job.deployment,
-                model=deployment.model,
-                executor=deployment.executor,
-                items=job.items,
-                crashes=crashes,
-                ttl_s=job.ttl_s,
-                cache=self._cache,
+            wanted = _wanted(job, withdrawn)
+            isolated = iter(
+                await run_isolated(
+                    self.redis,
+                    job_id=ctx["job_id"],
+                    deployment=job.deployment,
+                    model=deployment.model,
+                    executor=deployment.executor,
+                    items=[item for item, want in zip(job.items, wanted, strict=True) if want],
+                    crashes=crashes,
+                    ttl_s=job.ttl_s,
+                    cache=self._cache,
+                )
             )
+            encoded = [next(isolated) if want else encode_result(_CANCELLED) for want in wanted]
             reply = protocol.JobReply(request_id=job.request_id, results=encoded, queue_s=0.0, forward_s=0.0)
         else:
-            outcomes = await self._outcomes(job)
+            outcomes = await self._outcomes(job, withdrawn)
             encoded = [encode_result(o.result) for o in outcomes]
             reply = protocol.JobReply(
                 request_id=job.request_id,
@@ -454,32 +473,37 @@ class DeviceWorker:
         job_id = ctx.get("job_id", "")
         return max((w.crashes.get(job_id, 0) for w in self._workers), default=0)
 
-    async def _outcomes(self, job: protocol.JobPayload) -> list[Outcome]:
+    async def _outcomes(self, job: protocol.JobPayload, withdrawn: frozenset[str]) -> list[Outcome]:
         coalescer = self.coalescers.get(job.deployment)
         problem = self._refusal(job)
         if coalescer is None or problem is not None:
             error: Result = ItemError("unavailable", problem or f"no worker serves {job.deployment!r}")
             return [Outcome(error) for _ in job.items]
-        futures: list[asyncio.Future[Outcome]] = []
+        # Per item: its future in the coalescer, None for an item of a withdrawn part.
+        slots: list[asyncio.Future[Outcome] | None] = []
         parts = job.split()
         start = 0
         for part in parts:  # each request's items keep its own deadline and can be withdrawn
-            mine = coalescer.submit(
-                job.items[start : part.end],
-                priority=job.priority,
-                enqueued_s=job.enqueued_s,
-                deadline_s=part.deadline_s,
-            )
-            self._active[part.request_id] = mine
-            futures += mine
+            if part.request_id in withdrawn:
+                slots += [None] * (part.end - start)
+            else:
+                mine = coalescer.submit(
+                    job.items[start : part.end],
+                    priority=job.priority,
+                    enqueued_s=job.enqueued_s,
+                    deadline_s=part.deadline_s,
+                )
+                self._active[part.request_id] = mine
+                slots += mine
             start = part.end
         try:
-            done = await asyncio.gather(*futures, return_exceptions=True)
+            done = iter(await asyncio.gather(*(s for s in slots if s is not None), return_exceptions=True))
         finally:
             for part in parts:
                 self._active.pop(part.request_id, None)
-        cancelled = Outcome(ItemError("cancelled", "the request was withdrawn"))
-        return [o if isinstance(o, Outcome) else cancelled for o in done]
+        cancelled = Outcome(_CANCELLED)
+        outcomes = [cancelled if slot is None else next(done) for slot in slots]
+        return [o if isinstance(o, Outcome) else cancelled for o in outcomes]
 
     def _cancel(self, request_id: str) -> None:
         """A withdrawn request: its queued items are dropped before they run."""
