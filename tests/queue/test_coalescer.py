@@ -204,3 +204,47 @@ async def test_without_a_backlog_small_and_large_requests_share_a_batch(model: L
     assert batches.sizes == [1, 8, 3]
     _, batches = await run(model, limits, (items(1, start=10), INTERACTIVE), (items(9, start=20), BULK))
     assert batches.sizes == [8, 2]
+
+
+async def test_steady_small_traffic_neither_starves_a_large_request_nor_waits_behind_it(
+    model: LoadedModel,
+) -> None:
+    # A one-item request arrives during every forward while a large request (several batches)
+    # waits. The large one must still get its batches, and each small one runs by the end of
+    # the second forward after it arrives (the one in progress, then at most one full batch).
+    limits = BatchLimits(max_num_seqs=8, batch_wait_ms=0, small_request_items=1)
+    forwards: list[list[str | None]] = []
+    real_run = model.run
+    loop = asyncio.get_running_loop()
+    coalescer = Coalescer(model, limits=limits, executor=ThreadPoolExecutor(1), stats=Stats([]))
+    small: dict[str, tuple[int, asyncio.Future]] = {}
+    large_done = asyncio.Event()
+
+    def arrive(during: int) -> None:
+        # On the loop while forward number `during` (1-based) runs.
+        key = f"small{len(small)}"
+        (future,) = coalescer.submit([WorkItem(token_ids=[2, 3, 4], cache_key=key)])
+        small[key] = (during, future)
+
+    def run(batch: list[WorkItem]) -> list[np.ndarray]:
+        forwards.append([item.cache_key for item in batch])
+        if not large_done.is_set() and len(forwards) < 200:
+            loop.call_soon_threadsafe(arrive, len(forwards))
+        time.sleep(0.005)
+        return real_run(batch)
+
+    model.run = run  # type: ignore[method-assign]
+    large = coalescer.submit(items(40))
+    gathered = asyncio.gather(*large)
+    gathered.add_done_callback(lambda _f: large_done.set())
+    coalescer.start()
+    await asyncio.wait_for(gathered, 20)
+    large_forwards = len(forwards)
+    await asyncio.wait_for(asyncio.gather(*(f for _, f in small.values())), 10)
+    await coalescer.close()
+    # 40 items in batches of 8: five full batches, each at most one small-only batch apart.
+    assert large_forwards <= 2 * 5, forwards[:large_forwards]
+    assert small, "no small request arrived"
+    ran_in = {key: number for number, batch in enumerate(forwards, 1) for key in batch}
+    for key, (arrived_during, _) in small.items():
+        assert ran_in[key] <= arrived_during + 2, (key, arrived_during, forwards)

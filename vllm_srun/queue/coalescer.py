@@ -9,9 +9,11 @@ Items that arrive during a forward form the next batch at once. Interactive item
 (priority 0) are taken before bulk ones; among those, the items of small requests (at most
 `small_request_items` to run) before the queued items of larger ones, and when more than one
 batch is pending they run in a batch of their own: a lone request waits for the forward in
-progress only, not behind every batch a large request fills nor through one more full forward
-(within each class, arrival order: requests of one size keep their order; bulk items still
-fill what interactive work leaves free). Identical cache keys in the pending set run once.
+progress and at most one more, not behind every batch a large request fills. The batch after
+such a small-only batch takes the oldest items in arrival order, so steady small traffic
+cannot starve a large request: it gets a full batch at least every other forward (within each
+class, arrival order: requests of one size keep their order; bulk items still fill what
+interactive work leaves free). Identical cache keys in the pending set run once.
 Items whose deadline has passed are answered `deadline_exceeded` and never run.
 """
 
@@ -92,6 +94,8 @@ class Coalescer:
         self._task: asyncio.Task[None] | None = None
         self._last_arrival_s = float("-inf")
         self._burst = False
+        # The last batch was cut short for small requests: the next one goes in arrival order.
+        self._after_small_batch = False
 
     @property
     def name(self) -> str:
@@ -161,22 +165,27 @@ class Coalescer:
 
     def _take(self) -> list[_Slot]:
         """The next batch: interactive first, small requests first, then arrival order, within
-        the limits."""
+        the limits; right after a small-only batch, interactive first, then arrival order."""
         now = time.time()
         batch: list[_Slot] = []
         tokens = 0
         small = self.limits.small_request_items
+        # Small requests go first except right after a batch of their own: else a small request
+        # arriving during every forward would keep a large one waiting as long as they come.
+        favour_small = not self._after_small_batch
+        self._after_small_batch = False
 
         def order(kv: tuple[str, _Slot]) -> tuple[int, bool, float]:
             slot = kv[1]
-            return slot.priority, slot.request_items > small, slot.enqueued_s
+            return slot.priority, favour_small and slot.request_items > small, slot.enqueued_s
 
         ordered = sorted(self._pending.items(), key=order)
         # Behind a backlog (more than one batch pending), small interactive requests run in a
         # batch of their own: a full batch of a large request's items would cost them one more
         # full forward, where their own small one costs a few rows.
-        backlog = len(self._pending) > self.limits.max_num_seqs or (
-            sum(s.item.tokens() for s in self._pending.values()) > self.limits.max_num_batched_tokens
+        backlog = favour_small and (
+            len(self._pending) > self.limits.max_num_seqs
+            or sum(s.item.tokens() for s in self._pending.values()) > self.limits.max_num_batched_tokens
         )
         for key, slot in ordered:
             if slot.deadline_s is not None and slot.deadline_s < now:
@@ -192,6 +201,7 @@ class Coalescer:
             ):
                 break
             if backlog and batch and _small(batch[0], small) and _large(slot, small):
+                self._after_small_batch = True
                 break  # the small requests' batch ends here
             del self._pending[key]
             batch.append(slot)
