@@ -60,6 +60,9 @@ async def test_the_live_workers_say_which_paths_a_deployment_runs(
     await worker.start()
     try:
         assert await client.engines(name) == said
+        # The live worker's heartbeat dropped the dead one from both: nothing of it is left.
+        assert await redis.zscore(keys.worker_key(name), "ghost") is None
+        assert await redis.hget(keys.engines_key(name), "ghost") is None  # type: ignore[misc]
         # A second live worker with a plain engine: the union of the paths, the most memory per path.
         await redis.zadd(keys.worker_key(name), {"other": int(time.time() * 1000) + 60_000})
         await redis.hset(

@@ -58,6 +58,21 @@ _T = TypeVar("_T")
 _CANCELLED = ItemError("cancelled", "the request was withdrawn")
 
 
+# One worker's heartbeat (ARGV[3], live until ARGV[2], its engine description ARGV[4]) in the
+# live set KEYS[1] and the engines hash KEYS[2]; the workers that lapsed by ARGV[1] leave both in
+# the same step, so what a dead worker said of its engine does not outlive it.
+_BEAT = """
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, id in ipairs(lapsed) do
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('HDEL', KEYS[2], id)
+end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return #lapsed
+"""
+
+
 def _wanted(job: protocol.JobPayload, withdrawn: frozenset[str]) -> list[bool]:
     """Per item of `job`: False when its request was withdrawn."""
     wanted: list[bool] = []
@@ -339,14 +354,15 @@ class DeviceWorker:
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _beat(self) -> None:
-        """Mark this worker live for each deployment it serves, for HEARTBEAT_TTL_S."""
+        """Mark this worker live for each deployment it serves, for HEARTBEAT_TTL_S, and drop
+        the workers whose heartbeats lapsed (they died without withdrawing)."""
         now_ms = int(time.time() * 1000)
         expires_ms = now_ms + int(HEARTBEAT_TTL_S * 1000)
+        beat = self.redis.register_script(_BEAT)  # local: hashes the script, no round trip
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, deployment in self.deployments.items():
-                pipe.zadd(keys.worker_key(name), {self.worker_id: expires_ms})
-                pipe.zremrangebyscore(keys.worker_key(name), 0, now_ms)
-                pipe.hset(keys.engines_key(name), self.worker_id, _engine_description(deployment))
+                args: list[str | int] = [now_ms, expires_ms, self.worker_id, _engine_description(deployment)]
+                await beat(keys=[keys.worker_key(name), keys.engines_key(name)], args=args, client=pipe)
             await pipe.execute()
 
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
