@@ -81,7 +81,10 @@ def test_a_failing_task_keeps_its_own_status(server: Server) -> None:
         {"id": "unknown", "classify": {"model": "nope", "input": "refund"}},
         {"id": "surface", "decisions": {"model": "kw", "state": "x", "questions": QUESTIONS}},
         {"id": "malformed", "classify": {"model": "kw"}},
-        {"id": "options", "rerank": {"model": "kw", "query": "q", "documents": ["d"], "options": {"colour": 1}}},
+        {
+            "id": "options",
+            "rerank": {"model": "kw", "query": "q", "documents": ["d"], "options": {"colour": 1}},
+        },
     ]
     response = server.post("/v1/bundle", {"tasks": tasks})
     assert response.status_code == 200, response.text
@@ -98,9 +101,40 @@ def test_a_failing_task_keeps_its_own_status(server: Server) -> None:
         assert set(result) == {"id", "status", "error"}
     # Each as its own route answers it alone.
     unknown = server.post("/v1/classify", tasks[1]["classify"])
-    assert unknown.status_code == 404 and unknown.json()["error"]["message"] == results["unknown"]["error"]["message"]
-    assert "tasks[3].classify" in results["malformed"]["error"]["message"]
-    assert "input" in results["malformed"]["error"]["message"]
+    assert (
+        unknown.status_code == 404
+        and unknown.json()["error"]["message"] == results["unknown"]["error"]["message"]
+    )
+    malformed = server.post("/v1/classify", tasks[3]["classify"])
+    assert malformed.status_code == 400 and malformed.json()["error"] == results["malformed"]["error"]
+
+
+MALFORMED = [
+    {"model": "kw"},
+    {"model": "kw", "input": 5},
+    {"model": "kw", "input": ["x", 5]},
+    {"model": "kw", "input": "x", "colour": 1},
+    {"model": "kw", "input": "x", "options": {"threshold": 2}},
+    "x",
+    ["x"],
+    5,
+]
+
+
+@pytest.mark.parametrize("body", MALFORMED, ids=[str(i) for i in range(len(MALFORMED))])
+def test_a_body_that_does_not_decode_fails_its_task_alone_as_on_its_route(
+    server: Server, body: object
+) -> None:
+    # The same error, code, message and param, as the surface's own route answers it; a body
+    # that is not an object at all is the task's fault too, not the bundle's.
+    tasks = [{"id": "bad", "classify": body}, {"id": "ok", "classify": {"model": "kw", "input": "refund"}}]
+    response = server.post("/v1/bundle", {"tasks": tasks})
+    assert response.status_code == 200, response.text
+    bad, fine = response.json()["results"]
+    alone = server.post("/v1/classify", body)
+    assert alone.status_code == 400, alone.text
+    assert bad == {"id": "bad", "status": 400, "error": alone.json()["error"]}
+    assert fine["status"] == 200 and fine["classify"]["results"][0]["label"] == "billing"
 
 
 def test_tasks_for_one_model_share_its_batches(server: Server) -> None:
@@ -112,7 +146,9 @@ def test_tasks_for_one_model_share_its_batches(server: Server) -> None:
     response = server.post("/v1/bundle", {"tasks": tasks})
     assert response.status_code == 200 and all(r["status"] == 200 for r in response.json()["results"])
     after = server.get("/metrics").text
-    rows = metric(after, "vllm_srun_batch_size_sum", model="kw") - metric(before, "vllm_srun_batch_size_sum", model="kw")
+    rows = metric(after, "vllm_srun_batch_size_sum", model="kw") - metric(
+        before, "vllm_srun_batch_size_sum", model="kw"
+    )
     forwards = metric(after, "vllm_srun_batch_size_count", model="kw") - metric(
         before, "vllm_srun_batch_size_count", model="kw"
     )
@@ -129,12 +165,16 @@ def test_the_bundle_deadline_applies_unless_a_task_has_an_earlier_one(server: Se
     assert "error" not in ok.json()["results"][0]["classify"]["results"][0]
     # The bundle's deadline is the earlier: it passes before the item can run.
     late = {"model": "kw", "input": "refund deadline passed", "options": {"deadline_ms": 60000}}
-    passed = server.post("/v1/bundle", {"tasks": [{"id": "a", "classify": late}], "options": {"deadline_ms": 0.001}})
+    passed = server.post(
+        "/v1/bundle", {"tasks": [{"id": "a", "classify": late}], "options": {"deadline_ms": 0.001}}
+    )
     (result,) = passed.json()["results"]
     assert result["status"] == 200 and result["classify"]["results"][0]["error"] == "deadline_exceeded"
     for options in ({"deadline_ms": 0}, {"deadline_ms": -1}, {"colour": 1}):
         refused = server.post("/v1/bundle", {"tasks": tasks, "options": options})
-        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", refused.text
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request", (
+            refused.text
+        )
 
 
 @pytest.mark.parametrize(
@@ -164,7 +204,9 @@ def test_limits_on_tasks_and_bytes(server: Server) -> None:
     over = server.post("/v1/bundle", {"tasks": [*most, {"id": "one more", **task}]})
     assert over.status_code == 413 and over.json()["error"]["code"] == "request_too_large"
     assert str(limits["max_bundle_tasks"]) in over.json()["error"]["message"]
-    big = server.post("/v1/bundle", {"tasks": [{"id": "a", "classify": {"model": "kw", "input": "x" * 250000}}]})
+    big = server.post(
+        "/v1/bundle", {"tasks": [{"id": "a", "classify": {"model": "kw", "input": "x" * 250000}}]}
+    )
     assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
     empty = server.post("/v1/bundle", {"tasks": []})
     assert empty.status_code == 400 and empty.json()["error"]["code"] == "invalid_request"

@@ -12,6 +12,7 @@ two surfaces, a repeated id) refuse the whole bundle.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -42,10 +43,11 @@ SURFACE_FIELDS = ("decisions", "classify", "embeddings", "rerank")
 
 
 def _body(surface: str) -> Any:
-    """A task's surface field: that surface's request, as a JSON object the task decodes itself
-    (so a malformed one fails its task alone); documented as the surface's request."""
+    """A task's surface field: that surface's request, as any JSON value the task decodes itself
+    (so a malformed one, or one that is not an object, fails its task alone); documented as the
+    surface's request."""
     schema = {"$ref": f"#/components/schemas/{REGISTRY.get(surface).request_type.__name__}"}
-    return Annotated[dict[str, Any] | None, msgspec.Meta(extra_json_schema=schema)]
+    return Annotated[Any, msgspec.Meta(extra_json_schema=schema)]
 
 
 class BundleOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -62,7 +64,7 @@ class BundleTask(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     embeddings: _body("embeddings") = None  # type: ignore[valid-type]
     rerank: _body("rerank") = None  # type: ignore[valid-type]
 
-    def surface(self, index: int) -> tuple[str, dict[str, Any]]:
+    def surface(self, index: int) -> tuple[str, Any]:
         """The task's one surface field and its body; an InvalidRequest naming `tasks[index]`
         when it sets none or several."""
         given = [(name, value) for name in SURFACE_FIELDS if (value := getattr(self, name)) is not None]
@@ -106,7 +108,7 @@ def _embeddings_shape(request: Any, body: Any) -> Any:
 ROUTE_SHAPES: dict[str, Callable[[Any, Any], Any]] = {"embeddings": _embeddings_shape}
 
 
-def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, dict[str, Any]]]:
+def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, Any]]:
     """Each task's surface and body; a RequestTooLarge past `max_tasks`, an InvalidRequest
     for a task without exactly one surface or with an id an earlier task has."""
     if len(data.tasks) > max_tasks:
@@ -132,30 +134,44 @@ def _failed(task_id: str, exc: SrunError) -> BundleResult:
     return BundleResult(id=task_id, status=exc.status, error=error)
 
 
-def _decode(index: int, surface: str, value: dict[str, Any]) -> Any:
+# msgspec ends a decode error's text with the field it fails at: " - at `$.input[1]`".
+_AT = re.compile(r" - at `\$\.(.+)`$")
+
+
+def _decode(surface: str, value: Any) -> Any:
+    """The task's request; a decode error in the words, code and param the surface's own route
+    gives it (errors.handle_http_error on Litestar's decode errors): the field as the body names
+    it (`input[1]`), or `body` when the value itself is wrong."""
     try:
         return REGISTRY.get(surface).decode(value)
     except msgspec.ValidationError as exc:
-        # msgspec names the field as `$.path`; here it is the task's.
-        message = str(exc).replace("`$", f"`tasks[{index}].{surface}")
-        raise InvalidRequest(f"tasks[{index}].{surface}: {message}", param=f"tasks[{index}].{surface}") from None
+        text = str(exc)
+        at = _AT.search(text)
+        message = text[: at.start()] if at else text.split(" - ", 1)[0]
+        field = at.group(1) if at else None
+        if field is None:
+            whole = InvalidRequest(f"body: {message}")
+            whole.param = None  # as the route: `body` is no field of the request
+            raise whole from None
+        raise InvalidRequest(message if field in message else f"{field}: {message}", param=field) from None
 
 
 async def run_task(
     runtime: Runtime,
-    index: int,
     task_id: str,
     surface: str,
-    value: dict[str, Any],
+    value: Any,
     deadline_ms: float | None,
     timing: Timing,
 ) -> BundleResult:
     """One task, answered as its own route would answer it (never raising but for cancellation)."""
     try:
-        request = _decode(index, surface, value)
+        request = _decode(surface, value)
         body = await serve_surface(runtime, REGISTRY.get(surface), request, timing, deadline_ms=deadline_ms)
         shape = ROUTE_SHAPES.get(surface)
-        return BundleResult(id=task_id, status=200, **{surface: body if shape is None else shape(request, body)})
+        return BundleResult(
+            id=task_id, status=200, **{surface: body if shape is None else shape(request, body)}
+        )
     except SrunError as exc:
         return _failed(task_id, exc)
     except Exception as exc:  # one task's failure is its own 500, never the others'
@@ -165,7 +181,11 @@ async def run_task(
         return _failed(task_id, SrunError(f"{type(exc).__name__}: the server failed this task"))
 
 
-@post("/v1/bundle", status_code=200, summary="Serve several surface requests, for one or more models, in one call")
+@post(
+    "/v1/bundle",
+    status_code=200,
+    summary="Serve several surface requests, for one or more models, in one call",
+)
 async def bundle(
     request: Request[Any, Any, Any], data: JSONBody[BundleRequest], state: State
 ) -> Response[BundleResponse]:
@@ -179,7 +199,7 @@ async def bundle(
     async def one(index: int) -> BundleResult:
         surface, value = surfaces[index]
         task = data.tasks[index]
-        result = await run_task(runtime, index, task.id, surface, value, data.options.deadline_ms, timings[index])
+        result = await run_task(runtime, task.id, surface, value, data.options.deadline_ms, timings[index])
         finished.append(index)
         return result
 
