@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from arq.constants import job_key_prefix
 
-from vllm_srun.errors import NotReady
+from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
@@ -256,3 +256,20 @@ async def test_a_part_withdrawn_before_any_worker_claims_its_job_does_not_run(
     np.testing.assert_array_equal(got.results[0], keywords_model.run(kept_items)[0])
     assert sum(batches) == 1
     assert await client.redis.exists(*(keys.result_key(name, i.cache_key) for i in gone_items)) == 0
+
+
+async def test_a_stopping_client_still_answers_what_the_shared_cache_holds(
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
+) -> None:
+    name = keywords_model.info.name
+    await _ghost(client, name)
+    stored, missing = classify_items("refund", "parcel")
+    array = keywords_model.run([stored])[0]
+    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+    client.refuse("the server is stopping")
+    hit = await submit(client, keywords_model, [stored])  # nothing to run: answered
+    assert hit.cached == [True]
+    np.testing.assert_array_equal(hit.results[0], array)
+    with pytest.raises(Unavailable, match="stopping"):  # something to run: refused
+        await submit(client, keywords_model, [stored, missing])
+    assert await client.redis.zcard(keys.queue_name(name)) == 0

@@ -250,16 +250,18 @@ class QueueClient:
         async def run(misses: list[WorkItem]) -> Ran:
             lookup.end(misses=len(misses))
             with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
-                if not await self._has_worker(deployment):
-                    if looks_up:  # stored results are still answered without a worker
-                        found = await self.gateway.cached(deployment, misses)
-                        if all(raw is not None for raw in found):
-                            return Ran(found, stored=True, cached=[True] * len(found))
-                    raise NotReady(f"no device worker serves {deployment!r} yet")
+                if self._refusal is None and await self._has_worker(deployment) and self._refusal is None:
+                    part = _Part(uuid.uuid4().hex, misses, deadline_s, timeout_s, tracing.inject())
+                    return await self._run(deployment, (model_sha256, numerics), part, looks_up)
+                # Nothing can run (no worker, or this process stops): stored results are still
+                # answered, and only a request that needs a forward is refused.
+                if looks_up:
+                    found = await self.gateway.cached(deployment, misses)
+                    if all(raw is not None for raw in found):
+                        return Ran(found, stored=True, cached=[True] * len(found))
                 if self._refusal is not None:
                     raise Unavailable(self._refusal)
-                part = _Part(uuid.uuid4().hex, misses, deadline_s, timeout_s, tracing.inject())
-                return await self._run(deployment, (model_sha256, numerics), part, looks_up)
+                raise NotReady(f"no device worker serves {deployment!r} yet")
 
         try:
             return await self.gateway.resolve(
