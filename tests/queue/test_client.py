@@ -273,3 +273,24 @@ async def test_a_stopping_client_still_answers_what_the_shared_cache_holds(
     with pytest.raises(Unavailable, match="stopping"):  # something to run: refused
         await submit(client, keywords_model, [stored, missing])
     assert await client.redis.zcard(keys.queue_name(name)) == 0
+
+
+async def test_a_request_found_whole_is_answered_when_queueing_the_others_fails(
+    client: QueueClient, keywords_model: LoadedModel, classify_items: Planner
+) -> None:
+    name = keywords_model.info.name
+    await _ghost(client, name)
+    stored, missing = classify_items("refund", "parcel")
+    array = keywords_model.run([stored])[0]
+    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+    # Redis refuses the job's queue entry (the queue key holds a string): the request that needs
+    # a forward fails, the one whose results were found in the same step has them in hand.
+    await client.redis.set(keys.queue_name(name), b"not a queue")
+    found, failed = await asyncio.gather(
+        submit(client, keywords_model, [stored]),
+        submit(client, keywords_model, [missing]),
+        return_exceptions=True,
+    )
+    assert isinstance(failed, Exception)
+    assert isinstance(found, Submission) and found.cached == [True]
+    np.testing.assert_array_equal(found.results[0], array)

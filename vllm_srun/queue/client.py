@@ -339,13 +339,13 @@ class QueueClient:
                     part.found = list(found[position : position + len(part.items)])
                     position += len(part.items)
             pending = [part for part in parts if any(raw is None for raw in part.found)]
+            # The parts found whole are answered first: a failure to queue the rest is not theirs.
+            self._sent("", [part for part in parts if part not in pending])
             if not pending:
-                self._sent("", parts)
                 return
             job_id, payload, timeout_s = self._job(deployment, identity, pending)
             await self._enqueue(deployment, job_id, payload, timeout_s)
             self._sent(job_id, pending, timeout_s + JOB_EXPIRY_S)
-            self._sent("", [part for part in parts if part not in pending])
         except asyncio.CancelledError:
             for part in parts:
                 part.sent.cancel()
