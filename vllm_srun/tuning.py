@@ -46,6 +46,22 @@ def set_intra_op_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+# The intra-op thread count the forward executors apply (None: torch's own choice), for an
+# engine that sizes a thread pool of its own at load, before any forward thread exists.
+_forward_threads: int | None = None
+
+
+def set_forward_threads(threads: int | None) -> None:
+    """Record the count the forward executors will apply (`start_forward_thread`)."""
+    global _forward_threads
+    _forward_threads = threads
+
+
+def forward_threads() -> int | None:
+    """The count the forward executors apply; None where none is set (torch's own choice)."""
+    return _forward_threads
+
+
 def start_forward_thread(intra_op_threads: int | None = None) -> None:
     """The initializer of a forward executor: a lower priority, and the thread count when given.
 

@@ -190,38 +190,48 @@ def test_minilm_small_batch_paths_match_sentence_transformers(nt: Any, small: st
         assert cosine >= 0.99999, cosine
 
 
-def test_the_onnx_session_follows_the_forward_threads_setting(nt: Any, tmp_path: Path) -> None:
-    import threading
+def test_the_onnx_session_is_built_and_probed_on_the_forward_threads_count(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With an intra-op thread count configured, the loading thread's torch count is not the
+    # forward thread's: the session must be opened (and probed) on the configured count at
+    # load, and be the one every forward uses, whichever thread runs it.
+    from concurrent.futures import ThreadPoolExecutor
+    from functools import partial
 
-    from vllm_srun.tuning import set_intra_op_threads
+    from vllm_srun.app.runtime import Executors
+    from vllm_srun.engines.native.onnx_path import OnnxSmallBatch
+    from vllm_srun.tuning import set_forward_threads, start_forward_thread
 
-    native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
-    session = native._onnx
-    assert session is not None
-    loaded_with = session.session.get_session_options().intra_op_num_threads
-    wanted = 1 if loaded_with != 1 else 2
-    rows = nt.token_rows(VOCAB, (11,))
-    before = run(native, rows, "mean", path="onnx")
-    seen: list[int] = []
+    wanted = 1 if torch.get_num_threads() != 1 else 2
+    used: list[tuple[str, int]] = []
+    phase = ["load"]
+    real_hidden = OnnxSmallBatch.hidden
 
-    def forward_thread() -> None:  # as the device's executor runs it (tuning.start_forward_thread)
-        set_intra_op_threads(wanted)
-        after = run(native, rows, "mean", path="onnx")
-        np.testing.assert_allclose(after[0], before[0], atol=1e-6, rtol=0)
-        seen.append(session.session.get_session_options().intra_op_num_threads)
-        run(native, rows, "mean", path="onnx")  # the same count: the same session
-        seen.append(id(session.session))
-        run(native, rows, "mean", path="onnx")
-        seen.append(id(session.session))
+    def hidden(self: OnnxSmallBatch, *args: Any) -> np.ndarray:
+        used.append((phase[0], id(self.session)))
+        return real_hidden(self, *args)
 
+    monkeypatch.setattr(OnnxSmallBatch, "hidden", hidden)
+    Executors(intra_op_threads=wanted)  # as the server's: the forward executors' count
     try:
-        thread = threading.Thread(target=forward_thread)
-        thread.start()
-        thread.join()
+        native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
+        session = native._onnx
+        assert session is not None
+        assert session.session.get_session_options().intra_op_num_threads == wanted
+        probed = {sid for p, sid in used if p == "load"}
+        assert len(probed) == 1  # the probe ran on the session just opened
+        rows = nt.token_rows(VOCAB, (11,))
+        phase[0] = "forward"
+        with ThreadPoolExecutor(1, initializer=partial(start_forward_thread, wanted)) as forward:
+            for _ in range(2):
+                forward.submit(run, native, rows, "mean", path="onnx").result()
+        # Another thread (the golden check's) with torch's own count uses the same session.
+        run(native, rows, "mean", path="onnx")
     finally:
-        torch.set_num_threads(loaded_with)
-    assert seen[0] == wanted
-    assert seen[1] == seen[2]
+        set_forward_threads(None)
+    assert {sid for p, sid in used if p == "forward"} == probed
+    assert native._onnx is session and id(session.session) in probed
 
 
 def test_the_engine_reports_the_paths_it_chooses_and_their_memory(

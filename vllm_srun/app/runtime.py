@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,7 +36,7 @@ from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
-from vllm_srun.tuning import start_forward_thread
+from vllm_srun.tuning import set_forward_threads, start_forward_thread
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -77,6 +77,11 @@ class ServerSettings:
     auto_truncate: bool = False
     # The result cache's own Redis (--cache-redis); None: the main Redis holds it too.
     cache_redis_url: str | None = None
+    # By model name, what a loaded model must pass before it is ready (serve --config: the
+    # router's decision signals bound to it). A ConfigError there fails the model and is a
+    # start-up error: `on_config_error` hears it (serve stops), and `Serving.config_error` holds it.
+    model_checks: Mapping[str, Callable[[LoadedModel], None]] = field(default_factory=dict)
+    on_config_error: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -215,6 +220,7 @@ class Executors:
 
     def __init__(self, intra_op_threads: int | None = None) -> None:
         self.intra_op_threads = intra_op_threads
+        set_forward_threads(intra_op_threads)  # engines size pools of their own at load from it
         self._by_device: dict[str, ThreadPoolExecutor] = {}
 
     def deployment(self, served: ServedModel) -> Deployment:
@@ -264,6 +270,7 @@ class Serving:
     worker: DeviceWorker | None = None
     executors: Executors = field(init=False)
     _loading: asyncio.Task[None] | None = None
+    config_error: str | None = None
 
     def __post_init__(self) -> None:
         self.executors = Executors(self.settings.intra_op_threads)
@@ -314,8 +321,23 @@ class Serving:
 
     async def _bring_up_all(self) -> None:
         # One at a time: models loading side by side would only split the same cores.
+        serve = self._serve if self.worker else _nothing
         for p in self.prepared:
-            await bring_up(self.models[p.name], p, self._serve if self.worker else _nothing)
+            await bring_up(self.models[p.name], p, partial(self._checked, serve))
+            if self.config_error is not None:
+                return
+
+    async def _checked(self, serve: Callable[[ServedModel], Awaitable[None]], served: ServedModel) -> None:
+        check = self.settings.model_checks.get(served.name)
+        if check is not None and served.model is not None:
+            try:
+                check(served.model)
+            except ConfigError as exc:
+                self.config_error = exc.message
+                if self.settings.on_config_error is not None:
+                    self.settings.on_config_error(exc.message)
+                raise
+        await serve(served)
 
     async def _serve(self, served: ServedModel) -> None:
         assert self.worker is not None

@@ -236,8 +236,11 @@ class NativeModel(EngineModel):
 
     def prepare_small_batches(self) -> None:
         """Export the dense forward to onnxruntime where it can run (done at load, so no request
-        waits for it). The session is kept only when it reproduces the torch forward on a probe
-        batch within PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
+        waits for it), on the intra-op thread count the forward threads will have (the
+        configured one, else this thread's torch count), so it is the one session every forward
+        uses. It is kept only when it reproduces the torch forward on a probe batch within
+        PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
+        from vllm_srun import tuning
         from vllm_srun.engines.native import onnx_path
 
         backbone = self._dense_backbone()
@@ -252,7 +255,8 @@ class NativeModel(EngineModel):
         import torch
 
         try:
-            session = onnx_path.OnnxSmallBatch(backbone, torch.get_num_threads())
+            threads = tuning.forward_threads() or torch.get_num_threads()
+            session = onnx_path.OnnxSmallBatch(backbone, threads)
         except Exception as exc:  # an export or session failure costs speed, never an answer
             log.warning("small_batch_onnx_unavailable", error=f"{type(exc).__name__}: {exc}")
             return
@@ -351,9 +355,7 @@ class NativeModel(EngineModel):
         types = np.zeros(valid.shape, dtype=np.int64)
         if batch.type_ids is not None:
             types[valid] = batch.type_ids
-        # The thread count torch has in this thread (the forward thread's setting, see
-        # vllm_srun.tuning), so both engines' forwards use the cores the settings give them.
-        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64), torch.get_num_threads())
+        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64))
         return torch.from_numpy(hidden[valid])
 
     def _dense_forward(

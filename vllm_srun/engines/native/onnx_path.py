@@ -4,8 +4,8 @@ For one row or a few rows of similar length, onnxruntime's CPU kernels run the s
 forward faster than eager PyTorch (fewer dispatches, fused elementwise work around the
 matmuls); for large mixed batches the packed path wins (bench/single_forward.py measures
 both). The graph is exported from the loaded module itself (its `dense_bert` forward, so the
-numbers are the native ones up to float rounding) into a private temporary folder that is
-kept for the model's life (a new thread count opens a new session from it); nothing the
+numbers are the native ones up to float rounding) into a private temporary folder kept for
+the model's life, and opened once, on the forward threads' intra-op thread count; nothing the
 package ships is run. onnxruntime holds its own copy of the weights, the one extra copy the
 engine allows itself for this path, and says what it added (`memory_bytes`).
 """
@@ -38,49 +38,46 @@ class OnnxSmallBatch:
     """An onnxruntime session over `dense_bert` of one loaded backbone; `hidden` runs it.
 
     `memory_bytes` is what building the session added to this process's resident memory (the
-    export included), None where the platform does not say. The exported graph stays in a
-    private temporary folder for the model's life, so that a new thread count (`hidden`'s
-    `threads`) opens a new session from it instead of exporting again.
+    export included), None where the platform does not say. The session's intra-op thread
+    count is fixed at load (`threads`: the forward threads' count), whichever thread calls
+    `hidden`: a session opened later would cost the request that meets it, and would not have
+    passed the engine's probe.
     """
 
     def __init__(self, backbone: BertBackbone, threads: int) -> None:
         _return_freed_memory()
         before = _resident_bytes()
+        # Kept for the session's life: the graph's weights are a file beside it.
         self._folder = tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-")
-        self._path = str(Path(self._folder.name) / "dense.onnx")
-        _export(backbone, self._path)
+        path = str(Path(self._folder.name) / "dense.onnx")
+        _export(backbone, path)
         self.threads = threads
-        self.session: Any = self._open(threads)
+        self.session: Any = _open(path, threads)
         _return_freed_memory()
         after = _resident_bytes()
         self.memory_bytes = None if before is None or after is None else max(0, after - before)
 
-    def _open(self, threads: int) -> Any:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        # Idle pool threads sleep rather than spin, as torch's do here (see vllm_srun.tuning):
-        # a spinning pool starves the event loop and Redis on a busy machine.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return _at_forward_priority(
-            lambda: ort.InferenceSession(self._path, options, providers=["CPUExecutionProvider"])
-        )
-
-    def hidden(
-        self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray, threads: int | None = None
-    ) -> np.ndarray:
-        """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`,
-        on `threads` intra-op threads (None: the count the session has). A new count opens a
-        new session (once per change: the forward thread's count is a setting, not per call)."""
-        if threads is not None and threads != self.threads:
-            self.session, self.threads = self._open(threads), threads
-            _return_freed_memory()  # the old session's
+    def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`."""
         feed = {"input_ids": ids, "token_type_ids": types, "attention_mask": valid}
         (out,) = self.session.run(["hidden"], feed)
         return np.asarray(out)
+
+
+def _open(path: str, threads: int) -> Any:
+    """An onnxruntime session over the graph at `path`, on `threads` intra-op threads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle pool threads sleep rather than spin, as torch's do here (see vllm_srun.tuning):
+    # a spinning pool starves the event loop and Redis on a busy machine.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return _at_forward_priority(
+        lambda: ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    )
 
 
 def _export(backbone: BertBackbone, path: str) -> None:
