@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -294,3 +295,39 @@ async def test_a_request_found_whole_is_answered_when_queueing_the_others_fails(
     assert isinstance(failed, Exception)
     assert isinstance(found, Submission) and found.cached == [True]
     np.testing.assert_array_equal(found.results[0], array)
+
+
+async def test_a_worker_check_that_fails_after_its_requests_left_logs_nothing(
+    keywords_model: LoadedModel, classify_items: Planner
+) -> None:
+    # A Redis that takes the check's command and drops the connection a moment later, once the
+    # only request waiting on it has gone.
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1024)
+        await asyncio.sleep(0.2)
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _, context: reported.append(str(context.get("message"))))
+    client = QueueClient(f"redis://127.0.0.1:{port}", local_cache_bytes=0)
+    try:
+        task = asyncio.create_task(submit(client, keywords_model, classify_items("refund")))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        del task  # its traceback holds the check
+        for _ in range(100):  # the check ends (failed) on its own
+            if not client._worker_checks:
+                break
+            await asyncio.sleep(0.05)
+        assert not client._worker_checks
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+        await client.close()
+        server.close()
+    assert not [message for message in reported if "never retrieved" in message]

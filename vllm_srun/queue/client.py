@@ -1,10 +1,14 @@
 """The app's side of the queue: results through the gateway, misses enqueued, waiting by push.
 
-A request costs two Redis round trips before the forward: the gateway's MGET on the result
-cache (none when this process's own copy holds every result), and one transaction that writes
-the arq job, adds it to the deployment's queue and wakes its workers. The reply arrives on this
-process's own pub/sub channel; a slow poll of the result cache is kept only as the fallback for
-a lost message. A job whose worker died runs again on another worker once its lease lapses
+A request costs one Redis round trip before the forward (none when this process's own copy
+holds every result): with the result cache on the main Redis, one script looks up the misses of
+the tick and, when none is stored, writes the arq job, adds it to the deployment's queue and
+wakes its workers. It costs two when some are stored (the rest is queued in one transaction),
+when the tick looks up more than GET_OR_ADD_MAX_KEYS results, or with a separate cache Redis
+(--cache-redis: the gateway's MGET, then the transaction). The check for a live worker adds one
+at most every WORKER_CHECK_TTL_S, shared by the requests that wait for it. The reply arrives on
+this process's own pub/sub channel; a slow poll of the result cache is kept only as the
+fallback for a lost message. A job whose worker died runs again on another worker once its lease lapses
 (queue/leases.py); the job names this channel, so the retry's reply reaches the request, which
 waits for it within its own timeout. The first reply for a request wins; a second one (a job
 that ran twice) is dropped.
@@ -19,6 +23,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import structlog
@@ -224,11 +229,19 @@ class QueueClient:
         if check is None:
             check = asyncio.ensure_future(self.live_workers(deployment))
             self._worker_checks[deployment] = check
-            check.add_done_callback(lambda _: self._worker_checks.pop(deployment, None))
+            check.add_done_callback(partial(self._checked, deployment))
         if await asyncio.shield(check) == 0:
             return False
         self._workers_seen[deployment] = time.monotonic()
         return True
+
+    def _checked(self, deployment: str, check: asyncio.Future[int]) -> None:
+        """A worker check ended: the next stale request starts another. Its failure is marked
+        seen here; the requests waiting on it hear it, and if all of them left, nobody would
+        (asyncio would log "Task exception was never retrieved")."""
+        self._worker_checks.pop(deployment, None)
+        if not check.cancelled():
+            check.exception()
 
     async def submit(
         self,
