@@ -309,6 +309,8 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
     load_plugins()
     return {
         "models": _model_settings(args),
+        # The router's decision signals, once the models they ask have loaded.
+        "model_checks": _model_checks(args),
         "job_timeout_s": args.job_timeout_s,
         "job_ttl_s": args.job_ttl_s,
         "cache_ttl_s": args.cache_ttl_s,
@@ -316,14 +318,29 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _model_checks(args: argparse.Namespace) -> dict[str, Any]:
+    """The router's decision signals bound to a model served here, checked once it has loaded."""
+    from vllm_srun.config import signal_checks
+
+    return signal_checks(args.router_config) if args.router_config else {}
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllm_srun.app.main import create_app, stop_serving
     from vllm_srun.app.runtime import ServerSettings
+    from vllm_srun.errors import ConfigError
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
     shared = _shared_settings(args)
+    stopped_by: list[str] = []
+
+    def stop_on(message: str) -> None:
+        # A loaded model that fails a --config check stops the start, as a bad flag does.
+        stopped_by.append(message)
+        server.should_exit = True
+
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
     try:
@@ -347,6 +364,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_job_bytes=args.max_job_bytes,
             auto_truncate=args.auto_truncate,
             cache_redis_url=args.cache_redis,
+            on_config_error=stop_on,
         )
         app = create_app(settings)
         config = uvicorn.Config(
@@ -361,7 +379,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
         # start. The default one would end the process before Redis is stopped.
         signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis))
-        _stopping_server(config, partial(stop_serving, app)).run()
+        server = _stopping_server(config, partial(stop_serving, app))
+        server.run()
+        if stopped_by:
+            raise ConfigError(stopped_by[0])
         return 0
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
         return 130
@@ -414,6 +435,10 @@ async def _run_worker(settings: Any, metrics_port: int | None) -> int:
     serving = Serving.prepare(plugins, settings, with_device=True)
     await serving.start(_stats(plugins, metrics_port))
     await serving.loaded()
+    if serving.config_error is not None:
+        await serving.close()
+        print(f"error: {serving.config_error}", file=sys.stderr)
+        return 2
     ready = serving.ready()
     if not ready:
         await serving.close()

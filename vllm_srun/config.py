@@ -17,7 +17,9 @@ Every default comes from `vllm_srun.defaults`, as the command line's do.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,9 @@ import yaml
 from vllm_srun import defaults
 from vllm_srun.app.runtime import ModelSettings
 from vllm_srun.errors import ConfigError
+from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.decision_surface import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
+from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.registry.loader import ModelOptions
 
@@ -210,6 +214,32 @@ def check_question(question: Any, path: str) -> None:
             _threshold_of(expanded, path)
         return
     parse_question("q", question, path, types=KNOWN_TYPES)
+
+
+def signal_checks(path: Path) -> dict[str, Callable[[LoadedModel], None]]:
+    """By served model name, the check `serve --config` runs on each model it serves itself
+    once loaded: the decision signals bound to its deployment (see `check_served_signals`)."""
+    bound: dict[str, list[DecisionSignal]] = {}
+    for signal in decision_signals(path):
+        if not signal.deployment.endpoint:
+            bound.setdefault(signal.deployment.served_name, []).append(signal)
+    return {name: partial(check_served_signals, path, signals) for name, signals in bound.items()}
+
+
+def check_served_signals(path: Path, signals: Sequence[DecisionSignal], model: LoadedModel) -> None:
+    """Whether `model` answers each of `signals`' questions, read as /v1/decisions reads them
+    (its presets, its question types); a ConfigError naming the first signal it would answer
+    with invalid_question. `decision_signals` checked what needs no model; a preset's name and
+    type, and a type the model may not declare, need it."""
+    for signal in signals:
+        where = f"{path}: decision signal {signal.name!r} (deployment {signal.deployment.name!r})"
+        if not isinstance(model, DecisionModel):
+            raise ConfigError(f"{where}: model {model.info.name!r} does not answer decisions")
+        try:
+            raw = expand_preset(signal.question, dict(model.presets), "question")
+            parse_question(signal.name, raw, "question", types=model.question_types)
+        except QuestionInvalid as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
 
 
 def _threshold_of(question: dict[str, Any], path: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Server
+from helpers import Server, free_port
 from tokenizers import Tokenizer
 
 from vllm_srun.families.nli_decisions import templates
@@ -246,3 +246,48 @@ def test_a_router_config_with_presets_and_sets_serves_and_checks(
         timeout=60,
     )
     assert refused.returncode == 2 and "bad: routing.signals.decision[3].question.levels" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("signal", "message"),
+    [
+        ("{name: odd, question: {preset: nope}}", "question.preset: 'nope' is not a preset of this model"),
+        (
+            "{name: odd, question: {preset: domain, threshold: 0.3}}",
+            "question.threshold: preset 'domain' is a choice question, not a set",
+        ),
+    ],
+)
+def test_serve_config_stops_on_a_signal_its_own_model_cannot_answer(
+    tmp_path: Path, nli: Path, signal: str, message: str
+) -> None:
+    # What only the loaded model knows (its presets and their types, its question types) is
+    # checked once it has loaded: the start stops naming the signal, instead of a server whose
+    # every router call for that signal gets invalid_question.
+    router = tmp_path / "router.yaml"
+    router.write_text(
+        textwrap.dedent(f"""\
+        global:
+          model_catalog:
+            deployments:
+              judge: {{provider: model_runtime, artifact: "{nli}", device: cpu}}
+            system:
+              decision_model: {{deployment: judge}}
+        routing:
+          signals:
+            decision:
+              - name: kind
+                question: {{preset: domain}}
+              - {signal}
+        """)
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_srun.cli", "serve", "--config", str(router), "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "decision signal 'odd' (deployment 'judge')" in error, error
+    assert message in error, error
