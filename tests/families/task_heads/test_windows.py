@@ -45,7 +45,7 @@ def test_bad_window_options_are_refused(th: Harness) -> None:
         "options.window.overlap": Options(overflow="window", window=WindowOptions(tokens=10, overlap=8)),
         "options.window:": Options(window=WindowOptions(tokens=10)),
         # 2 tokens are [CLS] and [SEP]: no text fits, and the message blames tokens, not overlap.
-        "options.window.tokens: 2 leaves 0": Options(overflow="window", window=WindowOptions(tokens=2)),
+        "options.window.tokens: windows of 2 tokens leave 0": Options(overflow="window", window=WindowOptions(tokens=2)),
     }
     for field, options in cases.items():
         with pytest.raises(InvalidRequest, match=field):
