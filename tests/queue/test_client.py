@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 import numpy as np
 import pytest
+from arq.connections import ArqRedis
 from arq.constants import job_key_prefix
 
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
+from vllm_srun.queue import client as queue_client
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
@@ -331,3 +335,37 @@ async def test_a_worker_check_that_fails_after_its_requests_left_logs_nothing(
         await client.close()
         server.close()
     assert not [message for message in reported if "never retrieved" in message]
+
+
+def at_once(work: Coroutine[Any, Any, Any]) -> Any:
+    """What `work` returns when it runs to its end without waiting once (the event loop never
+    runs in between); fails if it would wait."""
+    try:
+        work.send(None)
+    except StopIteration as done:
+        return done.value
+    work.close()
+    raise AssertionError("it waited")
+
+
+async def test_a_requests_meta_reads_the_engines_without_a_round_trip_of_its_own(
+    client: QueueClient, redis: ArqRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = "described"
+    said = {"engine_paths": ["native"], "memory_bytes": {"native": 1}}
+    await redis.zadd(keys.worker_key(name), {"w": int(time.time() * 1000) + 60_000})
+    await redis.hset(keys.engines_key(name), "w", json.dumps(said))  # type: ignore[misc]
+    assert await client.recent_engines(name) == said  # the first request waits for the read
+    now = {"engine_paths": ["native", "native-small-batch"], "memory_bytes": {"native": 2}}
+    await redis.hset(keys.engines_key(name), "w", json.dumps(now))  # type: ignore[misc]
+    assert at_once(client.recent_engines(name)) == said  # read less than ENGINES_TTL_S ago
+    # Once it is older, it is still answered at once, while one read refreshes it.
+    monkeypatch.setattr(queue_client, "ENGINES_TTL_S", 0.0)
+    assert at_once(client.recent_engines(name)) == said
+    assert len(client._engines_reading) == 1
+    for _ in range(100):
+        if at_once(client.recent_engines(name)) == now:
+            break
+        await asyncio.sleep(0.02)
+    assert at_once(client.recent_engines(name)) == now
+    assert await client.engines(name) == now  # the card's own read stays fresh

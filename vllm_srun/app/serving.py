@@ -170,7 +170,7 @@ async def serve_surface(
             body.meta,
             revision=served.revision,
             engine=placement.engine if placement else None,
-            engine_paths=(await runtime.queue.engines(name)).get("engine_paths"),
+            engine_paths=(await runtime.queue.recent_engines(name)).get("engine_paths"),
             device=placement.device if placement else None,
             accelerator=placement.device.split(":")[0] if placement else None,
             numerics=model.info.numerics,

@@ -47,6 +47,8 @@ FALLBACK_POLL_S = 1.0
 RESUBSCRIBE_S = 0.1
 RESUBSCRIBE_MAX_S = 2.0
 WORKER_CHECK_TTL_S = 1.0
+# A request's meta reports the engines' description read at most this long ago (see `recent_engines`).
+ENGINES_TTL_S = 1.0
 
 
 # A job outlives the longest timeout of its requests by this (arq's job expiry).
@@ -109,10 +111,13 @@ class QueueClient:
         self._closing = False
         # The misses that arrived in this tick, per deployment and model identity: one job.
         self._ticks: dict[tuple[str, str, str, bool], list[_Part]] = {}
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[Any]] = set()
         # Per job in flight: the request ids of the parts still waiting for its reply.
         self._jobs: dict[str, set[str]] = {}
         self._worker_checks: dict[str, asyncio.Future[int]] = {}
+        # Per deployment: when `engines` last answered, and what (for `recent_engines`).
+        self._engines_read: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._engines_reading: dict[str, asyncio.Task[dict[str, Any]]] = {}
 
     async def start(self) -> None:
         try:
@@ -217,6 +222,31 @@ class QueueClient:
             for path, size in dict(said.get("memory_bytes") or {}).items():
                 memory[path] = max(memory.get(path, 0), int(size))
         return {"engine_paths": paths, "memory_bytes": memory} if paths else {}
+
+    async def recent_engines(self, deployment: str) -> dict[str, Any]:
+        """What `engines` said of `deployment` at most ENGINES_TTL_S ago, for a request's meta.
+        An older answer is returned as it is while one read refreshes it in the background: a
+        request whose results are all stored then waits on no Redis round trip (under load, a
+        round trip waits behind every other request's turn of the event loop). Only the first
+        request of a deployment waits for the read."""
+        read = self._engines_read.get(deployment)
+        if read is not None and time.monotonic() - read[0] < ENGINES_TTL_S:
+            return read[1]
+        task = self._engines_reading.get(deployment)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read_engines(deployment))
+            self._engines_reading[deployment] = task
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+            task.add_done_callback(lambda _: self._engines_reading.pop(deployment, None))
+        if read is not None:
+            return read[1]
+        return await asyncio.shield(task)
+
+    async def _read_engines(self, deployment: str) -> dict[str, Any]:
+        said = await self.engines(deployment)
+        self._engines_read[deployment] = (time.monotonic(), said)
+        return said
 
     async def _has_worker(self, deployment: str) -> bool:
         """Whether a live worker serves `deployment` (a yes is trusted for WORKER_CHECK_TTL_S)."""
