@@ -236,7 +236,8 @@ async def cached(
 ) -> Outcome:
     """The repeat-heavy corpus, one text per request at `concurrency`; a repeat is sent only once
     its first occurrence has been answered, so it can be a hit. Hits are those whose `meta`
-    counts one; their Server-Timing totals are the hit latency under load. Then up to IDLE_HITS
+    counts one (a text joining another request's forward in flight counts as a miss there, so
+    these are stored results only); their Server-Timing totals are the hit latency under load. Then up to IDLE_HITS
     repeats are sent again one at a time: the hit latency of the cache path alone."""
     await warm(url, concurrency, encoding, round_=7)
     deadline = time.monotonic() + timeout_s

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from arq.connections import ArqRedis
 from arq.constants import job_key_prefix
+from litestar import Request
 
+from vllm_srun.app.responses import unless_disconnected
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
@@ -369,3 +371,69 @@ async def test_a_requests_meta_reads_the_engines_without_a_round_trip_of_its_own
         await asyncio.sleep(0.02)
     assert at_once(client.recent_engines(name)) == now
     assert await client.engines(name) == now  # the card's own read stays fresh
+
+
+async def test_a_request_found_whole_in_this_process_is_answered_without_waiting(
+    client: QueueClient,
+    worker: DeviceWorker,
+    keywords_model: LoadedModel,
+    classify_items: Planner,
+) -> None:
+    items = classify_items("refund my invoice", "parcel delivery")
+    first = await submit(client, keywords_model, items)
+    # Held by this process: neither the lookup nor the wrapper that watches the client waits
+    # for a turn of the event loop, which under load runs every other request's step first.
+    stored = at_once(unless_disconnected(_request(_Client()), submit(client, keywords_model, items)))
+    done, again = stored
+    assert done and again.hits == 2
+    for got, want in zip(again.results, first.results, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+async def test_work_whose_client_leaves_is_cancelled_and_its_caller_goes_on() -> None:
+    peer = _Client()
+    cancelled = asyncio.Event()
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    async def handler() -> tuple[bool, str | None]:
+        outcome = await unless_disconnected(_request(peer), work())
+        await asyncio.sleep(0)  # the caller's own cancel was taken back: it goes on
+        return outcome
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0.05)
+    peer.leave()
+    assert await asyncio.wait_for(task, 5) == (False, None)
+    assert cancelled.is_set() and not task.cancelled()
+    # A caller cancelled from outside (not by the client leaving) stays cancelled.
+    outer = asyncio.create_task(unless_disconnected(_request(_Client()), work()))
+    await asyncio.sleep(0.05)
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+
+
+class _Client:
+    """The ASGI side of a client: its body was read; `leave` disconnects it."""
+
+    def __init__(self) -> None:
+        self._gone = asyncio.Event()
+
+    def leave(self) -> None:
+        self._gone.set()
+
+    async def receive(self) -> dict[str, Any]:
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+
+def _request(peer: _Client) -> Request[Any, Any, Any]:
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "query_string": b"", "state": {}}
+    return Request(scope, receive=peer.receive)  # type: ignore[arg-type]

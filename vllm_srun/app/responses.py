@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -57,19 +56,38 @@ def client_closed() -> Response[Any]:
 
 async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> tuple[bool, T | None]:
     """(True, the result of `work`), or (False, None) when the client left first: the work is
-    then cancelled, which takes its items out of the queue."""
-    task = asyncio.ensure_future(work)
+    then cancelled, which takes its items out of the queue.
+
+    `work` runs in the caller's task, not a task of its own: work that never waits (a request
+    whose results are all stored) is answered without waiting for a turn of the event loop,
+    which under load runs every other request's step first. The watch cancels the caller."""
+    caller = asyncio.current_task()
+    assert caller is not None
+    left = False
+
+    def on_gone(watch: asyncio.Future[None]) -> None:
+        nonlocal left
+        if not watch.cancelled():
+            watch.exception()  # retrieved: a failed watch counts as gone, as the client is
+            left = True
+            caller.cancel()
+
     gone = asyncio.ensure_future(_disconnected(request))
+    gone.add_done_callback(on_gone)
     try:
-        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        result = await work
+    except asyncio.CancelledError:
+        if not left:
+            raise
+        caller.uncancel()
         return False, None
-    return True, task.result()
+    finally:
+        gone.remove_done_callback(on_gone)
+        gone.cancel()
+    if left:  # the client left as the work ended, and the work kept its result through the cancel
+        caller.uncancel()
+        return False, None
+    return True, result
 
 
 async def respond(
