@@ -170,6 +170,26 @@ def test_fields_of_model_kinds_not_run_here_are_refused(
     )
 
 
+def router_yaml(judge: str, signals: str) -> str:
+    """A router config whose one model_runtime deployment, `judge` (its `artifact` or
+    `endpoint` given as `judge`), answers the decision `signals` (a `routing:` block)."""
+    header = f"""\
+        global:
+          model_catalog:
+            deployments:
+              judge: {{provider: model_runtime, {judge}, device: cpu}}
+            system:
+              decision_model: {{deployment: judge}}
+        """
+    return textwrap.dedent(header) + textwrap.dedent(signals)
+
+
+def cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_srun.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_a_router_config_with_presets_and_sets_serves_and_checks(
     start_server: Callable[..., Server], tmp_path: Path, nli: Path
 ) -> None:
@@ -191,17 +211,7 @@ def test_a_router_config_with_presets_and_sets_serves_and_checks(
                 predicate: {gte: 2}
         """
     served = tmp_path / "router.yaml"
-    served.write_text(
-        textwrap.dedent(f"""\
-        global:
-          model_catalog:
-            deployments:
-              judge: {{provider: model_runtime, artifact: "{nli}", device: cpu}}
-            system:
-              decision_model: {{deployment: judge}}
-        """)
-        + textwrap.dedent(signals)
-    )
+    served.write_text(router_yaml(f'artifact: "{nli}"', signals))
     server = start_server("--config", str(served))
     assert (
         "choice"
@@ -211,23 +221,10 @@ def test_a_router_config_with_presets_and_sets_serves_and_checks(
     )
     checked = tmp_path / "check.yaml"
     checked.write_text(
-        textwrap.dedent(f"""\
-        global:
-          model_catalog:
-            deployments:
-              judge: {{provider: model_runtime, endpoint: "{server.url}", device: cpu}}
-            system:
-              decision_model: {{deployment: judge}}
-        """)
-        + textwrap.dedent(signals)
+        router_yaml(f'endpoint: "{server.url}"', signals)
         + "      - {name: odd, question: {preset: colour}}\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "check-config", str(checked)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = cli("check-config", str(checked), timeout=60)
     lines = result.stdout.splitlines()
     assert result.returncode == 1, result.stdout + result.stderr
     assert lines[0].startswith("ok   judge @")
@@ -239,12 +236,7 @@ def test_a_router_config_with_presets_and_sets_serves_and_checks(
     broken.write_text(
         served.read_text() + "      - {name: bad, question: {preset: domain, levels: [a, b]}}\n"
     )
-    refused = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "check-config", str(broken)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = cli("check-config", str(broken), timeout=60)
     assert refused.returncode == 2 and "bad: routing.signals.decision[3].question.levels" in refused.stderr
 
 
@@ -265,28 +257,16 @@ def test_serve_config_stops_on_a_signal_its_own_model_cannot_answer(
     # checked once it has loaded: the start stops naming the signal, instead of a server whose
     # every router call for that signal gets invalid_question.
     router = tmp_path / "router.yaml"
-    router.write_text(
-        textwrap.dedent(f"""\
-        global:
-          model_catalog:
-            deployments:
-              judge: {{provider: model_runtime, artifact: "{nli}", device: cpu}}
-            system:
-              decision_model: {{deployment: judge}}
+    signals = f"""\
         routing:
           signals:
             decision:
               - name: kind
                 question: {{preset: domain}}
               - {signal}
-        """)
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "serve", "--config", str(router), "--port", str(free_port())],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+        """
+    router.write_text(router_yaml(f'artifact: "{nli}"', signals))
+    result = cli("serve", "--config", str(router), "--port", str(free_port()), timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: ") and "decision signal 'odd' (deployment 'judge')" in error, error
