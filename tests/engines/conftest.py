@@ -133,6 +133,7 @@ def nt() -> SimpleNamespace:
         load_native=load_native,
         save=save,
         token_rows=token_rows,
+        padded=padded,
         reference=reference,
         encode=encode,
         assert_close=assert_close,

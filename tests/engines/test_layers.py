@@ -68,7 +68,7 @@ def test_each_layer_matches_transformers_hidden_states(nt: Any, pair: tuple[Any,
     hf, native = pair
     rows = nt.token_rows(VOCAB)
     with torch.no_grad():
-        ids, mask = _padded(rows)
+        ids, mask = nt.padded(rows)
         ref = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states[layer]
     hidden = nt.encode(native, rows, f"hidden@{layer}")
     means = nt.encode(native, rows, f"mean@{layer}")
@@ -80,16 +80,6 @@ def test_each_layer_matches_transformers_hidden_states(nt: Any, pair: tuple[Any,
         nt.assert_close(means[i], ref[i, :n].mean(0), atol=ATOL)
         nt.assert_close(cls[i], ref[i, 0], atol=ATOL)
         nt.assert_close(last[i], ref[i, n - 1], atol=ATOL)
-
-
-def _padded(rows: list[list[int]]) -> tuple[Any, Any]:
-    width = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    return ids, mask
 
 
 def test_last_layer_named_is_the_default_output(nt: Any, pair: tuple[Any, Any]) -> None:
@@ -144,7 +134,7 @@ def test_classifier_rows_and_exit_rows_share_a_batch(nt: Any, tmp_path: Path) ->
     rows = nt.token_rows(VOCAB)[:3]
     got = nt.encode(native, rows, ["logits", "mean@1", "logits"])
     with torch.no_grad():
-        ids, mask = _padded(rows)
+        ids, mask = nt.padded(rows)
         out = hf(input_ids=ids, attention_mask=mask, output_hidden_states=True)
     nt.assert_close(got[0], out.logits[0], atol=ATOL)
     nt.assert_close(got[2], out.logits[2], atol=ATOL)
