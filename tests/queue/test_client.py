@@ -117,11 +117,10 @@ async def test_a_result_stored_without_a_reply_is_found_by_the_fallback(
     # The reply message was lost, but the result reached the cache: the slow poll finds it.
     name = keywords_model.info.name
     items = classify_items("parcel")
-    await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
+    await _ghost(client, name)
     task = asyncio.create_task(submit(client, keywords_model, items, timeout_s=5.0))
     await asyncio.sleep(0.2)
-    array = keywords_model.run(items)[0]
-    await client.redis.set(keys.result_key(name, items[0].cache_key), encode_result(array))
+    array = await _store(client, keywords_model, items[0])
     got = await asyncio.wait_for(task, 4)
     np.testing.assert_array_equal(got.results[0], array)
 
@@ -148,6 +147,13 @@ async def _queued_jobs(client: QueueClient, name: str) -> list[protocol.JobPaylo
     ids = await client.redis.zrange(keys.queue_name(name), 0, -1)
     bodies = [await client.redis.get(job_key_prefix + job_id.decode()) for job_id in ids]
     return [protocol.decode_job(protocol.deserialize(body)["a"][0]) for body in bodies if body]
+
+
+async def _store(client: QueueClient, model: LoadedModel, item: WorkItem) -> np.ndarray:
+    """`item`'s result, computed here and stored where a worker would store it."""
+    array: np.ndarray = model.run([item])[0]
+    await client.redis.set(keys.result_key(model.info.name, item.cache_key), encode_result(array))
+    return array
 
 
 async def _ghost(client: QueueClient, name: str) -> None:
@@ -200,8 +206,7 @@ async def test_stored_results_are_found_by_the_script_that_would_queue_the_misse
     name = keywords_model.info.name
     await _ghost(client, name)
     stored, missing = classify_items("refund", "parcel")
-    array = keywords_model.run([stored])[0]
-    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+    array = await _store(client, keywords_model, stored)
 
     hit = await submit(client, keywords_model, [stored])  # found: nothing is queued
     assert (hit.hits, hit.misses) == (1, 0) and hit.cached == [True]
@@ -271,8 +276,7 @@ async def test_a_stopping_client_still_answers_what_the_shared_cache_holds(
     name = keywords_model.info.name
     await _ghost(client, name)
     stored, missing = classify_items("refund", "parcel")
-    array = keywords_model.run([stored])[0]
-    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+    array = await _store(client, keywords_model, stored)
     client.refuse("the server is stopping")
     hit = await submit(client, keywords_model, [stored])  # nothing to run: answered
     assert hit.cached == [True]
@@ -288,8 +292,7 @@ async def test_a_request_found_whole_is_answered_when_queueing_the_others_fails(
     name = keywords_model.info.name
     await _ghost(client, name)
     stored, missing = classify_items("refund", "parcel")
-    array = keywords_model.run([stored])[0]
-    await client.redis.set(keys.result_key(name, stored.cache_key), encode_result(array))
+    array = await _store(client, keywords_model, stored)
     # Redis refuses the job's queue entry (the queue key holds a string): the request that needs
     # a forward fails, the one whose results were found in the same step has them in hand.
     await client.redis.set(keys.queue_name(name), b"not a queue")
