@@ -47,10 +47,6 @@ class ErrorBody(msgspec.Struct):
     param: str | None
 
 
-# The name this body had before it took upstream's.
-ErrorDetail = ErrorBody
-
-
 class ErrorResponse(msgspec.Struct):
     """Every error this app answers outside the TEI-shaped routes."""
 

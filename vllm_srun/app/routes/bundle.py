@@ -22,7 +22,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.errors import ErrorDetail, error_type, upstream_code
+from vllm_srun.app.errors import ErrorBody, error_type, upstream_code
 from vllm_srun.app.responses import client_closed, encoded, timing_of, unless_disconnected
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
@@ -92,7 +92,7 @@ class BundleResult(msgspec.Struct, omit_defaults=True):
     classify: ClassifyResponse | None = None
     embeddings: EmbeddingsResponse | None = None
     rerank: RerankResponse | None = None
-    error: ErrorDetail | None = None
+    error: ErrorBody | None = None
 
 
 class BundleResponse(msgspec.Struct):
@@ -130,7 +130,7 @@ def check(data: BundleRequest, max_tasks: int) -> list[tuple[str, Any]]:
 def _failed(task_id: str, exc: SrunError) -> BundleResult:
     # As the task's own route answers it: in upstream's ErrorBody codes.
     code = upstream_code(exc.code, exc.status)
-    error = ErrorDetail(code=code, message=exc.message, type=error_type(exc.status), param=exc.param)
+    error = ErrorBody(code=code, message=exc.message, type=error_type(exc.status), param=exc.param)
     return BundleResult(id=task_id, status=exc.status, error=error)
 
 
