@@ -8,7 +8,9 @@ YAML files listed in kustomization.yaml; `render` applies the two kustomize fiel
 from __future__ import annotations
 
 import copy
+import os
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +59,7 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_every_object_validates(objects: list[dict[str, Any]]) -> None:
-    assert len(objects) == 9
+    assert len(objects) == 10
     for obj in objects:
         validate(obj)
 
@@ -105,6 +107,18 @@ def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]]) -> N
         parsed = build_parser().parse_args([args[0], "/models/default", *args[1:]])
         assert parsed.redis == "redis://state-redis:6379/0"
         assert parsed.cache_redis == "redis://cache-redis:6379/0" and parsed.strict_redis
+        # The password is the Secret's, through the environment: the CLI adds it to both URLs.
+        env = {e["name"]: e for e in container(find(objects, "Deployment", name))["env"]}
+        assert env["VLLM_SRUN_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["redis-password"]
+        os.environ["VLLM_SRUN_REDIS_PASSWORD"] = "p@ss"
+        try:
+            parsed = build_parser().parse_args([args[0], "/models/default", *args[1:]])
+        finally:
+            del os.environ["VLLM_SRUN_REDIS_PASSWORD"]
+        assert parsed.redis == "redis://:p%40ss@state-redis:6379/0"
+        assert parsed.cache_redis == "redis://:p%40ss@cache-redis:6379/0"
+    app_env = {e["name"]: e for e in container(find(objects, "Deployment", "app"))["env"]}
+    assert app_env["VLLM_SRUN_API_KEY"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["api-key"]
 
 
 def test_workers_scale_on_the_queue_depth_the_runtime_exports(objects: list[dict[str, Any]]) -> None:
@@ -135,3 +149,154 @@ def test_memory_requests_cover_the_bench_measured_rss(objects: list[dict[str, An
     # The whole embedded server bounds a worker: it is the worker plus an app and a Redis.
     assert mebibytes(worker["requests"]["memory"]) >= server_mb * to_mib
     assert mebibytes(worker["limits"]["memory"]) > mebibytes(worker["requests"]["memory"])
+
+
+# The Secret the manifests read, created by the operator (kustomization.yaml says how): no value
+# of it is in any file here.
+SECRET_KEYS = {key: {"name": "vllm-srun", "key": key} for key in ("redis-password", "api-key")}
+REDIS = ("state-redis", "cache-redis")
+
+
+def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+
+
+def test_no_secret_value_is_in_the_manifests_and_the_secret_is_documented(
+    objects: list[dict[str, Any]],
+) -> None:
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    refs = [
+        e["valueFrom"]["secretKeyRef"]
+        for w in workloads(objects)
+        for e in container(w).get("env", [])
+        if "valueFrom" in e
+    ]
+    assert refs and all(ref in SECRET_KEYS.values() for ref in refs)
+    for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "README.md").read_text()):
+        assert "create secret generic vllm-srun" in text
+        assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS)
+
+
+@pytest.mark.parametrize("name", REDIS)
+def test_each_redis_requires_the_secrets_password(objects: list[dict[str, Any]], name: str) -> None:
+    redis = container(next(w for w in workloads(objects) if w["metadata"]["name"] == name))
+    args = redis["args"]
+    # The kubelet expands $(VAR) from the container's env; redis-cli reads REDISCLI_AUTH.
+    assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
+    env = {e["name"]: e for e in redis["env"]}
+    assert env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["redis-password"]
+    for probe in ("readinessProbe", "livenessProbe"):
+        if probe in redis:
+            assert redis[probe]["exec"]["command"] == ["sh", "-c", "redis-cli ping | grep -q PONG"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Kubernetes' label selector semantics for matchLabels and In / NotIn / Exists expressions."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        value, op = labels.get(expr["key"]), expr["operator"]
+        if op == "In" and value not in expr["values"]:
+            return False
+        if op == "NotIn" and value in expr["values"]:
+            return False
+        if op == "Exists" and value is None:
+            return False
+        if op == "DoesNotExist" and value is not None:
+            return False
+    return True
+
+
+def admitted(
+    policies: list[dict[str, Any]], target: dict[str, str], source: dict[str, str], port: int
+) -> bool:
+    """Whether a pod labelled `source` (same namespace) may open `port` on a pod labelled `target`."""
+    applying = [p for p in policies if selects(p["spec"]["podSelector"], target)]
+    if not any("Ingress" in p["spec"]["policyTypes"] for p in applying):
+        return True
+    for policy in applying:
+        for rule in policy["spec"].get("ingress", []):
+            peers = rule.get("from")
+            ports = rule.get("ports")
+            assert peers is None or all(set(peer) == {"podSelector"} for peer in peers), "only pod peers"
+            if ports is not None and not any(p["port"] == port for p in ports):
+                continue
+            if peers is None or any(selects(peer["podSelector"], source) for peer in peers):
+                return True
+    return False
+
+
+def test_only_app_and_worker_pods_reach_redis(objects: list[dict[str, Any]]) -> None:
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    labels = {w["metadata"]["name"]: w["spec"]["template"]["metadata"]["labels"] for w in workloads(objects)}
+    stranger = {"app.kubernetes.io/name": "something-else"}
+    lookalike = {"app.kubernetes.io/name": "vllm-srun", "app.kubernetes.io/component": "debug"}
+    for name in REDIS:
+        assert admitted(policies, labels[name], labels["app"], 6379)
+        assert admitted(policies, labels[name], labels["worker"], 6379)
+        for source in (
+            stranger,
+            lookalike,
+            {},
+            labels["cache-redis" if name == "state-redis" else "state-redis"],
+        ):
+            assert not admitted(policies, labels[name], source, 6379), (name, source)
+        assert not admitted(policies, labels[name], labels["app"], 6380)
+    # The app itself stays reachable (the Service on port 8000).
+    assert admitted(policies, labels["app"], stranger, 8000)
+
+
+def test_every_pod_runs_the_restricted_profile(objects: list[dict[str, Any]]) -> None:
+    for workload in workloads(objects):
+        name = workload["metadata"]["name"]
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] > 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert pod["automountServiceAccountToken"] is False, name
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert "privileged" not in sc and "add" not in sc["capabilities"], name
+            # What is written goes to a volume: an emptyDir or the state's claim.
+            mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            written = [env[v] for v in ("HF_HOME",) if v in env] + (
+                ["/tmp"] if c["image"].startswith("vllm-srun") else []
+            )
+            if c["image"].startswith("redis"):
+                written.append(c["args"][c["args"].index("--dir") + 1])
+            assert written and all(path in mounts for path in written), (name, written, mounts)
+        claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        for volume in pod.get("volumes", []):
+            assert "emptyDir" in volume and volume["emptyDir"].get("sizeLimit"), (name, volume)
+        assert claims <= {"data"}
+
+
+def test_images_are_pinned_and_probes_hold_under_load(objects: list[dict[str, Any]]) -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for workload in workloads(objects):
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            image, _, tag = c["image"].partition(":")
+            assert tag and tag != "latest", c["image"]
+            assert tag == version if image == "vllm-srun" else re.fullmatch(r"\d+\.\d+\.\d+-alpine", tag)
+            for probe in ("readinessProbe", "livenessProbe"):
+                if probe in c:
+                    # The default timeout is 1 s: a replica busy with a burst would be restarted.
+                    assert c[probe].get("timeoutSeconds", 1) >= 3, (c["name"], probe)
+    assert "livenessProbe" in container(find(objects, "Deployment", "app"))
+
+
+def test_redis_memory_is_bounded_below_the_pod_limit(objects: list[dict[str, Any]]) -> None:
+    for name, policy in (("state-redis", "noeviction"), ("cache-redis", "allkeys-lru")):
+        redis = container(next(w for w in workloads(objects) if w["metadata"]["name"] == name))
+        args = redis["args"]
+        assert args[args.index("--maxmemory-policy") + 1] == policy
+        maxmemory = re.fullmatch(r"(\d+)mb", args[args.index("--maxmemory") + 1])
+        assert maxmemory, "maxmemory in mb"
+        limit = mebibytes(redis["resources"]["limits"]["memory"])
+        # Headroom for the append-only file's rewrite fork and client buffers: a full state Redis
+        # refuses writes (503) and is never killed for memory.
+        assert int(maxmemory.group(1)) <= 0.8 * limit, name
+    state = container(find(objects, "StatefulSet", "state-redis"))["resources"]
+    assert state["requests"]["memory"] == state["limits"]["memory"], "guaranteed: never reclaimed"

