@@ -64,21 +64,26 @@ def native_path(model: NativeModel, path: str | None) -> Path_:
 def jit_path(model: NativeModel, *, optimize: bool = False) -> Path_:
     """The dense forward traced per mask kind (one row needs no mask) and frozen; `optimize`
     adds `torch.jit.optimize_for_inference` (oneDNN fusions where it finds them)."""
-    from vllm_srun.engines.native.dense import dense_bert
+    from vllm_srun.engines.native.attention import Block
 
-    backbone = model.module.bert  # type: ignore[attr-defined]
+    encoder = model.module
+
+    def dense(ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        rows, width = ids.shape
+        block = Block.traced(torch.ones_like(ids) if mask is None else (mask[:, 0, 0, :] == 0).long())
+        return encoder(ids.reshape(-1), None, block).view(rows, width, -1)
 
     class Unmasked(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.bert = backbone
+            self.encoder = encoder
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
-            return dense_bert(self.bert, ids, None, None)
+            return dense(ids, None)
 
     class Masked(Unmasked):
         def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-            return dense_bert(self.bert, ids, None, mask)
+            return dense(ids, mask)
 
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -19,9 +19,9 @@ from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem
 
 # A plugin's own architecture: here the built-in BERT under another name, so its numbers are known.
 ACME = """
-from vllm_srun.engines.native.bert import BertModel
+from vllm_srun.engines.native.bert import Bert
 
-class AcmeEncoder(BertModel):
+class AcmeEncoder(Bert):
     pass
 """
 
@@ -32,6 +32,7 @@ def acme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "AcmeEncoder"
     architectures._MODELS.pop("AcmeEncoder", None)
+    architectures._ARCHITECTURES.pop("AcmeEncoder", None)
     sys.modules.pop("acme_arch", None)
 
 

@@ -152,14 +152,22 @@ def test_bfloat16_small_batches_stay_on_torch_close_to_packed(nt: Any, tmp_path:
         np.testing.assert_allclose(dense, ref[i, : len(rows[i])].mean(0).numpy(), atol=0.15, rtol=0.05)
 
 
-def test_int8_and_modernbert_run_packed_only(nt: Any, tmp_path: Path) -> None:
+def test_int8_runs_packed_only(nt: Any, tmp_path: Path) -> None:
     native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path / "b"), "int8")
     assert native.paths == ("packed",)
-    modern = nt.load_native(write_fixture(tmp_path / "m", variant="modernbert-embedding"))
-    assert modern.paths == ("packed",)
     rows = nt.token_rows(50, (6,))
     with pytest.raises(ValueError, match="runs: packed"):
-        run(modern, rows, "cls", path="dense")
+        run(native, rows, "cls", path="dense")
+
+
+def test_modernbert_small_batches_run_dense_with_its_window(nt: Any, tmp_path: Path) -> None:
+    """Every architecture has the small-batch path (its table row declares dense only for
+    ModernBERT: its sliding window and rotary tables are traced at a fixed width)."""
+    modern = nt.load_native(write_fixture(tmp_path / "m", variant="modernbert-embedding"))
+    assert modern.paths == ("packed", "dense")
+    rows = nt.token_rows(50, (20, 17))  # longer than the fixture's window of 8
+    for dense, packed in zip(run(modern, rows, "hidden", path="dense"), run(modern, rows, "hidden", path="packed"), strict=True):
+        np.testing.assert_allclose(dense, packed, atol=1e-5, rtol=0)
 
 
 def minilm_dir() -> Path:
@@ -271,7 +279,7 @@ def test_the_onnx_pool_threads_run_at_the_forward_priority(
     monkeypatch.delenv("VLLM_SRUN_FORWARD_NICE", raising=False)
     native = nt.load_native(nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path))
     before = set(os.listdir("/proc/self/task"))
-    session = OnnxSmallBatch(native.module.bert, 3)  # two pool threads beside the caller's
+    session = OnnxSmallBatch(native.module, 3)  # two pool threads beside the caller's
     started = set(os.listdir("/proc/self/task")) - before
     assert len(started) >= 2, started
     base = os.getpriority(os.PRIO_PROCESS, os.getpid())

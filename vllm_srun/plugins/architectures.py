@@ -1,45 +1,254 @@
-"""The native engine's architecture registry: architecture name -> "module:Class".
+"""The architecture table: every architecture the runtime knows, declared once.
 
-Classes are imported when first used, so registering costs nothing. A plugin adds its own
-with `register_model`; an unknown name fails with the list of known ones.
+One `Architecture` row per network says which `model_type`s it covers, the class that runs it
+(a "module:Class" string, imported when first used), the head each Transformers class name
+carries, whether it reads token type ids, which fast paths its engine offers, how its
+config.json spells the standard sizes, and how to write a tiny fixture of it. The native
+engine's registry, the families' detection, `register_model`, the fixture writer and the
+parity tests all read this table; nothing else keeps a list of model types.
+
+The table is data, not code: it imports neither torch nor an engine, so an app replica (which
+plans and finishes without weights) and a family read it as the engine does.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_srun.errors import ConfigError
 
-# Built-in architectures of the native engine; plugins add theirs with `register_model`.
+# What a class's head makes of a package: a bare encoder ("model": embeddings with a
+# sentence-transformers configuration), a sequence classifier or a token tagger.
+KINDS = ("model", "sequence", "token")
+# The standard config keys the runtime reads, which some configs spell their own way.
+STANDARD_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fixture:
+    """How `vllm-srun fixture` writes a tiny random package of one flavour of an architecture:
+    the Transformers config class, the class-name prefix, the tokenizer kind the fixture writer
+    builds (wordpiece, bytelevel, unigram) and config settings beyond the shared tiny sizes."""
+
+    config_class: str
+    class_prefix: str
+    tokenizer: str
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Architecture:
+    """One network, declared once (see the module docstring)."""
+
+    name: str
+    model_types: tuple[str, ...]
+    target: str  # "module:Class" of the native implementation
+    classes: Mapping[str, tuple[str, str | None]]  # Transformers class -> (kind, head name)
+    type_ids: bool = False  # reads token type ids (when config.json's type_vocab_size > 1)
+    fast_paths: tuple[str, ...] = ("dense", "onnx")  # the native engine's small-batch paths
+    config_keys: Mapping[str, str] = field(default_factory=dict)  # standard key -> this config's
+    fixtures: Mapping[str, Fixture] = field(default_factory=dict)  # flavour -> how to write one
+
+    def kind_of(self, architecture: str) -> str | None:
+        entry = self.classes.get(architecture)
+        return entry[0] if entry else None
+
+    def head_of(self, architecture: str) -> str | None:
+        entry = self.classes.get(architecture)
+        return entry[1] if entry else None
+
+    def uses_type_ids(self, config: Mapping[str, Any]) -> bool:
+        """Whether token type ids reach the model: only where it has more than one type."""
+        return self.type_ids and int(config.get("type_vocab_size", 2) or 0) > 1
+
+    def standard_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """`config` with the standard keys filled from this architecture's spelling of them."""
+        out = dict(config)
+        for standard, own in self.config_keys.items():
+            if standard not in out and own in out:
+                out[standard] = out[own]
+        return out
+
+
 _NATIVE = "vllm_srun.engines.native"
-_MODELS: dict[str, str] = {
-    "BertModel": f"{_NATIVE}.bert:BertModel",
-    "BertForSequenceClassification": f"{_NATIVE}.bert:BertForSequenceClassification",
-    "BertForTokenClassification": f"{_NATIVE}.bert:BertForTokenClassification",
-    "ModernBertModel": f"{_NATIVE}.modernbert:ModernBertModel",
-    "ModernBertForSequenceClassification": f"{_NATIVE}.modernbert:ModernBertForSequenceClassification",
-    "ModernBertForTokenClassification": f"{_NATIVE}.modernbert:ModernBertForTokenClassification",
-}
 
 
-def register_model(architecture: str, target: str) -> None:
-    """Map `architecture` (as in config.json's `architectures`) to a "module:Class" string."""
-    if ":" not in target:
-        raise ValueError(f"model target {target!r} must be 'module:Class'")
-    _MODELS[architecture] = target
+def _classes(prefixes: tuple[str, ...], heads: Mapping[str, tuple[str, str | None]]) -> dict[str, Any]:
+    return {prefix + suffix: entry for prefix in prefixes for suffix, entry in heads.items()}
+
+
+# The class-name suffixes every encoder here has, with their heads; a row overrides the
+# sequence and token heads. *ForMaskedLM / *ForPreTraining load as bare encoders: the
+# sentence-transformers packages that name them are embedders, and the LM head is ignored.
+def _encoder_classes(
+    prefixes: tuple[str, ...], sequence: str, token: str = "token", *, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    bare = ("Model", "ForMaskedLM", *extra)
+    heads: dict[str, tuple[str, str | None]] = {suffix: ("model", None) for suffix in bare}
+    heads["ForSequenceClassification"] = ("sequence", sequence)
+    heads["ForTokenClassification"] = ("token", token)
+    return _classes(prefixes, heads)
+
+
+BUILTIN: tuple[Architecture, ...] = (
+    Architecture(
+        name="bert",
+        model_types=("bert",),
+        target=f"{_NATIVE}.bert:Bert",
+        classes=_encoder_classes(("Bert",), "pooler", extra=("ForPreTraining",)),
+        type_ids=True,
+        fixtures={"bert": Fixture(config_class="BertConfig", class_prefix="Bert", tokenizer="wordpiece")},
+    ),
+    Architecture(
+        name="modernbert",
+        model_types=("modernbert",),
+        target=f"{_NATIVE}.modernbert:ModernBert",
+        classes=_encoder_classes(("ModernBert",), "modernbert", "modernbert_token"),
+        fast_paths=("dense",),
+        fixtures={
+            "modernbert": Fixture(
+                config_class="ModernBertConfig",
+                class_prefix="ModernBert",
+                tokenizer="bytelevel",
+                settings={"global_attn_every_n_layers": 2, "local_attention": 8},
+            ),
+            "mmbert": Fixture(
+                config_class="ModernBertConfig",
+                class_prefix="ModernBert",
+                tokenizer="unigram",
+                settings={"global_attn_every_n_layers": 2, "local_attention": 8},
+            ),
+        },
+    ),
+)
+
+_ARCHITECTURES: dict[str, Architecture] = {}
+# Transformers class name -> (architecture row name, "module:Class") for every known class.
+_MODELS: dict[str, tuple[str, str]] = {}
+
+
+def register_architecture(arch: Architecture) -> None:
+    """Add (or replace) a table row: its classes become known to the engine and the families."""
+    for kind, _ in arch.classes.values():
+        if kind not in KINDS:
+            raise ValueError(f"architecture {arch.name!r}: kind {kind!r} is not one of {KINDS}")
+    if ":" not in arch.target:
+        raise ValueError(f"model target {arch.target!r} must be 'module:Class'")
+    _ARCHITECTURES[arch.name] = arch
+    for cls in arch.classes:
+        _MODELS[cls] = (arch.name, arch.target)
+
+
+for _row in BUILTIN:
+    register_architecture(_row)
+
+
+def register_model(
+    architecture: str, target: str, *, model_type: str | None = None, type_ids: bool = False
+) -> None:
+    """Map `architecture` (as in config.json's `architectures`) to a "module:Class" string.
+
+    With `model_type`, the class also becomes a row of its own, so the families serve packages
+    of that (new) model type: its kind follows the class name's suffix (`*ForSequenceClassification`,
+    `*ForTokenClassification`, else a bare encoder). The class is built as
+    `cls(config, head=...)` with the head the suffix implies ("pooler" or "token"), so a
+    subclass of a built-in architecture keeps its heads.
+    """
+    row = architecture_of(architecture)
+    if model_type is None and row is not None:  # a known class, run by another implementation
+        register_architecture(_with_target(row, architecture, target))
+        return
+    register_architecture(
+        Architecture(
+            name=architecture,
+            model_types=(model_type,) if model_type else (),
+            target=target,
+            classes={architecture: _suffix_kind(architecture)},
+            type_ids=type_ids,
+            fast_paths=("dense",),
+        )
+    )
+
+
+def _with_target(row: Architecture, architecture: str, target: str) -> Architecture:
+    """A row of its own for one class of `row` served by another target."""
+    return Architecture(
+        name=architecture,
+        model_types=row.model_types,
+        target=target,
+        classes={architecture: row.classes[architecture]},
+        type_ids=row.type_ids,
+        fast_paths=row.fast_paths,
+        config_keys=row.config_keys,
+    )
+
+
+def _suffix_kind(architecture: str) -> tuple[str, str | None]:
+    if architecture.endswith("ForSequenceClassification"):
+        return ("sequence", "pooler")
+    if architecture.endswith("ForTokenClassification"):
+        return ("token", "token")
+    return ("model", None)
+
+
+def architectures() -> list[Architecture]:
+    """Every row, built-in and registered, in registration order."""
+    return list(_ARCHITECTURES.values())
 
 
 def known_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
+def supported_model_types() -> list[str]:
+    return sorted({t for arch in _ARCHITECTURES.values() for t in arch.model_types})
+
+
+def architecture_of(architecture: str) -> Architecture | None:
+    """The row that serves the Transformers class `architecture`, None when none does."""
+    known = _MODELS.get(architecture)
+    return _ARCHITECTURES.get(known[0]) if known else None
+
+
+def declared(config: Mapping[str, Any]) -> tuple[Architecture, str] | None:
+    """The row and class name that serve a package's config.json, None when none does: its
+    first `architectures` entry must be a class of a row that covers its `model_type`."""
+    names = config.get("architectures") or []
+    if not names or not isinstance(names[0], str):
+        return None
+    arch = architecture_of(names[0])
+    if arch is None or config.get("model_type") not in arch.model_types:
+        return None
+    return arch, names[0]
+
+
 def resolve_model(architecture: str) -> Any:
     """The class registered for `architecture`, imported now."""
-    target = _MODELS.get(architecture)
-    if target is None:
-        known = ", ".join(known_architectures()) or "none"
-        raise ConfigError(f"unknown architecture {architecture!r} (known: {known})")
-    module_name, _, attr = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attr)
+    import importlib
+
+    known = _MODELS.get(architecture)
+    if known is None:
+        raise ConfigError(f"unknown architecture {architecture!r} (known: {', '.join(known_architectures())})")
+    module_name, _, attr = known[1].partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def refusal(config: Mapping[str, Any]) -> str:
+    """What to tell a user whose package no row serves: what was found, what is supported,
+    and the two ways out."""
+    found = config.get("architectures") or []
+    return (
+        f"model_type {config.get('model_type')!r} with architectures {list(found)} is not one the "
+        f"native engine knows (model types: {', '.join(supported_model_types())}; see "
+        "`vllm-srun models --architectures`). Two ways out: export the model to onnx/model.onnx "
+        "(it then serves on onnxruntime whatever its model_type), or install a plugin that "
+        "registers the architecture with vllm_srun.plugins.architectures.register_model"
+    )

@@ -12,6 +12,14 @@ the whole batch wastes compute on padding; a block-diagonal mask over all tokens
 the batch's tokens; nested (jagged) tensors were slower than padded calls. A few padded groups
 keep the op count low with little padding (bench/native_forward.py times the forward).
 
+The small-batch path (`Block`) lays a few rows out as one right-padded [rows, width] block
+instead, flattened to [rows * width] tokens, and attends with one SDPA call per layer: the same
+layers run on either layout, since they only call `layout.attend(...)` and read
+`layout.positions`. Attention takes fused or separate q/k/v, fewer key/value heads than query
+heads (grouped), a causal flag, a sliding window, an additive position bias computed per
+padded block (`PositionBias`: DeBERTa's disentangled terms, MPNet's relative buckets) and an
+explicit softmax scale.
+
 An accelerator may offer its own attention kernel (`Accelerator.kernels()`, name
 `scaled_dot_product_attention`): it is called in place of torch's on each padded group.
 """
@@ -21,7 +29,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -56,6 +64,46 @@ def partition(lengths: list[int]) -> list[tuple[int, int]]:
     return bounds[::-1]
 
 
+class PositionBias(Protocol):
+    """An additive attention bias that depends on positions within a row (and perhaps on the
+    queries and keys): called on each padded block, whose rows all start at position 0."""
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, width: int) -> torch.Tensor:
+        """[rows or 1, heads, width, width] for `q`, `k` of shape [rows, heads, width, dim]."""
+        ...
+
+
+def _additive(allowed: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """0 where `allowed`, -inf elsewhere; None when everything is allowed.
+
+    Additive rather than boolean: SDPA would convert a boolean mask on every call (two more
+    ops per group and layer); this one is built once per batch.
+    """
+    if allowed is None:
+        return None
+    import torch
+
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return zeros.masked_fill(~allowed, float("-inf"))
+
+
+def _band(width: int, window: int | None, causal: bool, device: torch.device) -> torch.Tensor | None:
+    """[width, width] bool: which key (column) each query (row) may see by position alone."""
+    import torch
+
+    allowed = None
+    idx = torch.arange(width, device=device)
+    if window is not None and width - 1 > window:
+        allowed = (idx[:, None] - idx[None, :]).abs() <= window
+    if causal and width > 1:
+        lower = idx[None, :] <= idx[:, None]
+        allowed = lower if allowed is None else allowed & lower
+    return allowed
+
+
+MaskKey = tuple[int | None, bool, "torch.dtype"]
+
+
 @dataclass
 class _Group:
     """Rows padded into one [rows, width] block; `gather` maps each cell to a packed token."""
@@ -65,28 +113,39 @@ class _Group:
     gather: torch.Tensor  # [rows * width]; padding cells repeat a real token (they are masked)
     valid: torch.Tensor  # [rows, width] bool
     cells: tuple[torch.Tensor, torch.Tensor] | None  # (row, column) of each real cell; None: no padding
-    masks: dict[tuple[int | None, torch.dtype], torch.Tensor | None] = field(default_factory=dict)
+    masks: dict[MaskKey, torch.Tensor | None] = field(default_factory=dict)
 
-    def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor | None:
-        """Additive SDPA mask (0 or -inf), None when every cell may see every other.
-
-        Additive rather than boolean: SDPA would convert a boolean mask on every call (two more
-        ops per group and layer); this one is built once per batch.
-        """
-        key = (window, dtype)
+    def mask(self, window: int | None, dtype: torch.dtype, causal: bool = False) -> torch.Tensor | None:
+        """Additive SDPA mask (0 or -inf) for this block, None when every cell may see every other."""
+        key = (window, causal, dtype)
         if key not in self.masks:
-            import torch
-
             allowed = self.valid[:, None, None, :] if self.cells is not None else None
-            if window is not None and self.width - 1 > window:
-                idx = torch.arange(self.width, device=self.valid.device)
-                band = (idx[:, None] - idx[None, :]).abs() <= window
+            band = _band(self.width, window, causal, self.valid.device)
+            if band is not None:
                 allowed = band if allowed is None else allowed & band
-            self.masks[key] = None
-            if allowed is not None:
-                zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
-                self.masks[key] = zeros.masked_fill(~allowed, float("-inf"))
+            self.masks[key] = _additive(allowed, dtype)
         return self.masks[key]
+
+
+def _sdpa_call(
+    sdpa: AttentionKernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    bias: PositionBias | None,
+    scale: float | None,
+) -> torch.Tensor:
+    """One attention call on [rows, heads, width, dim] blocks; k and v may have fewer heads."""
+    if k.shape[1] != q.shape[1]:  # grouped key/value heads: each serves heads // kv_heads queries
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    if bias is not None:
+        extra = bias(q, k, q.shape[2]).to(q.dtype)
+        mask = extra if mask is None else extra + mask
+    if scale is None:
+        return sdpa(q, k, v, attn_mask=mask)  # type: ignore[no-any-return]
+    return sdpa(q, k, v, attn_mask=mask, scale=scale)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -127,6 +186,53 @@ class Segments:
             self._groups, self._tokens = self._build_groups()
         return self._groups, self._tokens
 
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        causal: bool = False,
+        bias: PositionBias | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """Attention of every packed row over its own tokens; returns [tokens, heads * dim].
+
+        Either `q` is the fused [tokens, 3, heads, dim] projection (one gather for all three),
+        or `q` [tokens, heads, dim] with `k`, `v` [tokens, kv_heads, dim]. `window` limits a
+        query to keys at most that many positions away; `causal` to keys at or before it;
+        `bias` adds a position bias per block; `scale` replaces 1/sqrt(dim).
+        """
+        import torch
+        import torch.nn.functional as F
+
+        sdpa = self.attention or F.scaled_dot_product_attention
+        groups, positions = self.groups()
+        fused = k is None
+        tokens, heads, head_dim = q.shape[0], q.shape[-2], q.shape[-1]
+        blocks = []
+        for g in groups:
+            if fused:
+                # One gather for q, k and v: [rows, width, 3, heads, dim] -> 3 x [rows, heads, width, dim]
+                qb, kb, vb = (
+                    q.index_select(0, g.gather)
+                    .view(g.rows, g.width, 3, heads, head_dim)
+                    .permute(2, 0, 3, 1, 4)
+                )
+            else:
+                assert k is not None and v is not None
+                qb, kb, vb = (
+                    t.index_select(0, g.gather).view(g.rows, g.width, t.shape[1], t.shape[2]).transpose(1, 2)
+                    for t in (q, k, v)
+                )
+            block = _sdpa_call(sdpa, qb, kb, vb, g.mask(window, q.dtype, causal), bias, scale)
+            block = block.transpose(1, 2)
+            blocks.append(block.reshape(-1, heads, head_dim) if g.cells is None else block[g.cells])
+        out = q.new_empty(tokens, heads, head_dim)
+        out.index_copy_(0, positions, blocks[0] if len(blocks) == 1 else torch.cat(blocks))
+        return out.view(tokens, heads * head_dim)
+
     def _build_groups(self) -> tuple[list[_Group], torch.Tensor]:
         import torch
 
@@ -160,25 +266,97 @@ class Segments:
 
 
 def packed_attention(qkv: torch.Tensor, segments: Segments, *, window: int | None = None) -> torch.Tensor:
-    """Scaled dot-product attention over packed `qkv` ([tokens, 3, heads, head_dim]).
+    """Scaled dot-product attention over packed fused `qkv` ([tokens, 3, heads, head_dim]).
 
     Each row attends only to its own tokens; with `window`, a query sees only keys at most
     `window` positions away (bidirectional sliding window). Returns [tokens, heads * head_dim].
     """
-    import torch
-    import torch.nn.functional as F
+    return segments.attend(qkv, window=window)
 
-    tokens, _, heads, head_dim = qkv.shape
-    sdpa = segments.attention or F.scaled_dot_product_attention
-    groups, positions = segments.groups()
-    blocks = []
-    for g in groups:
-        # One gather for q, k and v together: [rows, width, 3, heads, dim] -> 3 x [rows, heads, width, dim]
-        q, k, v = (
-            qkv.index_select(0, g.gather).view(g.rows, g.width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        )
-        block = sdpa(q, k, v, attn_mask=g.mask(window, qkv.dtype)).transpose(1, 2)
-        blocks.append(block.reshape(-1, heads, head_dim) if g.cells is None else block[g.cells])
-    out = qkv.new_empty(tokens, heads, head_dim)
-    out.index_copy_(0, positions, blocks[0] if len(blocks) == 1 else torch.cat(blocks))
-    return out.view(tokens, heads * head_dim)
+
+class Block:
+    """Rows laid out as one right-padded [rows, width] block, flattened to [rows * width]
+    tokens: the small-batch layout. Layers run on it exactly as on `Segments`; attention is one
+    SDPA call per layer on a view of the projections, masked only where rows are padded."""
+
+    def __init__(
+        self, lengths: np.ndarray, device: torch.device, *, attention: AttentionKernel | None = None
+    ) -> None:
+        import torch
+
+        self.rows, self.width = len(lengths), int(lengths.max())
+        self.valid = torch.as_tensor(np.arange(self.width)[None, :] < lengths[:, None], device=device)
+        self.padded = int(lengths.min()) != self.width
+        self.positions = torch.arange(self.width, device=device).repeat(self.rows)
+        self.attention = attention
+        self._masks: dict[MaskKey, torch.Tensor | None] = {}
+
+    @classmethod
+    def traced(cls, valid: torch.Tensor) -> Block:
+        """A block over a [rows, width] validity mask given as a tensor, every shape read from
+        tensors, for export to a graph with dynamic rows and width (the small-batch ONNX path).
+        Its key mask is always applied, with the float minimum rather than -inf."""
+        import torch
+
+        block = cls.__new__(cls)
+        block.rows, block.width = valid.shape[0], valid.shape[1]
+        block.valid = valid.bool()
+        block.padded = True
+        block.positions = torch.arange(valid.shape[1], device=valid.device).repeat(valid.shape[0])
+        block.attention = None
+        mask = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        block._masks = {(None, False, torch.float32): mask}
+        return block
+
+    def scatter(self, packed: torch.Tensor) -> torch.Tensor:
+        """Packed per-token values [tokens, ...] laid into the block [rows * width, ...] (zeros
+        in the padding)."""
+        if not self.padded:
+            return packed
+        flat = self.valid.reshape(-1)
+        out = packed.new_zeros((flat.shape[0], *packed.shape[1:]))
+        out[flat] = packed
+        return out
+
+    def gather(self, block: torch.Tensor) -> torch.Tensor:
+        """The real tokens of block values [rows * width, ...], back in packed order."""
+        return block if not self.padded else block[self.valid.reshape(-1)]
+
+    def _mask(self, window: int | None, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
+        key = (window, causal, dtype)
+        if key not in self._masks:
+            allowed = self.valid[:, None, None, :] if self.padded else None
+            band = _band(self.width, window, causal, self.valid.device)
+            if band is not None:
+                allowed = band if allowed is None else allowed & band
+            self._masks[key] = _additive(allowed, dtype)
+        return self._masks[key]
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None = None,
+        v: torch.Tensor | None = None,
+        *,
+        window: int | None = None,
+        causal: bool = False,
+        bias: PositionBias | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        """As `Segments.attend`, over the block."""
+        import torch.nn.functional as F
+
+        sdpa = self.attention or F.scaled_dot_product_attention
+        rows, width = self.rows, self.width
+        if k is None:
+            heads, head_dim = q.shape[-2], q.shape[-1]
+            qb, kb, vb = q.view(rows, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        else:
+            assert v is not None
+            heads, head_dim = q.shape[1], q.shape[2]
+            qb, kb, vb = (t.view(rows, width, t.shape[1], t.shape[2]).transpose(1, 2) for t in (q, k, v))
+        out = _sdpa_call(sdpa, qb, kb, vb, self._mask(window, causal, q.dtype), bias, scale)
+        return out.transpose(1, 2).reshape(rows * width, heads * head_dim)
+
+
+Layout = Segments | Block

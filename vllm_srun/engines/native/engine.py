@@ -3,25 +3,25 @@
 This module imports without torch: torch is imported inside the methods that need it, so the
 app (which never runs a forward) and `supports()` work where torch is not installed.
 
-Early exits: a row whose output is `"<kind>@<layer>"` ("mean@3", "hidden@3") gets that output
-from the hidden states after encoder layer `layer` (1-based) instead of the last, for the pooled
-kinds and "hidden". An architecture offers them by defining `num_layers` and
-`hidden_at(input_ids, type_ids, segments, layers) -> {layer: hidden states}` (the built-in BERT
-and ModernBERT do); a batch with such rows runs on the packed path, through its deepest exit only.
+Every architecture is an `EncoderModel` (encoder.py), so every one has early exits and the
+small-batch path its table row declares (`fast_paths`): a row whose output is
+`"<kind>@<layer>"` ("mean@3", "hidden@3") gets that output from the hidden states after encoder
+layer `layer` (1-based) instead of the last, for the pooled kinds and "hidden"; a batch with
+such rows runs on the packed path, through its deepest exit only.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import itertools
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import structlog
 
 from vllm_srun.errors import ConfigError, PackageError
-from vllm_srun.plugins.architectures import known_architectures, resolve_model
+from vllm_srun.plugins.architectures import architecture_of, known_architectures, resolve_model
 from vllm_srun.plugins.base import Accelerator, Batch, Device, Engine, EngineModel, ModelSpec, WorkItem
 
 log = structlog.get_logger("vllm_srun.engines")
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import torch
 
     from vllm_srun.engines.native.attention import AttentionKernel, Segments
-    from vllm_srun.engines.native.layers import EncoderModel
+    from vllm_srun.engines.native.encoder import EncoderModel
 
 POOLED = ("mean", "cls", "last")
 OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED)
@@ -116,11 +116,13 @@ class NativeEngine(Engine):
         if dtype == "int8" and target.type != "cpu":
             raise ConfigError(f"int8 (dynamic int8 linears) runs on the cpu only, not {device}")
         cls = resolve_model(spec.architecture)
+        row = architecture_of(spec.architecture)
+        assert row is not None  # resolve_model raised otherwise
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
         try:
             with torch.device("meta"):
-                module = cls(spec.config)
+                module = cls(row.standard_config(spec.config), head=row.head_of(spec.architecture))
         except ConfigError:
             raise
         except KeyError as exc:
@@ -141,7 +143,14 @@ class NativeEngine(Engine):
                 module, {torch.nn.Linear: qconfig}, dtype=torch.qint8
             )
         kernels = accelerator_of(device).kernels()
-        model = NativeModel(module, device=device, dtype=dtype, torch_device=target, kernels=kernels)
+        model = NativeModel(
+            module,
+            device=device,
+            dtype=dtype,
+            torch_device=target,
+            kernels=kernels,
+            fast_paths=row.fast_paths,
+        )
         model.prepare_small_batches()
         return model
 
@@ -160,8 +169,10 @@ class NativeModel(EngineModel):
         dtype: str,
         torch_device: torch.device | None = None,
         kernels: dict[str, Any] | None = None,
+        fast_paths: Sequence[str] = ("dense", "onnx"),
     ) -> None:
         self.module = module
+        self.fast_paths = tuple(fast_paths)
         self.device = device
         self.dtype = dtype
         self._torch_device = torch_device if torch_device is not None else torch_device_of(device)
@@ -173,8 +184,7 @@ class NativeModel(EngineModel):
     def exit_layers(self) -> tuple[int, ...]:
         """The encoder layers (1-based) whose output a row may ask for: every layer where the
         architecture can stop early, else none (only its last, by asking for no layer)."""
-        count = getattr(self.module, "num_layers", 0)
-        return tuple(range(1, count + 1)) if hasattr(self.module, "hidden_at") else ()
+        return tuple(range(1, self.module.num_layers + 1))
 
     def resolve_exit(self, output: str) -> tuple[str, int | None]:
         """`output` as (kind, exit layer); the layer is None for the last one, whether named or
@@ -209,9 +219,10 @@ class NativeModel(EngineModel):
     @property
     def paths(self) -> tuple[str, ...]:
         """The forward paths this model may take: "packed" always; for small batches (see
-        `dense_rows`) on the cpu, "dense" where the architecture has one, and "onnx" where
-        onnxruntime runs that dense forward (float32, no accelerator attention kernel)."""
-        if self._dense_backbone() is None:
+        `dense_rows`) on the cpu, "dense" where the architecture's row declares it, and "onnx"
+        where onnxruntime runs that dense forward (declared, float32, no accelerator attention
+        kernel, and the export passed its probe)."""
+        if not self._small_batches():
             return ("packed",)
         return ("packed", "dense", "onnx") if self._onnx is not None else ("packed", "dense")
 
@@ -225,14 +236,9 @@ class NativeModel(EngineModel):
             memory[PATH_NAMES["onnx"]] = self._onnx.memory_bytes
         return {"engine_paths": [PATH_NAMES[p] for p in chosen], "memory_bytes": memory}
 
-    def _dense_backbone(self) -> Any:
-        from vllm_srun.engines.native.bert import BertBackbone
-
+    def _small_batches(self) -> bool:
         # Measured and parity-tested on the cpu only; int8's quantised linears were not measured.
-        if self.dtype == "int8" or self._torch_device.type != "cpu":
-            return None
-        backbone = getattr(self.module, "bert", None)
-        return backbone if isinstance(backbone, BertBackbone) else None
+        return "dense" in self.fast_paths and self.dtype != "int8" and self._torch_device.type == "cpu"
 
     def prepare_small_batches(self) -> None:
         """Export the dense forward to onnxruntime where it can run (done at load, so no request
@@ -243,9 +249,9 @@ class NativeModel(EngineModel):
         from vllm_srun import tuning
         from vllm_srun.engines.native import onnx_path
 
-        backbone = self._dense_backbone()
         if not (
-            backbone is not None
+            self._small_batches()
+            and "onnx" in self.fast_paths
             and self.small_batch_onnx
             and self.dtype == "float32"
             and self.attention is None
@@ -256,11 +262,11 @@ class NativeModel(EngineModel):
 
         try:
             threads = tuning.forward_threads() or torch.get_num_threads()
-            session = onnx_path.OnnxSmallBatch(backbone, threads)
+            session = onnx_path.OnnxSmallBatch(self.module, threads)
         except Exception as exc:  # an export or session failure costs speed, never an answer
             log.warning("small_batch_onnx_unavailable", error=f"{type(exc).__name__}: {exc}")
             return
-        vocab = int(backbone.embeddings.word_embeddings.num_embeddings)
+        vocab = self.module.vocab_size
         rows = [[t % vocab for t in row] for row in _PROBE]
         self._onnx, worst = session, 0.0
         for probe in (rows[:1], rows):
@@ -321,7 +327,7 @@ class NativeModel(EngineModel):
             elif path == "onnx":
                 hidden = self._onnx_forward(batch, lengths)
             else:
-                hidden = self._dense_forward(self._dense_backbone(), ids, types, lengths)
+                hidden = self._dense_forward(ids, types, lengths)
             return self._outputs(hidden, segments, kinds)
 
     def _exit_outputs(
@@ -334,8 +340,7 @@ class NativeModel(EngineModel):
         """Each row's output from the layer it exits at: one forward, as deep as the deepest."""
         last = self.exit_layers[-1]
         wanted = [(kind, last if layer is None else layer) for kind, layer in resolved]
-        hidden_at = cast("Callable[..., dict[int, torch.Tensor]]", self.module.hidden_at)
-        states = hidden_at(ids, types, segments, {layer for _, layer in wanted})
+        states = self.module.hidden_at(ids, types, segments, {layer for _, layer in wanted})
         results: list[np.ndarray | None] = [None] * len(wanted)
         for number, hidden in states.items():
             kinds = [kind if layer == number else None for kind, layer in wanted]
@@ -358,30 +363,13 @@ class NativeModel(EngineModel):
         hidden = self._onnx.hidden(ids, types, valid.astype(np.int64))
         return torch.from_numpy(hidden[valid])
 
-    def _dense_forward(
-        self, backbone: Any, ids: torch.Tensor, types: torch.Tensor | None, lengths: np.ndarray
-    ) -> torch.Tensor:
+    def _dense_forward(self, ids: torch.Tensor, types: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:
         """Packed hidden states [tokens, hidden] computed on the rows padded into one block."""
-        import torch
-        import torch.nn.functional as F
+        from vllm_srun.engines.native.attention import Block
 
-        from vllm_srun.engines.native.dense import dense_bert
-
-        sdpa = self.attention or F.scaled_dot_product_attention
-        rows, width = len(lengths), int(lengths.max())
-        if int(lengths.min()) == width:  # no padding: the packed tokens are the block
-            block = ids.view(rows, width)
-            hidden = dense_bert(
-                backbone, block, None if types is None else types.view(rows, width), None, sdpa
-            )
-            return hidden.reshape(rows * width, -1)
-        valid = torch.as_tensor(np.arange(width)[None, :] < lengths[:, None], device=ids.device)
-        block = ids.new_zeros(rows, width).masked_scatter_(valid, ids)
-        block_types = None if types is None else types.new_zeros(rows, width).masked_scatter_(valid, types)
-        dtype = next(backbone.parameters()).dtype
-        mask = torch.zeros(valid.shape, dtype=dtype, device=ids.device).masked_fill_(~valid, float("-inf"))
-        hidden = dense_bert(backbone, block, block_types, mask[:, None, None, :], sdpa)
-        return hidden[valid]
+        block = Block(lengths, ids.device, attention=self.attention)
+        hidden = self.module(block.scatter(ids), None if types is None else block.scatter(types), block)
+        return block.gather(hidden)
 
     def _outputs(
         self,

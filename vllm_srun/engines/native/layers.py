@@ -1,13 +1,12 @@
-"""Pieces shared by the native architectures: the model base class, activations, pooling."""
+"""Pieces shared by the native architectures: activations, label counts, pooling."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from vllm_srun.engines.native.attention import Segments
 from vllm_srun.errors import ConfigError
@@ -75,28 +74,3 @@ def mean_rows(hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torc
 
 def first_tokens(hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
     return hidden[[segments.starts[r] for r in rows]]
-
-
-class EncoderModel(nn.Module):
-    """What the engine calls on a native architecture.
-
-    `forward` maps packed token ids to the final hidden states [tokens, hidden]; heads then
-    run only on the rows that asked for them. `head_kind` says which head the class has:
-    "sequence", "token" or None (a bare encoder).
-    """
-
-    head_kind: ClassVar[str | None] = None
-
-    def forward(
-        self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, segments: Segments
-    ) -> torch.Tensor:
-        raise NotImplementedError
-
-    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
-        raise NotImplementedError
-
-    def sequence_logits(self, hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} has no sequence classification head")
-
-    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError(f"{type(self).__name__} has no token classification head")

@@ -8,15 +8,15 @@ mlp_bias and classifier_bias flags. Attribute names follow the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from vllm_srun.engines.native.attention import Segments, packed_attention
-from vllm_srun.engines.native.layers import EncoderModel, activation, first_tokens, mean_rows, num_labels
-from vllm_srun.engines.native.weights import load_named
+from vllm_srun.engines.native.attention import Layout
+from vllm_srun.engines.native.encoder import Backbone, EncoderModel
+from vllm_srun.engines.native.layers import activation
 from vllm_srun.errors import ConfigError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -77,13 +77,11 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(hidden, 3 * hidden, bias=bias)
         self.Wo = nn.Linear(hidden, hidden, bias=bias)
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segments: Segments
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: Layout) -> torch.Tensor:
         qkv = self.Wqkv(x).view(x.shape[0], 3, self.heads, -1)
         # q and k rotate together (one op set for both), written back into the fresh qkv.
         qkv[:, :2] = _rotate(qkv[:, :2], *rope)
-        return self.Wo(packed_attention(qkv, segments, window=self.window))
+        return self.Wo(layout.attend(qkv, window=self.window))
 
 
 class ModernBertMLP(nn.Module):
@@ -108,6 +106,7 @@ class ModernBertMLP(nn.Module):
 class ModernBertEncoderLayer(nn.Module):
     def __init__(self, config: Mapping[str, Any], index: int, kind: str) -> None:
         super().__init__()
+        self.kind = kind
         # Layer 0's input is already the normalised embedding: it has no attn_norm.
         self.attn_norm = _layer_norm(config) if index else nn.Identity()
         window = int(config.get("local_attention", 128)) // 2 if kind == SLIDING else None
@@ -115,15 +114,13 @@ class ModernBertEncoderLayer(nn.Module):
         self.mlp_norm = _layer_norm(config)
         self.mlp = ModernBertMLP(config)
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], segments: Segments
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: Layout, rope: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         # Residuals added in place on each block's fresh output (addition commutes: same bits).
-        x = self.attn(self.attn_norm(x), rope, segments).add_(x)
+        x = self.attn(self.attn_norm(x), rope[self.kind], layout).add_(x)
         return self.mlp(self.mlp_norm(x)).add_(x)
 
 
-class ModernBertBackbone(nn.Module):
+class ModernBertBackbone(Backbone):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
         kinds = layer_types(config)
@@ -139,110 +136,31 @@ class ModernBertBackbone(nn.Module):
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim
         self.inv_freq = {kind: 1.0 / (rope_theta(config, kind) ** exponents) for kind in set(kinds)}
 
-    def rope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def embed(self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, layout: Layout) -> torch.Tensor:
+        return self.embeddings(input_ids)  # type: ignore[no-any-return]  # no token types
+
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.layers
+
+    def context(self, layout: Layout) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Rotary tables per layer kind, for the batch's positions."""
         tables = {}
         for kind, inv_freq in self.inv_freq.items():
-            freqs = positions[:, None].float() * inv_freq.to(positions.device)
+            freqs = layout.positions[:, None].float() * inv_freq.to(layout.positions.device)
             angles = torch.cat((freqs, freqs), dim=-1)[:, None, None, :]  # broadcast over q/k and heads
             tables[kind] = (angles.cos(), angles.sin())
         return tables
 
-    def forward(self, input_ids: torch.Tensor, segments: Segments) -> torch.Tensor:
-        x = self.embeddings(input_ids)
-        rope = self.rope(segments.positions)
-        for layer, kind in zip(self.layers, self.kinds, strict=True):
-            x = layer(x, rope[kind], segments)
-        return self.final_norm(x)
+    def final(self, x: torch.Tensor) -> torch.Tensor:
+        return self.final_norm(x)  # type: ignore[no-any-return]
 
 
-class ModernBertPredictionHead(nn.Module):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        hidden = config["hidden_size"]
-        self.dense = nn.Linear(hidden, hidden, bias=config.get("classifier_bias", False))
-        self.act = activation(config.get("classifier_activation", "gelu"))
-        self.norm = _layer_norm(config)
+class ModernBert(EncoderModel):
+    """ModernBERT: `model.embeddings`, `model.layers.N`, `model.final_norm`; heads by name."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(self.act(self.dense(x)))
+    prefix = "model"
+    ignored = ("head.", "decoder.")  # *ForMaskedLM's prediction head and decoder, unless a head takes them
 
-
-class _ModernBert(EncoderModel):
-    prefix = "model."
-
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        self.model = ModernBertBackbone(config)
-
-    def forward(
-        self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, segments: Segments
-    ) -> torch.Tensor:
-        return self.model(input_ids, segments)  # ModernBERT has no token types
-
-    @property
-    def num_layers(self) -> int:
-        return len(self.model.layers)
-
-    def hidden_at(
-        self,
-        input_ids: torch.Tensor,
-        type_ids: torch.Tensor | None,
-        segments: Segments,
-        layers: Collection[int],
-    ) -> dict[int, torch.Tensor]:
-        """The hidden states after each encoder layer in `layers` (1-based), running no layer
-        past the deepest asked for. As Transformers' `hidden_states[layer]`: an earlier layer's
-        output is the residual stream before the final norm, the last layer's is the model's
-        output (after it)."""
-        backbone = self.model
-        x = backbone.embeddings(input_ids)
-        rope = backbone.rope(segments.positions)
-        out: dict[int, torch.Tensor] = {}
-        deepest = max(layers)
-        for number, (layer, kind) in enumerate(zip(backbone.layers, backbone.kinds, strict=True), start=1):
-            if number > deepest:
-                break
-            x = layer(x, rope[kind], segments)
-            if number in layers:
-                out[number] = backbone.final_norm(x) if number == len(backbone.layers) else x
-        return out
-
-    def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
-        return load_named(self, tensors, rename=self._rename)
-
-    def _rename(self, name: str) -> str:
-        # A bare ModernBertModel is saved without the "model." prefix.
-        if name.startswith(("model.", "head.", "classifier.")):
-            return name
-        return "model." + name
-
-
-class ModernBertModel(_ModernBert):
-    """A bare encoder: hidden states and pooled views only."""
-
-
-class _ModernBertClassifier(_ModernBert):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
-        self.head = ModernBertPredictionHead(config)
-        # The reference gives the classifier a bias whatever classifier_bias says (that flag
-        # is the head's dense layer).
-        self.classifier = nn.Linear(config["hidden_size"], num_labels(config))
-        self.pooling = config.get("classifier_pooling", "cls")
-        if self.pooling not in ("cls", "mean"):
-            raise ConfigError(f"classifier_pooling {self.pooling!r} is not supported ('cls' or 'mean')")
-
-
-class ModernBertForSequenceClassification(_ModernBertClassifier):
-    head_kind = "sequence"
-
-    def sequence_logits(self, hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
-        pool = mean_rows if self.pooling == "mean" else first_tokens
-        return self.classifier(self.head(pool(hidden, segments, rows).to(hidden.dtype)))
-
-
-class ModernBertForTokenClassification(_ModernBertClassifier):
-    head_kind = "token"
-
-    def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.classifier(self.head(hidden))
+    def build(self, config: Mapping[str, Any]) -> Backbone:
+        return ModernBertBackbone(config)

@@ -3,8 +3,8 @@
 For one row or a few rows of similar length, onnxruntime's CPU kernels run the same BERT
 forward faster than eager PyTorch (fewer dispatches, fused elementwise work around the
 matmuls); for large mixed batches the packed path wins (bench/single_forward.py measures
-both). The graph is exported from the loaded module itself (its `dense_bert` forward, so the
-numbers are the native ones up to float rounding) into a private temporary folder kept for
+both). The graph is exported from the loaded module itself (its forward on a padded `Block`,
+so the numbers are the native ones up to float rounding) into a private temporary folder kept for
 the model's life, and opened once, on the forward threads' intra-op thread count; nothing the
 package ships is run. onnxruntime holds its own copy of the weights, the one extra copy the
 engine allows itself for this path, and says what it added (`memory_bytes`).
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from vllm_srun.engines.native.bert import BertBackbone
+    from vllm_srun.engines.native.encoder import EncoderModel
 
 
 def available() -> bool:
@@ -35,7 +35,7 @@ def available() -> bool:
 
 
 class OnnxSmallBatch:
-    """An onnxruntime session over `dense_bert` of one loaded backbone; `hidden` runs it.
+    """An onnxruntime session over the small-batch forward of one loaded model; `hidden` runs it.
 
     `memory_bytes` is what building the session added to this process's resident memory (the
     export included), None where the platform does not say. The session's intra-op thread
@@ -44,15 +44,17 @@ class OnnxSmallBatch:
     passed the engine's probe.
     """
 
-    def __init__(self, backbone: BertBackbone, threads: int) -> None:
+    def __init__(self, model: EncoderModel, threads: int) -> None:
         _return_freed_memory()
         before = _resident_bytes()
         # Kept for the session's life: the graph's weights are a file beside it.
         self._folder = tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-")
         path = str(Path(self._folder.name) / "dense.onnx")
-        _export(backbone, path)
+        _export(model, path)
         self.threads = threads
         self.session: Any = _open(path, threads)
+        # The exporter drops inputs the graph does not read (token types, for most models).
+        self.inputs = {i.name for i in self.session.get_inputs()}
         _return_freed_memory()
         after = _resident_bytes()
         self.memory_bytes = None if before is None or after is None else max(0, after - before)
@@ -60,7 +62,7 @@ class OnnxSmallBatch:
     def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`."""
         feed = {"input_ids": ids, "token_type_ids": types, "attention_mask": valid}
-        (out,) = self.session.run(["hidden"], feed)
+        (out,) = self.session.run(["hidden"], {k: v for k, v in feed.items() if k in self.inputs})
         return np.asarray(out)
 
 
@@ -80,8 +82,8 @@ def _open(path: str, threads: int) -> Any:
     )
 
 
-def _export(backbone: BertBackbone, path: str) -> None:
-    """Export `dense_bert` over `backbone` to `path`, its weights in a file beside it.
+def _export(model: EncoderModel, path: str) -> None:
+    """Export `model`'s forward on a padded block to `path`, its weights in a file beside it.
 
     Through files rather than bytes in memory, and with the weights as external data: the
     in-memory graph would be a second transient copy of the weights that stays in this
@@ -91,16 +93,18 @@ def _export(backbone: BertBackbone, path: str) -> None:
     import onnx
     import torch
 
-    from vllm_srun.engines.native.dense import dense_bert
+    from vllm_srun.engines.native.attention import Block
 
     class Graph(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.bert = backbone
+            self.model = model
 
         def forward(self, ids: torch.Tensor, types: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-            mask = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
-            return dense_bert(self.bert, ids, types, mask)
+            rows, width = ids.shape
+            block = Block.traced(valid)
+            hidden = self.model(ids.reshape(-1), types.reshape(-1), block)
+            return hidden.view(rows, width, -1)
 
     example = torch.ones(2, 8, dtype=torch.long)
     axes = {0: "rows", 1: "width"}

@@ -1,0 +1,225 @@
+"""Task heads, composed onto any backbone by name (the architecture table names one per class).
+
+A head installs its modules on the model at the dotted paths the checkpoint names them by
+(`classifier`, `classifier.out_proj`, `bert.pooler`, `pre_classifier`, ...), so weights load
+one to one; it keeps no module references of its own and reads them from the model at call
+time (int8 quantisation swaps linears in place). A sequence head pools each asked-for row
+(first token, or mean where the config says) and scores it; a token head scores every token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from vllm_srun.engines.native.attention import Segments
+from vllm_srun.engines.native.layers import Activation, activation, first_tokens, mean_rows, num_labels
+from vllm_srun.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vllm_srun.engines.native.encoder import EncoderModel
+
+
+def _install(model: nn.Module, path: str, module: nn.Module) -> None:
+    parent_path, _, name = path.rpartition(".")
+    parent = model.get_submodule(parent_path) if parent_path else model
+    parent.add_module(name, module)
+
+
+class Head:
+    """A head: `kind` is "sequence" or "token"; `__init__` installs the modules."""
+
+    kind: ClassVar[str]
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        self.hidden = int(config["hidden_size"])
+        self.labels = num_labels(config)
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Pooler(nn.Module):
+    """`dense` then an activation on the first token: BERT's pooler, DeBERTa's ContextPooler."""
+
+    def __init__(self, width: int, act: Activation) -> None:
+        super().__init__()
+        self.dense = nn.Linear(width, width)
+        self.act = act
+
+    def forward(self, cls: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(cls))
+
+
+class ClassificationHead(nn.Module):
+    """`dense`, an activation, `out_proj`: RoBERTa's, ELECTRA's and MPNet's sequence heads."""
+
+    def __init__(self, hidden: int, labels: int, act: Activation) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.act = act
+        self.out_proj = nn.Linear(hidden, labels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.act(self.dense(x)))
+
+
+class PoolerHead(Head):
+    """BERT: `<prefix>.pooler` (dense + tanh on [CLS]) then `classifier`."""
+
+    kind = "sequence"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        _install(model, f"{model.prefix}.pooler", Pooler(self.hidden, torch.tanh))
+        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        pooler = model.get_submodule(f"{model.prefix}.pooler")
+        return model.classifier(pooler(first_tokens(hidden, segments, rows)))  # type: ignore[no-any-return]
+
+
+class DenseHead(Head):
+    """`classifier.dense` → activation → `classifier.out_proj` on the first token."""
+
+    kind = "sequence"
+    act: ClassVar[Callable[[Mapping[str, Any]], str]] = staticmethod(lambda config: "tanh")
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        _install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act(config))))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        return model.classifier(first_tokens(hidden, segments, rows))  # type: ignore[no-any-return]
+
+
+class GeluDenseHead(DenseHead):
+    """ELECTRA's: the same shape with gelu (its authors' choice, as Transformers keeps it)."""
+
+    act = staticmethod(lambda config: "gelu")
+
+
+class PreClassifierHead(Head):
+    """DistilBERT: `pre_classifier` → ReLU → `classifier` on the first token."""
+
+    kind = "sequence"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        _install(model, "pre_classifier", nn.Linear(self.hidden, self.hidden))
+        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        x = torch.relu(model.pre_classifier(first_tokens(hidden, segments, rows)))
+        return model.classifier(x)  # type: ignore[no-any-return]
+
+
+class ContextPoolerHead(Head):
+    """DeBERTa: `pooler.dense` → `pooler_hidden_act` on the first token, then `classifier`."""
+
+    kind = "sequence"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        width = int(config.get("pooler_hidden_size") or self.hidden)
+        _install(model, "pooler", Pooler(width, activation(config.get("pooler_hidden_act", "gelu"))))
+        _install(model, "classifier", nn.Linear(width, self.labels))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        return model.classifier(model.pooler(first_tokens(hidden, segments, rows)))  # type: ignore[no-any-return]
+
+
+class PredictionHead(nn.Module):
+    """ModernBERT's `head`: dense → activation → norm."""
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        hidden = int(config["hidden_size"])
+        self.dense = nn.Linear(hidden, hidden, bias=config.get("classifier_bias", False))
+        self.act = activation(config.get("classifier_activation", "gelu"))
+        self.norm = nn.LayerNorm(hidden, eps=config.get("norm_eps", 1e-5), bias=config.get("norm_bias", False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+class ModernBertHead(Head):
+    """ModernBERT: rows pooled by `classifier_pooling` (cls or mean), then `head`, `classifier`.
+    The reference gives the classifier a bias whatever classifier_bias says (that flag is the
+    head's dense layer)."""
+
+    kind = "sequence"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        self.pooling = config.get("classifier_pooling", "cls")
+        if self.pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling {self.pooling!r} is not supported ('cls' or 'mean')")
+        _install(model, "head", PredictionHead(config))
+        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        pool = mean_rows if self.pooling == "mean" else first_tokens
+        return model.classifier(model.head(pool(hidden, segments, rows).to(hidden.dtype)))  # type: ignore[no-any-return]
+
+    def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
+        return model.classifier(model.head(hidden))  # type: ignore[no-any-return]
+
+
+class TokenHead(Head):
+    """`classifier` on every token: the token tagger of BERT-like encoders."""
+
+    kind = "token"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+
+    def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
+        return model.classifier(hidden)  # type: ignore[no-any-return]
+
+
+class ModernBertTokenHead(ModernBertHead):
+    """ModernBERT's tagger: `head` then `classifier` on every token."""
+
+    kind = "token"
+
+
+# Head names as the architecture table (vllm_srun.plugins.architectures) spells them.
+HEADS: dict[str, type[Head]] = {
+    "pooler": PoolerHead,
+    "dense": DenseHead,
+    "dense_gelu": GeluDenseHead,
+    "pre_classifier": PreClassifierHead,
+    "context_pooler": ContextPoolerHead,
+    "modernbert": ModernBertHead,
+    "token": TokenHead,
+    "modernbert_token": ModernBertTokenHead,
+}
+
+
+def make_head(name: str | None, model: EncoderModel, config: Mapping[str, Any]) -> Head | None:
+    if name is None:
+        return None
+    cls = HEADS.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown head {name!r} (known: {', '.join(HEADS)})")
+    return cls(model, config)
