@@ -212,3 +212,15 @@ def test_served_model_names_that_do_not_fit_are_refused(
     assert line == "error: 'b' would name both 'a' and 'b': a name or alias may name one model"
     line = refused(capsys, ["serve", str(keywords), "--served-model-name", "a", "a"])
     assert line == "error: model 'a' is given the name 'a' twice"
+
+
+def test_devices_reports_each_accelerator_and_the_auto_choice(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["devices"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    # The router reads `auto` and refuses anything but a device name (accelerator[:N]).
+    assert report["auto"] in report["devices"] and report["auto"] != "auto"
+    assert report["accelerators"]["cpu"] == {"available": True, "auto_priority": 100, "devices": ["cpu"]}
+    # The best available accelerator by auto_priority: a GPU when one is found, else the CPU.
+    cuda = report["accelerators"]["cuda"]
+    assert report["auto"] == (cuda["devices"][0] if cuda["devices"] else "cpu")
+    assert set(report["devices"]) == {d for a in report["accelerators"].values() for d in a["devices"]}

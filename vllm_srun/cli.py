@@ -1,4 +1,4 @@
-"""`vllm-srun`: serve, worker, plugins, models, fixture, check-config, jobs."""
+"""`vllm-srun`: serve, worker, plugins, devices, models, fixture, check-config, jobs."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 
 from vllm_srun import defaults
 from vllm_srun.errors import SrunError
+from vllm_srun.managed import file_mode, remove_socket
 
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
 # A password for --redis and --cache-redis URLs that carry none (a Secret's value, kept off argv).
@@ -51,11 +52,22 @@ SECONDS = _number(float, low=0.001)
 MILLISECONDS = _number(float, low=0)
 
 
-def _setting(parser: argparse.ArgumentParser, flag: str, kind: Any, help: str) -> None:
+def _setting(
+    parser: argparse.ArgumentParser, flag: str, kind: Any, help: str, *aliases: str, **extra: Any
+) -> None:
     """An option whose default is the `vllm_srun.defaults` constant of its name: --max-inputs
     defaults to MAX_INPUTS, so the command line cannot hold a default of its own."""
     default = getattr(defaults, flag.removeprefix("--").replace("-", "_").upper())
-    parser.add_argument(flag, type=kind, default=default, help=help)
+    parser.add_argument(flag, *aliases, type=kind, default=default, help=help, **extra)
+
+
+class _Given(argparse.Action):
+    """Stores the value and records that the option was given (`<dest>_given`), for an option
+    whose default applies only when another is absent (--port beside --uds)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -104,6 +116,13 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="download a repository missing from the Hugging Face cache",
     )
+    add(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="the Hugging Face cache that repository ids resolve in (and, with --allow-download, "
+        "download to); default: $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub",
+    )
     setting("--max-num-seqs", POSITIVE, "most rows in one forward")
     setting("--max-num-batched-tokens", POSITIVE, "most tokens in one forward")
     setting("--batch-wait-ms", MILLISECONDS, "longest wait for more items when the device is idle")
@@ -111,7 +130,11 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     setting("--job-ttl-s", POSITIVE, "how long bulk jobs and their results live")
     setting("--cache-ttl-s", POSITIVE, "how long results stay in the cache")
     setting(
-        "--intra-op-threads", POSITIVE, "threads per CPU forward (default: every core; idle threads sleep)"
+        "--intra-op-threads",
+        POSITIVE,
+        "threads per CPU forward (default: every core; idle threads sleep); --threads is the "
+        "router's name for it",
+        "--threads",
     )
     add("--log-level", default="info", choices=LOG_LEVELS, help="how much to log")
 
@@ -127,7 +150,19 @@ def build_parser() -> argparse.ArgumentParser:
     _redis_roles(serve)
     setting = partial(_setting, serve)
     setting("--host", str, f"address to bind (default {defaults.HOST})")
-    setting("--port", PORT, "port to bind")
+    setting("--port", PORT, "port to bind (with --uds, only when given)", action=_Given)
+    add(
+        "--uds",
+        type=Path,
+        default=None,
+        help="serve HTTP on this unix socket too (alone unless --port is given)",
+    )
+    add(
+        "--uds-mode",
+        type=file_mode,
+        default=None,
+        help="the socket's permissions in octal (default 600: its owner only)",
+    )
     setting("--max-request-bytes", POSITIVE, "largest request body")
     setting("--max-inputs", POSITIVE, "most inputs in one request")
     setting("--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
@@ -177,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
     plugins.add_argument("--json", action="store_true", help="print JSON")
+
+    sub.add_parser("devices", help="print JSON: each accelerator's devices and the one --device auto takes")
 
     models = sub.add_parser("models", help="list the built-in models and their pins")
     models.add_argument("--json", action="store_true", help="print JSON")
@@ -323,6 +360,10 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
     from vllm_srun.tuning import configure_cpu_threads
 
     threads = configure_cpu_threads(args.intra_op_threads)
+    if args.cache_dir is not None:
+        # Where repository ids resolve (vllm_srun.registry.resolve reads the variable
+        # huggingface_hub does), for this process and the workers it starts.
+        os.environ["HF_HUB_CACHE"] = str(args.cache_dir.expanduser())
     load_plugins()
     return {
         "models": _model_settings(args),
@@ -393,11 +434,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_STOP_S,
         )
+        sockets = _listening(args)
         # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
         # start. The default one would end the process before Redis is stopped.
-        signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis))
+        signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis, args.uds))
         server = _stopping_server(config, partial(stop_serving, app))
-        server.run()
+        server.run(sockets=sockets)
         if stopped_by:
             raise ConfigError(stopped_by[0])
         return 0
@@ -406,15 +448,38 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if embedded_redis is not None:
             embedded_redis.stop()
+        if args.uds is not None:
+            remove_socket(args.uds)
 
 
-def _stopped(embedded_redis: Any, signum: int, frame: Any) -> None:
+def _listening(args: argparse.Namespace) -> list[Any]:
+    """The sockets `serve` answers on: --uds's unix socket, and the TCP port unless --uds is
+    given without --port. Bound before the models load, so a taken port or a bad socket path
+    stops the start at once; connections are accepted once the app is up."""
+    import structlog
+
+    from vllm_srun.managed import UDS_MODE, tcp_socket, unix_socket
+
+    log = structlog.get_logger("vllm_srun.http")
+    sockets = []
+    if args.uds is None or getattr(args, "port_given", False):
+        sockets.append(tcp_socket(args.host, args.port))
+        log.info("listening", url=f"http://{args.host}:{sockets[-1].getsockname()[1]}")
+    if args.uds is not None:
+        sockets.append(unix_socket(args.uds, args.uds_mode or UDS_MODE))
+        log.info("listening", url=f"unix://{args.uds}")
+    return sockets
+
+
+def _stopped(embedded_redis: Any, uds: Path | None, signum: int, frame: Any) -> None:
     """SIGTERM, raised again by uvicorn once its graceful shutdown is done and the app's
     lifespan has closed: stop the embedded Redis and exit now. Leaving through asyncio.run
     instead would first join every thread of its default executor (a model still loading, a
     large request still tokenizing), for as long as they take."""
     if embedded_redis is not None:
         embedded_redis.stop()
+    if uds is not None:
+        remove_socket(uds)
     _exit_now(0)
 
 
@@ -552,6 +617,21 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """What the router asks before it places a deployment on `auto` (see vllm_srun.managed)."""
+    from vllm_srun.accelerators._torch import torch_or_none
+    from vllm_srun.managed import devices_report
+    from vllm_srun.plugins.discovery import load_plugins
+
+    torch_or_none()  # loaded so that torch-based accelerators report what they find
+    report = devices_report(load_plugins())
+    print(json.dumps(report))
+    if report["auto"] is None:
+        print("error: no accelerator is available for --device auto", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.registry.tables import describe_tables, load_tables
@@ -640,6 +720,7 @@ COMMANDS = {
     "serve": cmd_serve,
     "worker": cmd_worker,
     "plugins": cmd_plugins,
+    "devices": cmd_devices,
     "models": cmd_models,
     "fixture": cmd_fixture,
     "check-config": cmd_check_config,

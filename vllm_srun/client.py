@@ -335,17 +335,44 @@ class _Methods(Generic[R]):
         return self._send(Call("POST", f"/v1/jobs/{_segment(job_id)}/cancel"))
 
 
-def _http_options(base_url: str, api_key: str | None, timeout_s: float) -> dict[str, Any]:
+# The host a request over a unix socket names (the router's client names one of its own too).
+UNIX_HOST = "http://vllm-srun"
+
+
+def endpoint(url: str) -> tuple[str, str | None]:
+    """An endpoint as the router writes one — `http://host:port`, `https://...` or
+    `unix:///path/to.sock` — as (base URL, unix socket path or None)."""
+    if url.startswith("unix://"):
+        path = url.removeprefix("unix://")
+        if not path.startswith("/"):
+            raise ValueError(f"endpoint {url!r}: a unix endpoint is unix:///absolute/path.sock")
+        return UNIX_HOST, path
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint {url!r} must use unix://, http:// or https://")
+    return url.rstrip("/"), None
+
+
+def http_options(
+    url: str, api_key: str | None = None, timeout_s: float = 60.0, *, asynchronous: bool = False
+) -> dict[str, Any]:
+    """What an httpx client for endpoint `url` takes: base URL, key, timeout and, for a unix
+    socket, the transport that dials it."""
+    base_url, uds = endpoint(url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return {"base_url": base_url, "headers": headers, "timeout": timeout_s}
+    options: dict[str, Any] = {"base_url": base_url, "headers": headers, "timeout": timeout_s}
+    if uds is not None:
+        transport = httpx.AsyncHTTPTransport if asynchronous else httpx.HTTPTransport
+        options["transport"] = transport(uds=uds)
+    return options
 
 
 class Client(_Methods[dict[str, Any]]):
-    """A blocking client; use as a context manager or call `close`."""
+    """A blocking client of `base_url` (`http://`, `https://` or `unix:///path.sock`); use as a
+    context manager or call `close`."""
 
     def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout_s: float = 60.0):
         self.base_url = base_url
-        self._http = httpx.Client(**_http_options(base_url, api_key, timeout_s))
+        self._http = httpx.Client(**http_options(base_url, api_key, timeout_s))
 
     def __enter__(self) -> Client:
         return self
@@ -408,7 +435,7 @@ class AsyncClient(_Methods[Coroutine[Any, Any, dict[str, Any]]]):
 
     def __init__(self, base_url: str = DEFAULT_URL, *, api_key: str | None = None, timeout_s: float = 60.0):
         self.base_url = base_url
-        self._http = httpx.AsyncClient(**_http_options(base_url, api_key, timeout_s))
+        self._http = httpx.AsyncClient(**http_options(base_url, api_key, timeout_s, asynchronous=True))
 
     async def __aenter__(self) -> AsyncClient:
         return self

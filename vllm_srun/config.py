@@ -29,14 +29,20 @@ import yaml
 
 from vllm_srun import defaults
 from vllm_srun.app.runtime import ModelSettings
+from vllm_srun.client import http_options
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.plugins.bodies import EXACT_PROFILE, MAX_SPEED_PROFILE
 from vllm_srun.plugins.decision_surface import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.registry.loader import ModelOptions
 
 PROVIDER = "model_runtime"
+# A model's profiles, as the router's `profile` names them, and whether each is --max-speed:
+# `exact` is the float32 reference; `max_speed` the opt-in approximate numerics, which a model
+# that cannot match float32 with them refuses at load.
+PROFILES = {EXACT_PROFILE: False, MAX_SPEED_PROFILE: True}
 
 
 class Batching(msgspec.Struct, forbid_unknown_fields=True):
@@ -55,13 +61,18 @@ class HowToServe(msgspec.Struct, kw_only=True):
     device: str = defaults.DEVICE
     dtype: str = defaults.DTYPE
     max_speed: bool = False
+    # The router's word for the numerics: `exact` or `max_speed` (PROFILES); "" leaves them
+    # to `max_speed`, as no profile does.
+    profile: str | None = None
     batching: Batching = msgspec.field(default_factory=Batching)
 
 
 class ModelEntry(HowToServe, kw_only=True, forbid_unknown_fields=True):
-    """One model of a `--models` file."""
+    """One model of a `--models` file: ours in YAML, or the router's JSON (JSON is YAML), whose
+    entries are `{"model", "revision"?, "name", "device", "profile"}`."""
 
     model: str
+    revision: str | None = None
     name: str | None = None
     aliases: list[str] = msgspec.field(default_factory=list)
 
@@ -83,6 +94,7 @@ class CatalogDeployment(HowToServe, kw_only=True):
     artifact: str | None = None
     model: str | None = None
     endpoint: str | None = None
+    revision: str | None = None
     aliases: list[str] = msgspec.field(default_factory=list)
 
     @property
@@ -92,7 +104,9 @@ class CatalogDeployment(HowToServe, kw_only=True):
     def entry(self, artifact: str) -> ModelEntry:
         """This deployment as a `--models` entry serving `artifact` under its served name."""
         how = {f: getattr(self, f) for f in HowToServe.__struct_fields__}
-        return ModelEntry(model=artifact, name=self.served_name, aliases=self.aliases, **how)
+        return ModelEntry(
+            model=artifact, revision=self.revision, name=self.served_name, aliases=self.aliases, **how
+        )
 
 
 def _load_yaml(path: Path) -> Any:
@@ -111,10 +125,36 @@ def _convert(value: Any, kind: type[Any], path: Path) -> Any:
         raise ConfigError(f"{path}: {exc}") from exc
 
 
+def _max_speed(entry: ModelEntry) -> bool:
+    """Whether `entry` asks for approximate numerics, by `max_speed` or by its `profile`."""
+    if not entry.profile:
+        return entry.max_speed
+    if entry.profile not in PROFILES:
+        raise ConfigError(
+            f"model {entry.model!r}: profile {entry.profile!r} is not one of its profiles "
+            f"({', '.join(PROFILES)})"
+        )
+    wanted = PROFILES[entry.profile]
+    if entry.max_speed and not wanted:
+        raise ConfigError(f"model {entry.model!r}: profile {entry.profile!r} contradicts max_speed: true")
+    return wanted
+
+
+def _reference(entry: ModelEntry) -> str:
+    """The model reference with its revision: `org/name@revision`, as MODEL is written."""
+    if entry.revision is None:
+        return entry.model
+    if "@" in entry.model:
+        raise ConfigError(
+            f"model {entry.model!r}: give the revision in the reference or in revision, not both"
+        )
+    return f"{entry.model}@{entry.revision}"
+
+
 def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSettings:
     """The one way a described model becomes what the server runs."""
     options = ModelOptions(
-        ref=entry.model,
+        ref=_reference(entry),
         name=entry.name,
         aliases=tuple(entry.aliases),
         family=entry.family,
@@ -122,7 +162,7 @@ def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSett
         device=entry.device,
         dtype=entry.dtype,
         allow_download=allow_download,
-        max_speed=entry.max_speed,
+        max_speed=_max_speed(entry),
     )
     return ModelSettings(options=options, limits=BatchLimits(**msgspec.structs.asdict(entry.batching)))
 
@@ -273,15 +313,16 @@ class Check:
 def check_endpoints(
     path: Path, *, timeout_s: float = defaults.CHECK_TIMEOUT_S, api_key: str | None = None
 ) -> list[Check]:
-    """For each deployment with an endpoint: is its model served there, on its device?"""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    """For each deployment with an endpoint (`http(s)://` or `unix:///path.sock`): is its model
+    served there, on its device?"""
     checks = []
     for d in router_deployments(path):
         if not d.endpoint:
             continue
         url = d.endpoint.rstrip("/") + "/v1/models"
         try:
-            response = httpx.get(url, timeout=timeout_s, headers=headers)
+            with httpx.Client(**http_options(d.endpoint, api_key, timeout_s)) as http:
+                response = http.get("/v1/models")
             response.raise_for_status()
             served = _by_name(response.json()["data"])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -297,7 +338,6 @@ def check_signals(
     """For each decision signal bound to a deployment with an endpoint: does that runtime
     answer its question? It is asked once, about a fixed state, as the router will ask it; an
     unknown preset or a question type the model does not declare fails as it would there."""
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
     checks = []
     for signal in decision_signals(path):
         d = signal.deployment
@@ -307,7 +347,8 @@ def check_signals(
         body = {"model": d.served_name, "state": "check-config", "questions": {signal.name: signal.question}}
         label = f"decision {signal.name}"
         try:
-            response = httpx.post(url, json=body, timeout=timeout_s, headers=headers)
+            with httpx.Client(**http_options(d.endpoint, api_key, timeout_s)) as http:
+                response = http.post("/v1/decisions", json=body)
             answered = response.json()
         except (httpx.HTTPError, ValueError) as exc:
             checks.append(Check(label, d.endpoint, False, f"cannot ask {url}: {exc}"))

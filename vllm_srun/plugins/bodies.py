@@ -143,11 +143,12 @@ def merged_meta(meta: Any, **fields: Any) -> Any:
 
 
 EXACT_PROFILE = "exact"
+MAX_SPEED_PROFILE = "max_speed"
 
 
 def served_profile(numerics: str) -> str:
     """The profile a model is served under: `exact` for float32 numerics, else `max_speed`."""
-    return EXACT_PROFILE if numerics == "float32" else "max_speed"
+    return EXACT_PROFILE if numerics == "float32" else MAX_SPEED_PROFILE
 
 
 def check_profile(options: Options, numerics: str) -> None:
