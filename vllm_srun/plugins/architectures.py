@@ -42,6 +42,10 @@ class Fixture:
     class_prefix: str
     tokenizer: str
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # The tokenizer's special ids the config names: pad, bos, eos, cls, sep.
+    special_ids: tuple[str, ...] = ("pad",)
+    # Keys written into config.json after Transformers saves it (Hub spellings it rewrites).
+    hub_config: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +59,8 @@ class Architecture:
     type_ids: bool = False  # reads token type ids (when config.json's type_vocab_size > 1)
     fast_paths: tuple[str, ...] = ("dense", "onnx")  # the native engine's small-batch paths
     config_keys: Mapping[str, str] = field(default_factory=dict)  # standard key -> this config's
+    # Positions start at pad_token_id + 1 (RoBERTa's family): the table holds that many fewer.
+    position_offset: bool = False
     fixtures: Mapping[str, Fixture] = field(default_factory=dict)  # flavour -> how to write one
 
     def kind_of(self, architecture: str) -> str | None:
@@ -75,6 +81,9 @@ class Architecture:
         for standard, own in self.config_keys.items():
             if standard not in out and own in out:
                 out[standard] = out[own]
+        if self.position_offset and "max_position_embeddings" in out:
+            offset = int(out.get("pad_token_id") or 0) + 1
+            out["usable_positions"] = int(out["max_position_embeddings"]) - offset
         return out
 
 
@@ -114,18 +123,20 @@ BUILTIN: tuple[Architecture, ...] = (
         classes=_encoder_classes(("ModernBert",), "modernbert", "modernbert_token"),
         fast_paths=("dense",),
         fixtures={
-            "modernbert": Fixture(
+            flavour: Fixture(
                 config_class="ModernBertConfig",
                 class_prefix="ModernBert",
-                tokenizer="bytelevel",
+                tokenizer=tokenizer,
+                # The Hub spelling of the layer pattern, which Transformers 5 turns into layer_types.
                 settings={"global_attn_every_n_layers": 2, "local_attention": 8},
-            ),
-            "mmbert": Fixture(
-                config_class="ModernBertConfig",
-                class_prefix="ModernBert",
-                tokenizer="unigram",
-                settings={"global_attn_every_n_layers": 2, "local_attention": 8},
-            ),
+                special_ids=("pad", "bos", "eos", "cls", "sep"),
+                hub_config={
+                    "global_attn_every_n_layers": 2,
+                    "global_rope_theta": 160000.0,
+                    "local_rope_theta": 10000.0,
+                },
+            )
+            for flavour, tokenizer in (("modernbert", "bytelevel"), ("mmbert", "unigram"))
         },
     ),
 )
@@ -228,6 +239,38 @@ def declared(config: Mapping[str, Any]) -> tuple[Architecture, str] | None:
     if arch is None or config.get("model_type") not in arch.model_types:
         return None
     return arch, names[0]
+
+
+def served_kind(config: Mapping[str, Any], *, has_onnx: bool) -> tuple[str, Architecture | None] | None:
+    """The kind ("model", "sequence", "token") a package's config declares, with the row that
+    runs it natively; a package of a model type no row covers still serves from its ONNX graph
+    (row None), its kind read from the class name's suffix. None when neither applies."""
+    found = declared(config)
+    if found is not None:
+        arch, cls = found
+        kind = arch.kind_of(cls)
+        assert kind is not None
+        return kind, arch
+    names = config.get("architectures") or []
+    if has_onnx and names and isinstance(names[0], str):
+        return _suffix_kind(names[0])[0], None
+    return None
+
+
+def uses_type_ids(config: Mapping[str, Any]) -> bool:
+    """Whether a package's inputs carry token type ids: as its row says, and for a model type
+    no row covers (served from ONNX) where its config has more than one type (the onnxruntime
+    engine then sends them exactly when the graph takes them)."""
+    found = declared(config)
+    if found is not None:
+        return found[0].uses_type_ids(config)
+    return int(config.get("type_vocab_size", 0) or 0) > 1
+
+
+def standard_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """`config` with the standard size keys filled as its row spells them."""
+    found = declared(config)
+    return found[0].standard_config(config) if found is not None else dict(config)
 
 
 def resolve_model(architecture: str) -> Any:

@@ -109,13 +109,26 @@ def checkpoint_spec(
     )
 
 
+# Where a checkpoint ships its ONNX graph, in the order families look.
+ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
+
+
+def usable_positions(config: Mapping[str, Any]) -> int:
+    """How many positions a row may use: the position table, less the offset of models whose
+    positions start after the padding index (RoBERTa's 514 rows hold 512 positions); see
+    `Architecture.standard_config`."""
+    if "usable_positions" in config:
+        return int(config["usable_positions"])
+    return int(config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
+
+
 def checkpoint_max_tokens(
     package: ModelPackage, config: Mapping[str, Any], tokenizer_config: str | None
 ) -> int:
     """The most tokens a Hugging Face checkpoint reads: the tokenizer's model_max_length when
     it is a real limit, never above the positions (`defaults.FALLBACK_MAX_TOKENS` when
     config.json states none)."""
-    positions = int(config.get("max_position_embeddings") or defaults.FALLBACK_MAX_TOKENS)
+    positions = usable_positions(config)
     if tokenizer_config is not None:
         data = package.read_json(tokenizer_config)
         limit = data.get("model_max_length") if isinstance(data, dict) else None

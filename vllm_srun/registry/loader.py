@@ -12,9 +12,10 @@ import structlog
 
 from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
+from vllm_srun.plugins.architectures import refusal, served_kind
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
-from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.package import ONNX_PATHS, ModelPackage
 from vllm_srun.registry.resolve import Resolved, resolve
 from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
@@ -59,6 +60,8 @@ def _config_problem(package: ModelPackage) -> str:
         return "" if not package.exists("config.json") else f"; {exc.message}"
     if not isinstance(config, dict):
         return f"; config.json is a JSON {type(config).__name__}, not an object"
+    if served_kind(config, has_onnx=any(package.exists(p) for p in ONNX_PATHS)) is None:
+        return f"; {refusal(config)}"
     return ""
 
 

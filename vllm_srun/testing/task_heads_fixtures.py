@@ -44,19 +44,43 @@ LABELS = {
     "language": ["en", "de", "fr", "other"],
 }
 
-# variant -> (backbone, tokenizer kind, head, labels key, pooling)
-_VARIANTS: dict[str, tuple[str, str, str, str | None, str | None]] = {
-    "bert-sequence": ("bert", "wordpiece", "sequence", "sequence", None),
-    "bert-multilabel": ("bert", "wordpiece", "sequence", "multilabel", None),
-    "bert-token": ("bert", "wordpiece", "token", "token", None),
-    "bert-embedding": ("bert", "wordpiece", "model", None, "mean"),
-    "bert-reranker": ("bert", "wordpiece", "sequence", "reranker", None),
-    "modernbert-sequence": ("modernbert", "bytelevel", "sequence", "binary", None),
-    "modernbert-token": ("modernbert", "bytelevel", "token", "token", None),
-    "modernbert-embedding": ("modernbert", "bytelevel", "model", None, "cls"),
-    "modernbert-reranker": ("modernbert", "bytelevel", "sequence", "reranker", None),
-    "mmbert-sequence": ("modernbert", "unigram", "sequence", "language", None),
-}
+HEADS = {"sequence": "sequence", "multilabel": "sequence", "token": "token", "embedding": "model", "reranker": "sequence"}
+# Labels and pooling of the variants whose defaults do not fit (the defaults: a variant's head
+# name is its labels key; embedders pool by mean).
+_LABELS_OF = {"modernbert-sequence": "binary", "mmbert-sequence": "language"}
+_POOLING_OF = {"modernbert-embedding": "cls"}
+
+
+def _variants() -> dict[str, tuple[str, str, str | None, str | None]]:
+    """variant -> (flavour, head, labels key, pooling): `<flavour>-<head>` for every fixture
+    flavour of every row of the architecture table."""
+    from vllm_srun.plugins.architectures import architectures
+
+    out: dict[str, tuple[str, str, str | None, str | None]] = {}
+    for arch in architectures():
+        kinds = {kind for kind, _ in arch.classes.values()}
+        for flavour in arch.fixtures:
+            for head, kind in HEADS.items():
+                if kind not in kinds:
+                    continue
+                variant = f"{flavour}-{head}"
+                labels = None if head == "embedding" else _LABELS_OF.get(variant, head)
+                pooling = _POOLING_OF.get(variant, "mean") if head == "embedding" else None
+                out[variant] = (flavour, head, labels, pooling)
+    return out
+
+
+def fixture_of(flavour: str) -> tuple[Any, Any]:
+    """(table row, Fixture) of a fixture flavour ("bert", "xlm-roberta", ...)."""
+    from vllm_srun.plugins.architectures import architectures
+
+    for arch in architectures():
+        if flavour in arch.fixtures:
+            return arch, arch.fixtures[flavour]
+    raise ValueError(f"no architecture has a fixture flavour {flavour!r}")
+
+
+_VARIANTS = _variants()
 VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 
 MAX_POSITIONS = 128
@@ -155,44 +179,38 @@ def _unigram_tokenizer() -> Any:
     return tok, len(pieces), {"pad": 0, "cls": 2, "sep": 1}
 
 
-def _config(backbone: str, vocab_size: int, ids: dict[str, int]) -> Any:
-    from transformers import BertConfig, ModernBertConfig
+# The tiny sizes every fixture shares; a Fixture's settings add to or override them.
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+    "initializer_range": 0.2,
+}
+_SPECIAL_KEYS = {"pad": "pad_token_id", "bos": "bos_token_id", "eos": "eos_token_id", "cls": "cls_token_id", "sep": "sep_token_id"}
+# Which tokenizer id each config key takes (bos/cls are the tokenizer's first special, eos/sep its last).
+_SPECIAL_SOURCE = {"pad": "pad", "bos": "cls", "eos": "sep", "cls": "cls", "sep": "sep"}
 
-    if backbone == "bert":
-        return BertConfig(
-            vocab_size=vocab_size,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=MAX_POSITIONS,
-            type_vocab_size=2,
-            pad_token_id=ids["pad"],
-            initializer_range=0.2,
-        )
-    # The Hub spelling of the layer pattern, which Transformers 5 turns into `layer_types`.
-    pattern: dict[str, Any] = {"global_attn_every_n_layers": 2}
-    return ModernBertConfig(
-        **pattern,
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=MAX_POSITIONS,
-        local_attention=8,
-        pad_token_id=ids["pad"],
-        bos_token_id=ids["cls"],
-        eos_token_id=ids["sep"],
-        cls_token_id=ids["cls"],
-        sep_token_id=ids["sep"],
-        initializer_range=0.2,
+
+def _config(flavour: str, vocab_size: int, ids: dict[str, int]) -> Any:
+    import transformers
+
+    arch, fixture = fixture_of(flavour)
+    settings: dict[str, Any] = dict(TINY, vocab_size=vocab_size)
+    for name in fixture.special_ids:
+        settings[_SPECIAL_KEYS[name]] = ids[_SPECIAL_SOURCE[name]]
+    settings["max_position_embeddings"] = MAX_POSITIONS + (
+        settings.get("pad_token_id", 0) + 1 if arch.position_offset else 0
     )
+    if arch.uses_type_ids({"type_vocab_size": 2}):
+        settings["type_vocab_size"] = 2
+    settings.update(fixture.settings)
+    return getattr(transformers, fixture.config_class)(**settings)
 
 
-def _name_head(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> str:
+def _name_head(flavour: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> str:
     """Write the head into `config` (labels, problem type, architecture); return the class name."""
-    prefix = "Bert" if backbone == "bert" else "ModernBert"
+    _, fixture = fixture_of(flavour)
     if labels is not None:
         config.id2label = dict(enumerate(labels))
         config.label2id = {label: i for i, label in enumerate(labels)}
@@ -200,15 +218,15 @@ def _name_head(backbone: str, head: str, labels: list[str] | None, config: Any, 
     if multilabel:
         config.problem_type = "multi_label_classification"
     suffix = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}.get(head, "Model")
-    config.architectures = [prefix + suffix]
-    return prefix + suffix
+    config.architectures = [fixture.class_prefix + suffix]
+    return fixture.class_prefix + suffix
 
 
-def _model(backbone: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> Any:
+def _model(flavour: str, head: str, labels: list[str] | None, config: Any, multilabel: bool) -> Any:
     """The Transformers model of that head, with random weights from torch's current seed."""
     import transformers
 
-    architecture = _name_head(backbone, head, labels, config, multilabel)
+    architecture = _name_head(flavour, head, labels, config, multilabel)
     model = getattr(transformers, architecture)(config)
     model.eval()
     return model
@@ -223,6 +241,7 @@ def _write_empty_safetensors(path: Path) -> None:
 
 
 def _export_onnx(model: Any, path: Path, *, bert: bool, hidden: bool) -> None:
+    """Export `model`'s logits (or last hidden state) to `path`; `bert`: it takes token type ids."""
     import torch
 
     class Wrapper(torch.nn.Module):
@@ -270,22 +289,25 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
     """Write the package `variant` (one of `VARIANTS`) into `out` and return `out`.
 
     `weights=False` needs no torch and writes a weights file without tensors (see above)."""
-    if variant not in _VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(VARIANTS)}")
+    variants = _variants()  # rows a plugin registered since import count too
+    if variant not in variants:
+        raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(variants)}")
     if onnx and not weights:
         raise ValueError("an ONNX graph is exported from the weights: onnx=True needs weights=True")
-    backbone, tok_kind, head, labels_key, pooling = _VARIANTS[variant]
+    flavour, head_name, labels_key, pooling = variants[variant]
+    arch, fixture = fixture_of(flavour)
+    head = HEADS[head_name]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok, vocab_size, ids = {
         "wordpiece": _wordpiece_tokenizer,
         "bytelevel": _bytelevel_tokenizer,
         "unigram": _unigram_tokenizer,
-    }[tok_kind]()
+    }[fixture.tokenizer]()
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}, indent=2))
 
-    config = _config(backbone, vocab_size, ids)
+    config = _config(flavour, vocab_size, ids)
     labels = LABELS[labels_key] if labels_key else None
     multilabel = labels_key == "multilabel"
     model = None
@@ -293,16 +315,16 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
         import torch
 
         torch.manual_seed(SEED)
-        model = _model(backbone, head, labels, config, multilabel=multilabel)
+        model = _model(flavour, head, labels, config, multilabel=multilabel)
         model.save_pretrained(str(out), safe_serialization=True)
     else:
-        _name_head(backbone, head, labels, config, multilabel=multilabel)
+        _name_head(flavour, head, labels, config, multilabel=multilabel)
         config.save_pretrained(str(out))
         _write_empty_safetensors(out / "model.safetensors")
-    if backbone == "modernbert":
-        # Hub ModernBERT configs spell the layer pattern and rope thetas this way; keep both forms.
+    if fixture.hub_config:
+        # Keys as Hub configs spell them (Transformers rewrites some on load; keep both forms).
         data = json.loads((out / "config.json").read_text())
-        data.update(global_attn_every_n_layers=2, global_rope_theta=160000.0, local_rope_theta=10000.0)
+        data.update(fixture.hub_config)
         (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True))
     if pooling is not None:
         modules = [
@@ -322,7 +344,8 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
         }
         (out / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
     if model is not None and onnx:
-        _export_onnx(model, out / "onnx" / "model.onnx", bert=backbone == "bert", hidden=head == "model")
+        types = arch.uses_type_ids(config.to_dict())
+        _export_onnx(model, out / "onnx" / "model.onnx", bert=types, hidden=head == "model")
     return out
 
 

@@ -45,8 +45,8 @@ def test_verify_and_describe_name_every_loaded_file(th: Harness, variant: str) -
 def test_detect_refuses_other_packages(th: Harness, tmp_path: Path) -> None:
     src = th.plan_package("bert-embedding")
     for name, edit in {
-        "roberta": lambda c: c.update(model_type="roberta"),
-        "mlm": lambda c: c.update(architectures=["BertForMaskedLM"]),
+        "unknown": lambda c: c.update(model_type="acme"),  # no table row covers it, no ONNX graph
+        "mismatch": lambda c: c.update(model_type="roberta"),  # BertModel is not a RoBERTa class
     }.items():
         dst = tmp_path / name
         shutil.copytree(src, dst)
@@ -54,11 +54,24 @@ def test_detect_refuses_other_packages(th: Harness, tmp_path: Path) -> None:
         edit(config)
         (dst / "config.json").write_text(json.dumps(config))
         assert not th.family.detect(ModelPackage(dst))
+        with pytest.raises(PackageError, match=r"model_type .* is not one the native engine knows.*onnx/model.onnx.*register_model"):
+            th.family.verify(ModelPackage(dst))
     plain = tmp_path / "no-modules"
     shutil.copytree(src, plain)
     (plain / "modules.json").unlink()
     assert not th.family.detect(ModelPackage(plain))  # a bare BertModel has no head to serve
     assert not th.family.detect(ModelPackage(tmp_path))
+
+
+def test_a_masked_lm_checkpoint_with_modules_json_is_an_embedder(th: Harness, tmp_path: Path) -> None:
+    """sentence-transformers packages often name *ForMaskedLM: the encoder serves, the LM head
+    is not read."""
+    dst = tmp_path / "mlm"
+    shutil.copytree(th.plan_package("bert-embedding"), dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["architectures"] = ["BertForMaskedLM"]
+    (dst / "config.json").write_text(json.dumps(config))
+    assert th.family.detect(ModelPackage(dst))
 
 
 def test_pickled_checkpoint_alone_is_refused(th: Harness, tmp_path: Path) -> None:

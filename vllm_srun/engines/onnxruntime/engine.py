@@ -102,8 +102,8 @@ class OnnxEngineModel(EngineModel):
         feed = {"input_ids": ids}
         if "attention_mask" in self.inputs:
             feed["attention_mask"] = mask.astype(np.int64)
-        if batch.type_ids is not None and "token_type_ids" not in self.inputs and batch.type_ids.any():
-            raise ValueError("the ONNX graph takes no token_type_ids but the batch has text pairs")
+        # Token type ids go exactly where the graph takes them: a graph without the input was
+        # exported from a model that reads none (its reference ignores them too).
         if "token_type_ids" in self.inputs:
             types = np.zeros(mask.shape, dtype=np.int64)
             if batch.type_ids is not None:

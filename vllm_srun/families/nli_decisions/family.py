@@ -1,8 +1,9 @@
 """`NliDecisionsFamily`: serves `/v1/decisions` with a Hugging Face NLI cross-encoder.
 
-A package is recognised by its config.json alone: model_type bert or modernbert, an
-architecture `*ForSequenceClassification`, and an `id2label` that names entailment and
-contradiction (case-insensitive; neutral optional). The family loads config.json,
+A package is recognised by its config.json (and whether it ships an ONNX graph): a
+`*ForSequenceClassification` class the architecture table serves (or any model type with an
+ONNX graph), and an `id2label` that names entailment and contradiction (case-insensitive;
+neutral optional). The family loads config.json,
 tokenizer.json, tokenizer_config.json when present, the safetensors weights and an ONNX graph
 when present, and hashes exactly those files.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from vllm_srun.errors import PackageError
 from vllm_srun.families.nli_decisions.model import NliDecisionModel
 from vllm_srun.families.nli_decisions.presets import PRESETS
+from vllm_srun.plugins.architectures import served_kind, standard_config, supported_model_types, uses_type_ids
 from vllm_srun.plugins.base import (
     EngineModel,
     HeadInfo,
@@ -23,10 +25,13 @@ from vllm_srun.plugins.base import (
     ModelSpec,
     Verification,
 )
-from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens, checkpoint_spec, combined_sha256
-
-MODEL_TYPES = ("bert", "modernbert")
-ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
+from vllm_srun.plugins.package import (
+    ONNX_PATHS,
+    ModelPackage,
+    checkpoint_max_tokens,
+    checkpoint_spec,
+    combined_sha256,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,12 +51,12 @@ class NliLayout:
         return ["config.json", "tokenizer.json", *self.weight_files, *optional]
 
 
-def nli_labels(config: Any) -> tuple[list[str], int, int] | None:
+def nli_labels(config: Any, *, has_onnx: bool = False) -> tuple[list[str], int, int] | None:
     """(labels, entailment index, contradiction index) when `config` is an NLI classifier."""
-    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPES:
+    if not isinstance(config, dict):
         return None
-    architectures = config.get("architectures") or []
-    if not architectures or not str(architectures[0]).endswith("ForSequenceClassification"):
+    found = served_kind(config, has_onnx=has_onnx)
+    if found is None or found[0] != "sequence":
         return None
     id2label = config.get("id2label")
     if not isinstance(id2label, dict) or not id2label:
@@ -69,12 +74,14 @@ def nli_labels(config: Any) -> tuple[list[str], int, int] | None:
 
 def read_layout(package: ModelPackage) -> NliLayout:
     config = package.read_json("config.json")
-    found = nli_labels(config)
+    found = nli_labels(config, has_onnx=_has_onnx(package))
     if found is None:
         raise PackageError(
-            f"{package.name!r} is not an NLI cross-encoder: needs model_type in {MODEL_TYPES}, an "
-            "architecture *ForSequenceClassification and id2label naming entailment and contradiction"
+            f"{package.name!r} is not an NLI cross-encoder: needs a *ForSequenceClassification of a "
+            f"model type the runtime serves ({', '.join(supported_model_types())}, or any with "
+            "onnx/model.onnx) and id2label naming entailment and contradiction"
         )
+    config = standard_config(config)
     if not package.exists("tokenizer.json"):
         raise PackageError(f"{package.name!r} has no tokenizer.json (a fast tokenizer is required)")
     onnx = next((p for p in ONNX_PATHS if package.exists(p)), None)
@@ -95,8 +102,12 @@ def read_layout(package: ModelPackage) -> NliLayout:
     )
 
 
+def _has_onnx(package: ModelPackage) -> bool:
+    return any(package.exists(p) for p in ONNX_PATHS)
+
+
 class NliDecisionsFamily(ModelFamily):
-    """NLI cross-encoders (BERT, ModernBERT) answering `/v1/decisions` questions."""
+    """NLI cross-encoders (any architecture the table serves) answering `/v1/decisions` questions."""
 
     name = "nli_decisions"
     surfaces = ("decisions",)
@@ -108,7 +119,7 @@ class NliDecisionsFamily(ModelFamily):
         if not package.exists("config.json"):
             return False
         try:
-            return nli_labels(package.read_json("config.json")) is not None
+            return nli_labels(package.read_json("config.json"), has_onnx=_has_onnx(package)) is not None
         except PackageError:
             return False
 
@@ -153,14 +164,14 @@ class NliDecisionsFamily(ModelFamily):
             tokenizer_json=package.read_bytes("tokenizer.json").decode(),
             entailment=layout.entailment,
             contradiction=layout.contradiction,
-            uses_type_ids=layout.config.get("model_type") == "bert",
+            uses_type_ids=uses_type_ids(layout.config),
         )
 
     def descriptor(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "surfaces": list(self.surfaces),
-            "model_types": list(MODEL_TYPES),
+            "model_types": supported_model_types(),
             "question_types": list(NliDecisionModel.question_types),
             "presets": list(PRESETS),
         }

@@ -1,4 +1,4 @@
-"""`TaskHeadsFamily`: BERT and ModernBERT encoders with a task head.
+"""`TaskHeadsFamily`: encoders with a task head, of every architecture the table declares.
 
 Serves `*ForSequenceClassification` (classify; rerank for one- and two-label models),
 `*ForTokenClassification` (classify with spans) and sentence-transformers `*Model` packages
@@ -16,6 +16,7 @@ from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.families.task_heads.sentence import declared_layers, load_post_pooling
 from vllm_srun.families.task_heads.tokenize import TextEncoder
+from vllm_srun.plugins.architectures import supported_model_types, uses_type_ids
 from vllm_srun.plugins.base import (
     EmbeddingView,
     EngineModel,
@@ -41,7 +42,8 @@ def labels_of(config: dict[str, Any]) -> list[str]:
 
 
 class TaskHeadsFamily(ModelFamily):
-    """BERT / ModernBERT sequence classifiers, token taggers, cross-encoders and embedders."""
+    """Sequence classifiers, token taggers, cross-encoders and embedders of every architecture
+    in vllm_srun.plugins.architectures (and of any model type with an ONNX graph)."""
 
     name = "task_heads"
     surfaces = ("classify", "embeddings", "rerank")
@@ -112,7 +114,7 @@ class TaskHeadsFamily(ModelFamily):
             labels=labels,
             pooling=layout.pooling,
             normalize=layout.normalize,
-            uses_type_ids=layout.config.get("model_type") == "bert",
+            uses_type_ids=uses_type_ids(layout.config),
             hidden_size=int(layout.config.get("hidden_size") or 0),
             sentence=sentence,
             post_pooling=load_post_pooling(package, sentence),
@@ -123,7 +125,7 @@ class TaskHeadsFamily(ModelFamily):
         return {
             "name": self.name,
             "surfaces": list(self.surfaces),
-            "model_types": ["bert", "modernbert"],
+            "model_types": supported_model_types(),
             "heads": ["sequence", "scores", "token", "pooled", "relevance"],
         }
 

@@ -14,10 +14,8 @@ from typing import Any
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
-from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
-
-MODEL_TYPES = ("bert", "modernbert")
-ONNX_PATHS = ("onnx/model.onnx", "model.onnx")
+from vllm_srun.plugins.architectures import refusal, served_kind, standard_config
+from vllm_srun.plugins.package import ONNX_PATHS, ModelPackage, checkpoint_max_tokens, usable_positions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,20 +51,16 @@ class Layout:
 
 
 def kind_of(config: dict[str, Any], package: ModelPackage) -> str | None:
-    """The head kind a config declares, or None when the family does not serve it."""
-    if config.get("model_type") not in MODEL_TYPES:
+    """The head kind a config declares ("sequence", "token", "embedding"), or None when the
+    family does not serve it: the architecture table (vllm_srun.plugins.architectures) decides,
+    and a package with an ONNX graph serves whatever its model_type."""
+    found = served_kind(config, has_onnx=any(package.exists(p) for p in ONNX_PATHS))
+    if found is None:
         return None
-    architectures = config.get("architectures") or []
-    if not architectures or not isinstance(architectures[0], str):
-        return None
-    arch = architectures[0]
-    if arch.endswith("ForSequenceClassification"):
-        return "sequence"
-    if arch.endswith("ForTokenClassification"):
-        return "token"
-    if arch.endswith("Model") and package.exists("modules.json"):
-        return "embedding"
-    return None
+    kind = found[0]
+    if kind == "model":
+        return "embedding" if package.exists("modules.json") else None
+    return kind
 
 
 def read_layout(package: ModelPackage) -> Layout:
@@ -76,10 +70,8 @@ def read_layout(package: ModelPackage) -> Layout:
         raise PackageError(f"config.json in {package.name!r} is not a JSON object")
     kind = kind_of(config, package)
     if kind is None:
-        raise PackageError(
-            f"{package.name!r} is not a task_heads model: needs model_type in {MODEL_TYPES} and an "
-            "architecture *ForSequenceClassification, *ForTokenClassification or *Model with modules.json"
-        )
+        raise PackageError(f"{package.name!r} is not a task_heads model: {why_not(config, package)}")
+    config = standard_config(config)
     if not package.exists("tokenizer.json"):
         raise PackageError(f"{package.name!r} has no tokenizer.json (a fast tokenizer is required)")
     onnx = next((p for p in ONNX_PATHS if package.exists(p)), None)
@@ -90,7 +82,7 @@ def read_layout(package: ModelPackage) -> Layout:
     if sentence is not None and sentence.max_seq_length is not None:
         # sentence-transformers truncates at max_seq_length: that is the model's limit, within
         # the positions the checkpoint has.
-        positions = int(config.get("max_position_embeddings") or sentence.max_seq_length)
+        positions = usable_positions(config) if "max_position_embeddings" in config else sentence.max_seq_length
         max_tokens = min(sentence.max_seq_length, positions)
     return Layout(
         config=config,
@@ -101,6 +93,17 @@ def read_layout(package: ModelPackage) -> Layout:
         tokenizer_config=tokenizer_config,
         sentence=sentence,
         max_tokens=max_tokens,
+    )
+
+
+def why_not(config: dict[str, Any], package: ModelPackage) -> str:
+    """Why `kind_of` refused a config, in words a user can act on."""
+    if served_kind(config, has_onnx=False) is None and not any(package.exists(p) for p in ONNX_PATHS):
+        return refusal(config)
+    return (
+        f"its architecture {(config.get('architectures') or [None])[0]!r} is a bare encoder without "
+        "a sentence-transformers modules.json (nothing to serve: add modules.json and 1_Pooling for "
+        "embeddings, or use a *ForSequenceClassification / *ForTokenClassification checkpoint)"
     )
 
 
