@@ -139,6 +139,14 @@ BUILTIN: tuple[Architecture, ...] = (
             for flavour, tokenizer in (("modernbert", "bytelevel"), ("mmbert", "unigram"))
         },
     ),
+    # -- roberta rows --
+    # -- electra row --
+    # -- distilbert row --
+    # -- deberta-v2 row --
+    # -- mpnet row --
+    # -- qwen3 rows --
+    # -- nomic-bert row --
+    # -- gte row --
 )
 
 _ARCHITECTURES: dict[str, Architecture] = {}
