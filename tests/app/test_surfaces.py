@@ -91,6 +91,7 @@ def test_health_and_live(server: Server) -> None:
     assert server.get("/health").json() == {
         "api_version": "2.3.0",
         "status": "ready",
+        "reason": None,
         "model": "kw",
         "models": {"kw": {"status": "ready"}},
         "states": {"kw": "ready"},

@@ -41,14 +41,17 @@ class ModelHealth(msgspec.Struct, omit_defaults=True):
 
 
 class Health(msgspec.Struct, omit_defaults=True):
-    """Readiness of the process and its models. `states`, `reasons` and `redis` are ours:
+    """Readiness of the process and its models. `reason` (why it is not ready) and `model`
+    (the one model a single-model process serves) are always present, null when there is
+    none: the router's dashboard probe reads both. `states`, `reasons` and `redis` are ours:
     each model's own state, the reasons of those that failed, and an evicting main Redis."""
 
     api_version: str
     status: Status
     models: dict[str, ModelHealth]
-    reason: str | None = None
-    model: str | None = None
+    # No default, so omit_defaults never leaves them out.
+    reason: str | None
+    model: str | None
     states: dict[str, str] = msgspec.field(default_factory=dict)
     reasons: dict[str, str] = msgspec.field(default_factory=dict)
     redis: dict[str, Any] | None = None

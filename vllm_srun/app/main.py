@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 import structlog
-from litestar import Litestar, Request, get
+from litestar import Litestar, Request, Response, get
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
@@ -29,6 +29,7 @@ from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
+from vllm_srun.app.openapi import openapi_yaml_text
 from vllm_srun.app.responses import TIMING_KEY
 from vllm_srun.app.routes.bundle import bundle
 from vllm_srun.app.routes.tei_info import info as tei_info
@@ -194,6 +195,12 @@ async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
 
+@get("/openapi.yaml", summary="The OpenAPI document as YAML", include_in_schema=False)
+async def openapi_yaml(request: Request[Any, Any, Any]) -> Response[str]:
+    """The same document as /openapi.json, in YAML: where the router's dashboard probes for it."""
+    return Response(openapi_yaml_text(request.app), media_type="application/yaml")
+
+
 def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegistry = REGISTRY) -> Litestar:
     """The app. Without settings it has routes but no runtime: enough for the OpenAPI document.
 
@@ -220,6 +227,7 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
         route_handlers=[
             *documented([*surface_routes(surfaces), *OWN_ROUTES, *job_routes(max_job_bytes)]),
             openapi_document,
+            openapi_yaml,
         ],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,

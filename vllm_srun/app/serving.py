@@ -15,8 +15,9 @@ from typing import Any
 from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
-from vllm_srun.plugins.bodies import CacheMeta, check_profile, merged_meta
-from vllm_srun.plugins.surfaces import Overflow, Surface, SurfaceRequest
+from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.plugins.bodies import CacheMeta, Representation, check_profile, merged_meta, served_profile
+from vllm_srun.plugins.surfaces import EmbeddingsRequest, Overflow, Surface, SurfaceRequest, finish
 from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
@@ -163,11 +164,18 @@ async def serve_surface(
     runtime.stats.record_cache(model=name, hits=submission.hits, misses=submission.misses)
     finishing = time.perf_counter()
     with tracing.span("finish", surface=surface.name):
-        body = model.finish_surface(plan, submission.results)
+        body = finish(model, plan, submission.results)
     if options.return_meta:
         placement = served.placement
+        info = model.info
         body.meta = merged_meta(
             body.meta,
+            # The provenance the router records, for any family: what the family's own meta
+            # leaves out the runtime knows (its model_id is the served name).
+            model_id=info.name,
+            model_sha256=info.model_sha256,
+            profile=served_profile(info.numerics),
+            representation=_representation(model, request),
             revision=served.revision,
             engine=placement.engine if placement else None,
             engine_paths=(await runtime.queue.recent_engines(name)).get("engine_paths"),
@@ -180,3 +188,21 @@ async def serve_surface(
         )
     timing.post_s = time.perf_counter() - finishing
     return body
+
+
+def _representation(model: LoadedModel, request: SurfaceRequest) -> Representation | None:
+    """An embedding's space, as the runtime derives it when the family's meta names none: the
+    model's digest, the layer asked for (else the deepest the model offers; 0 for a family
+    that names no layers), the dimensions asked for (else the model's), and whether vectors
+    are unit length (`options.normalize`, else the model's)."""
+    view = model.info.embedding
+    if not isinstance(request, EmbeddingsRequest) or view is None:
+        return None
+    normalize = request.options.normalize
+    return Representation(
+        model_sha256=model.info.model_sha256,
+        layer=request.layer or max(view.layers, default=0),
+        dimension=request.dimensions or view.dimension,
+        normalized=view.normalized if normalize is None else normalize,
+        modality="text",
+    )

@@ -139,7 +139,7 @@ def merged_meta(meta: Any, **fields: Any) -> Any:
         return msgspec.structs.replace(meta, **own)
     if meta is None:
         return ResponseMeta(**fields)
-    return {**fields, **meta}
+    return {**{k: v for k, v in fields.items() if v is not None}, **meta}
 
 
 EXACT_PROFILE = "exact"

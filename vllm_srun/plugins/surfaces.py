@@ -359,6 +359,8 @@ class Surface(Generic[RequestT]):
     carries, which decides whether planning (tokenising) runs off the event loop.
     `options` names the fields of the shared `Options` the surface reads: a request that sets
     any other is refused naming it (`check_options`) rather than having it ignored.
+    `complete(body)` fills, on any family's response, what the contract requires and a family
+    may leave out (rerank's `logit`): `finish` applies it, so no family can skip it.
     """
 
     name: str
@@ -370,6 +372,7 @@ class Surface(Generic[RequestT]):
     count: Callable[[RequestT], int]
     text_chars: Callable[[RequestT], int]
     options: frozenset[str]
+    complete: Callable[[Any], Any] = lambda body: body
 
     @property
     def path(self) -> str:
@@ -454,6 +457,23 @@ def _decision_chars(request: DecisionsRequest) -> int:
     return _state_chars(request.state) + sum(_state_chars(s.state) for s in (request.states or {}).values())
 
 
+def complete_rerank(body: RerankResponse) -> RerankResponse:
+    """Every answered result carries a `logit` (the router refuses a result without one): a
+    family that reports none gets the score it ranks by, its `relevance_score`, so sorting by
+    either gives the same order. A cross-encoder reports its own (the relevance logit); a
+    bi-encoder's cosine is both its score and its logit."""
+    for result in body.results:
+        if result.logit is None and result.error is None and result.relevance_score is not None:
+            result.logit = result.relevance_score
+    return body
+
+
+def finish(model: Any, plan: Any, results: list[Any]) -> Any:
+    """`model.finish_surface(plan, results)`, completed by its surface's descriptor: the one
+    way a response body is made, for requests and for bulk jobs alike."""
+    return REGISTRY.get(plan.surface).complete(model.finish_surface(plan, results))
+
+
 def _one_or_list(value: object) -> int:
     return len(value) if isinstance(value, list) else 1
 
@@ -509,6 +529,7 @@ RERANK: Surface[RerankRequest] = Surface(
     count=lambda r: len(r.documents),
     text_chars=lambda r: len(r.query) + _chars(r.documents),
     options=_INPUT_OPTIONS,
+    complete=complete_rerank,
 )
 
 DECISIONS: Surface[DecisionsRequest] = Surface(

@@ -23,7 +23,7 @@ from arq.connections import ArqRedis
 from vllm_srun import defaults
 from vllm_srun.errors import SrunError, Unavailable
 from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
-from vllm_srun.plugins.surfaces import request_type
+from vllm_srun.plugins.surfaces import finish, request_type
 from vllm_srun.queue import keys
 from vllm_srun.queue.bulk import (
     CACHED,
@@ -171,7 +171,7 @@ def _finish_all(model: LoadedModel, planned: Sequence[_Planned]) -> list[ResultL
             lines.append(ResultLine(p.index, FAILED, result_line(p.index, p.custom_id, p.error, error=True)))
             continue
         try:
-            body = msgspec.json.encode(model.finish_surface(p.plan, p.results))
+            body = msgspec.json.encode(finish(model, p.plan, p.results))
         except SrunError as exc:
             error = error_body(exc.code, exc.message)
             lines.append(ResultLine(p.index, FAILED, result_line(p.index, p.custom_id, error, error=True)))

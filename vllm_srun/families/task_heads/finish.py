@@ -195,7 +195,8 @@ def rerank(
         if query_vector is not None:
             vectors = model.embedding_rows(state, planned, rows)
             vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
-            result.relevance_score = float(np.dot(query_vector, vector))
+            # A bi-encoder's logit is the score it ranks by: the cosine.
+            result.relevance_score = result.logit = float(np.dot(query_vector, vector))
         else:
             relevance = heads.relevance(rows)
             result.relevance_score, result.logit = relevance.score, relevance.logit
