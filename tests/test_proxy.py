@@ -7,7 +7,9 @@ or see when a request body's first bytes arrive: what a buffering proxy would ge
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import socket
 import sys
 import threading
 import time
@@ -40,6 +42,11 @@ class Upstream:
         if scope["type"] != "http":
             return
         path = scope["path"]
+        if path == "/headers":
+            body = json.dumps([[k.decode(), v.decode()] for k, v in scope["headers"]]).encode()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": body})
+            return
         if path == "/stream":
             await send(
                 {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]}
@@ -82,10 +89,10 @@ class Upstream:
         self.thread.join(10)
 
 
-def start_proxy(tmp_path: Path, *upstreams: str) -> tuple[Proc, str]:
+def start_proxy(tmp_path: Path, *upstreams: str, options: tuple[str, ...] = ()) -> tuple[Proc, str]:
     port = free_port()
     args = [sys.executable, "-m", "vllm_srun.cli", "proxy", "--listen", f"127.0.0.1:{port}"]
-    args += ["--check-interval-s", "0.2", "--upstream", *upstreams]
+    args += ["--check-interval-s", "0.2", *options, "--upstream", *upstreams]
     proc = Proc(args, tmp_path / f"proxy-{port}.log")
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -184,3 +191,149 @@ def test_sigterm_stops_the_proxy_with_a_stream_open(tmp_path: Path) -> None:
         proc.stop()
         upstream.release.set()
         upstream.stop()
+
+
+# Connection hygiene (issue 22, M4 and L1): real sockets on 127.0.0.1, each test bounded.
+
+
+def connect(url: str) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and when it closed it."""
+    started = time.monotonic()
+    sock.settimeout(timeout_s)
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"still open after {timeout_s} s; got {got!r}") from None
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got, time.monotonic() - started
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[tuple[Upstream, str]]:
+    upstream = Upstream("a").start()
+    options = ("--header-timeout-s", "1", "--body-idle-s", "1", "--max-connections", "40")
+    options += ("--max-upstream-connections", "2")
+    proc, url = start_proxy(tmp_path, f"http://127.0.0.1:{upstream.port}", options=options)
+    yield upstream, url
+    proc.stop()
+    upstream.release.set()
+    upstream.stop()
+
+
+def test_silent_half_sent_and_trickling_connections_are_closed(guarded: tuple[Upstream, str]) -> None:
+    _, url = guarded
+    silent = [connect(url) for _ in range(10)]
+    half = [connect(url) for _ in range(10)]
+    for sock in half:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+    body = [connect(url) for _ in range(5)]
+    for sock in body:  # headers done, body announced and never sent
+        sock.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab")
+    trickle = connect(url)
+    started = time.monotonic()
+    # One header byte every 0.2 s: each byte is in time, the headers as a whole are not.
+    for byte in b"GET /who HTTP/1.1\r\nX-Slow: " + b"a" * 20:
+        try:
+            trickle.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(0.2)
+    got, _ = read_until_closed(trickle, 5)
+    assert time.monotonic() - started < 4 and got.startswith(b"HTTP/1.1 408"), got
+    for sock in silent + half:
+        got, waited = read_until_closed(sock, 5)
+        assert got.startswith(b"HTTP/1.1 408") and waited < 3, got
+    for sock in body:
+        read_until_closed(sock, 5)
+    # The proxy still serves, on the connections it kept free.
+    assert httpx.get(url + "/who", timeout=5).status_code == 200
+
+
+def test_the_connection_cap_answers_503_at_once(guarded: tuple[Upstream, str]) -> None:
+    _, url = guarded
+    held = [connect(url) for _ in range(40)]
+    time.sleep(0.2)  # accepted
+    extra = connect(url)
+    got, waited = read_until_closed(extra, 5)
+    assert got.startswith(b"HTTP/1.1 503") and b"too many open connections" in got and waited < 1
+    for sock in held:
+        sock.close()
+    deadline = time.monotonic() + 5
+    while True:  # closed ones are counted out as the server sees them go
+        try:
+            assert httpx.get(url + "/who", timeout=5).status_code == 200
+            break
+        except (httpx.HTTPError, AssertionError):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+def test_forwarding_headers_are_the_proxys_own(guarded: tuple[Upstream, str]) -> None:
+    _, url = guarded
+    spoofed = {
+        "X-Forwarded-For": "6.6.6.6",
+        "X-Forwarded-Host": "evil.example",
+        "X-Forwarded-Proto": "https",
+        "Forwarded": "for=6.6.6.6",
+        "X-Real-IP": "6.6.6.6",
+    }
+    reply = httpx.get(url + "/headers", headers=spoofed, timeout=5)
+    headers: list[list[str]] = reply.json()
+    names = [k for k, _ in headers]
+    seen = dict(headers)
+    assert names.count("x-forwarded-for") == 1 and seen["x-forwarded-for"] == "127.0.0.1"
+    assert seen["x-forwarded-host"] == url.removeprefix("http://")
+    assert seen["x-forwarded-proto"] == "http"
+    assert "forwarded" not in seen and "x-real-ip" not in seen
+    assert "6.6.6.6" not in reply.text and "evil.example" not in reply.text
+
+
+@pytest.mark.parametrize("target", [b"*", b"example.com:443", b"@x"])
+def test_a_bad_request_target_is_400(guarded: tuple[Upstream, str], target: bytes) -> None:
+    _, url = guarded
+    sock = connect(url)
+    sock.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    got, _ = read_until_closed(sock, 5)
+    # llhttp refuses some of these itself ("Invalid HTTP request"); `*` parses, and is refused after.
+    assert got.startswith(b"HTTP/1.1 400"), got
+    assert target != b"*" or b"request target" in got, got
+    # An absolute-form target is served (RFC 9112 section 3.2.2).
+    sock = connect(url)
+    sock.sendall(b"GET http://x/who HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got, _ = read_until_closed(sock, 5)
+    assert got.startswith(b"HTTP/1.1 200") and b"a GET /who 0" in got
+    assert got.lower().count(b"\r\ndate:") == 1, "the replica's own, not a second from the proxy"
+
+
+def test_the_upstream_pool_is_bounded(guarded: tuple[Upstream, str]) -> None:
+    upstream, url = guarded
+    # Two held streams take both upstream connections (--max-upstream-connections 2).
+    streams = [httpx.stream("GET", url + "/stream", timeout=10) for _ in range(2)]
+    replies = [s.__enter__() for s in streams]
+    try:
+        lines = [r.iter_lines() for r in replies]  # kept: a dropped iterator closes its response
+        assert [next(it) for it in lines] == ["first", "first"]
+        third: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: third.append(httpx.get(url + "/who", timeout=10)))
+        waiter.start()
+        waiter.join(1.0)
+        assert not third, "a third upstream connection was opened"
+        upstream.release.set()
+        assert [list(it) for it in lines] == [["second"], ["second"]]
+        waiter.join(5)
+        assert third and third[0].status_code == 200
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)

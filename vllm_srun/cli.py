@@ -177,6 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-job-requests", POSITIVE, "most requests in one bulk job")
     setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
+    _connection_args(serve)
     add(
         "--auto-truncate",
         action="store_true",
@@ -209,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--health-path", default="/health/live", help="what an upstream answers 200 on when up"
     )
     proxy.add_argument("--check-interval-s", type=SECONDS, default=2.0, help="seconds between health checks")
+    _connection_args(proxy)
+    proxy.add_argument(
+        "--max-upstream-connections",
+        type=POSITIVE,
+        default=None,
+        help="connections to the replicas, at most (default: vllm_srun.proxy.MAX_UPSTREAM_CONNECTIONS)",
+    )
 
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -301,6 +309,21 @@ def _redis_url(url: str) -> str:
         return url
     user = quote(parts.username or "", safe="")
     return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc}").geturl()
+
+
+def _connection_args(parser: argparse.ArgumentParser) -> None:
+    """What a client's connection may hold (vllm_srun.connections); default: ConnectionLimits'."""
+    add = parser.add_argument
+    add("--header-timeout-s", type=SECONDS, default=None, help="a request's headers arrive within this")
+    add("--body-idle-s", type=SECONDS, default=None, help="longest gap in a request body being read")
+    add("--max-connections", type=POSITIVE, default=None, help="open connections past this get 503")
+
+
+def _connection_limits(args: argparse.Namespace) -> Any:
+    from vllm_srun.connections import ConnectionLimits
+
+    given = {k: getattr(args, k) for k in ("header_timeout_s", "body_idle_s", "max_connections")}
+    return ConnectionLimits(**{k: v for k, v in given.items() if v is not None})
 
 
 def _redis_roles(parser: argparse.ArgumentParser) -> None:
@@ -433,6 +456,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=GRACEFUL_STOP_S,
+            **_connection_limits(args).uvicorn_options(),
         )
         sockets = _listening(args)
         # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
@@ -585,7 +609,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from vllm_srun.proxy import serve
+    from vllm_srun.proxy import MAX_UPSTREAM_CONNECTIONS, serve
 
     serve(
         args.listen,
@@ -593,6 +617,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         health_path=args.health_path,
         check_interval_s=args.check_interval_s,
         graceful_stop_s=GRACEFUL_STOP_S,
+        limits=_connection_limits(args),
+        max_upstream_connections=args.max_upstream_connections or MAX_UPSTREAM_CONNECTIONS,
     )
     return 0
 

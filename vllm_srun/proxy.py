@@ -6,6 +6,13 @@ back when its check answers again. Both directions stream: a request body is for
 arrives, and a response is sent on chunk by chunk as the replica writes it, so a job's event
 stream reaches the client event by event (a buffering proxy would hold it until the job ends).
 
+What a client controls is bounded (`vllm_srun.connections`): a connection's headers arrive
+within a deadline and its body never idles past a timeout, open connections are capped, and so
+are the connections to the upstreams (a request that finds the pool full waits at most
+`POOL_WAIT_S`, then gets 503 with Retry-After). `X-Forwarded-For`, `-Host` and `-Proto` are this
+proxy's own, from the socket peer and the request: whatever a client sent under those names (or
+`Forwarded`, `X-Real-IP`) is dropped, never passed on.
+
 An upstream's host name may stand for several replicas (`http://app:8000` under compose,
 where the service name resolves to every replica): each address it resolves to is one target,
 and the names are resolved again at every health round, so `--scale app=N` needs no restart.
@@ -26,6 +33,8 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
+from vllm_srun.connections import ConnectionLimits
+
 log = structlog.get_logger("vllm_srun.proxy")
 
 # RFC 9110 section 7.6.1: connection-specific fields are not forwarded.
@@ -42,6 +51,21 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
+# Set by this proxy alone: a client's own would let it choose the address the replicas log.
+FORWARDING = frozenset(
+    {
+        b"forwarded",
+        b"x-forwarded-for",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+        b"x-forwarded-port",
+        b"x-real-ip",
+    }
+)
+# How long a request waits for a free upstream connection before it is answered 503.
+POOL_WAIT_S = 5.0
+RETRY_AFTER_S = 1
+MAX_UPSTREAM_CONNECTIONS = 512
 
 
 @dataclass
@@ -108,9 +132,17 @@ class Upstreams:
 class Proxy:
     """The ASGI app: `Proxy(urls)`; `check_interval_s` between health rounds."""
 
-    def __init__(self, urls: list[str], *, health_path: str = "/health/live", check_interval_s: float = 2.0):
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        health_path: str = "/health/live",
+        check_interval_s: float = 2.0,
+        max_upstream_connections: int = MAX_UPSTREAM_CONNECTIONS,
+    ):
         self.upstreams = Upstreams(urls, health_path)
         self.check_interval_s = check_interval_s
+        self.max_upstream_connections = max_upstream_connections
         self.client: httpx.AsyncClient | None = None
         self._checks: asyncio.Task[None] | None = None
 
@@ -124,9 +156,13 @@ class Proxy:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                # No read timeout: an event stream may be quiet for as long as a job runs.
-                timeout = httpx.Timeout(None, connect=2.0)
-                limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+                # No read timeout: an event stream may be quiet for as long as a job runs. Every
+                # open request holds one upstream connection: the pool bounds them all.
+                timeout = httpx.Timeout(None, connect=2.0, pool=POOL_WAIT_S)
+                limits = httpx.Limits(
+                    max_connections=self.max_upstream_connections,
+                    max_keepalive_connections=min(64, self.max_upstream_connections),
+                )
                 self.client = httpx.AsyncClient(timeout=timeout, limits=limits)
                 await self.upstreams.check(self.client)
                 self._checks = asyncio.get_running_loop().create_task(self._check_loop())
@@ -152,16 +188,22 @@ class Proxy:
 
     async def _http(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert self.client is not None
+        path = scope.get("raw_path") or scope["path"].encode()
+        if not path.startswith(b"/"):  # the server's protocol refuses these first; never forwarded
+            await _error(send, 400, "bad_request", "invalid_request_error", "invalid request target")
+            return
         headers = [
-            (k, v) for k, v in scope["headers"] if k.lower() not in HOP_BY_HOP and k.lower() != b"host"
+            (k, v)
+            for k, v in scope["headers"]
+            if k.lower() not in HOP_BY_HOP and k.lower() not in FORWARDING and k.lower() != b"host"
         ]
-        client_addr = scope.get("client")
+        client_addr = scope.get("client")  # the socket peer: uvicorn runs with proxy_headers off
         if client_addr:
             headers.append((b"x-forwarded-for", client_addr[0].encode()))
         host = dict(scope["headers"]).get(b"host")
         if host:
             headers.append((b"x-forwarded-host", host))
-        path = scope.get("raw_path") or scope["path"].encode()
+        headers.append((b"x-forwarded-proto", scope.get("scheme", "http").encode()))
         if scope.get("query_string"):
             path += b"?" + scope["query_string"]
         body = _Body(receive)
@@ -180,6 +222,9 @@ class Proxy:
             )
             try:
                 response = await self.client.send(request, stream=True)
+            except httpx.PoolTimeout:
+                await _unavailable(send, "every upstream connection is in use", retry_after_s=RETRY_AFTER_S)
+                return
             except httpx.TransportError as exc:
                 if body.started or not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
                     await _unavailable(send, f"upstream {target.url} failed: {type(exc).__name__}")
@@ -244,22 +289,32 @@ async def _relay(response: httpx.Response, receive: Any, send: Any, body: _Body)
         log.warning("upstream_stream_failed", error=str(relay.exception()))
 
 
-async def _unavailable(send: Any, message: str = "no app replica is healthy") -> None:
-    body = json.dumps(
-        {"error": {"code": "unavailable", "message": message, "type": "server_error", "param": None}}
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        }
-    )
+async def _unavailable(
+    send: Any, message: str = "no app replica is healthy", *, retry_after_s: int | None = None
+) -> None:
+    await _error(send, 503, "unavailable", "server_error", message, retry_after_s=retry_after_s)
+
+
+async def _error(
+    send: Any, status: int, code: str, kind: str, message: str, *, retry_after_s: int | None = None
+) -> None:
+    body = json.dumps({"error": {"code": code, "message": message, "type": kind, "param": None}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after_s is not None:
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 def serve(
-    listen: str, upstreams: list[str], *, health_path: str, check_interval_s: float, graceful_stop_s: float
+    listen: str,
+    upstreams: list[str],
+    *,
+    health_path: str,
+    check_interval_s: float,
+    graceful_stop_s: float,
+    limits: ConnectionLimits | None = None,
+    max_upstream_connections: int = MAX_UPSTREAM_CONNECTIONS,
 ) -> None:
     """Run the proxy on `listen` (HOST:PORT) until SIGINT or SIGTERM; connections still open
     `graceful_stop_s` after the signal (an event stream stays open for as long as its job runs)
@@ -267,7 +322,12 @@ def serve(
     import uvicorn
 
     host, _, port = listen.rpartition(":")
-    app = Proxy(upstreams, health_path=health_path, check_interval_s=check_interval_s)
+    app = Proxy(
+        upstreams,
+        health_path=health_path,
+        check_interval_s=check_interval_s,
+        max_upstream_connections=max_upstream_connections,
+    )
     config = uvicorn.Config(
         app,
         host=host.strip("[]") or "127.0.0.1",
@@ -277,5 +337,12 @@ def serve(
         interface="asgi3",
         lifespan="on",
         timeout_graceful_shutdown=graceful_stop_s,
+        # scope["client"] is the socket peer: uvicorn would otherwise take it from a client's
+        # X-Forwarded-For when it connects from 127.0.0.1.
+        proxy_headers=False,
+        # The replica's Date and Server are relayed; the proxy adds none of its own.
+        server_header=False,
+        date_header=False,
+        **(limits or ConnectionLimits()).uvicorn_options(),
     )
     uvicorn.Server(config).run()

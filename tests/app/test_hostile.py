@@ -1,0 +1,144 @@
+"""`serve` under a hostile or careless client (issue 22): real sockets on 127.0.0.1, one server
+for the module, every test bounded in seconds."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from helpers import Server, write_keywords
+
+HEADER_TIMEOUT_S = 1.0
+MAX_CONNECTIONS = 60
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    package = write_keywords(tmp_path_factory.mktemp("hostile") / "keywords")
+    return module_server(
+        str(package),
+        "--header-timeout-s",
+        str(HEADER_TIMEOUT_S),
+        "--body-idle-s",
+        "1",
+        "--max-connections",
+        str(MAX_CONNECTIONS),
+    )
+
+
+def connect(server: Server) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    sock.settimeout(timeout_s)
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"still open after {timeout_s} s; got {got!r}") from None
+        except ConnectionResetError:
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+def live_latency_s(server: Server) -> float:
+    started = time.monotonic()
+    assert httpx.get(server.url + "/health/live", timeout=5).status_code == 200
+    return time.monotonic() - started
+
+
+def test_silent_and_half_sent_connections_are_closed_and_the_server_answers(server: Server) -> None:
+    socks = [connect(server) for _ in range(20)]
+    for sock in socks[10:]:
+        sock.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+    body = connect(server)  # a body announced, a little sent, then nothing
+    body.sendall(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 1000\r\n\r\n{"input": '
+    )
+    # Meanwhile the server answers others at once.
+    assert live_latency_s(server) < 1.0
+    started = time.monotonic()
+    for sock in socks:
+        got = read_until_closed(sock, 5)
+        assert got.startswith(b"HTTP/1.1 408"), got
+    read_until_closed(body, 5)
+    assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
+
+
+def test_a_header_trickle_does_not_extend_the_deadline(server: Server) -> None:
+    sock = connect(server)
+    started = time.monotonic()
+    for byte in b"GET /health/live HTTP/1.1\r\nX-Slow: " + b"a" * 30:
+        try:
+            sock.sendall(bytes([byte]))
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        time.sleep(0.1)
+    got = read_until_closed(sock, 5)
+    assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - started < HEADER_TIMEOUT_S + 2
+
+
+def test_a_kept_alive_connection_serves_request_after_request(server: Server) -> None:
+    # The deadline is per request head, not per connection: slow traffic that is in time stays.
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        for _ in range(3):
+            assert client.get("/health/live").status_code == 200
+            time.sleep(HEADER_TIMEOUT_S * 0.8)
+
+
+def test_past_the_connection_cap_a_new_connection_gets_503(server: Server) -> None:
+    held = [connect(server) for _ in range(MAX_CONNECTIONS)]
+    time.sleep(0.3)
+    try:
+        got = read_until_closed(connect(server), 3)
+        assert got.startswith(b"HTTP/1.1 503") and b"too many open connections" in got
+    finally:
+        for sock in held:
+            sock.close()
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            assert live_latency_s(server) < 1.0
+            return
+        except (httpx.HTTPError, AssertionError):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+
+@pytest.mark.parametrize("request_line", [b"GET * HTTP/1.1", b"OPTIONS * HTTP/1.1"])
+def test_an_asterisk_target_is_400_not_500(server: Server, request_line: bytes) -> None:
+    sock = connect(server)
+    sock.sendall(request_line + b"\r\nHost: 127.0.0.1\r\n\r\n")
+    got = read_until_closed(sock, 5)
+    assert got.startswith(b"HTTP/1.1 400") and b"request target" in got, got
+
+
+def test_many_silent_connections_at_once_leave_health_fast(server: Server) -> None:
+    stop = threading.Event()
+    latencies: list[float] = []
+
+    def probe() -> None:
+        while not stop.is_set():
+            latencies.append(live_latency_s(server))
+            time.sleep(0.1)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        socks = [connect(server) for _ in range(MAX_CONNECTIONS - 5)]
+        time.sleep(HEADER_TIMEOUT_S + 0.5)
+        for sock in socks:
+            read_until_closed(sock, 3)
+    finally:
+        stop.set()
+        prober.join(10)
+    assert latencies and max(latencies) < 1.0, latencies
