@@ -28,6 +28,7 @@ import pytest
 
 from vllm_srun.families.task_heads import TaskHeadsFamily
 from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.plugins.architectures import uses_type_ids
 from vllm_srun.plugins.base import Batch, Device, EngineModel, ItemError, Result
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import (
@@ -239,7 +240,7 @@ class Harness:
             if type_rows is not None:
                 types[i, : len(row)] = torch.tensor(type_rows[i])
         kwargs = {"input_ids": ids, "attention_mask": mask}
-        if model.config.model_type == "bert":
+        if uses_type_ids(model.config.to_dict()):
             kwargs["token_type_ids"] = types
         with torch.no_grad():
             out = model(**kwargs)
