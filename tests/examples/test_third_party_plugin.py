@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -170,3 +171,67 @@ def test_native_engine_serves_minilm_on_example_host_as_on_cpu(
         server.stop()
     assert vectors["cpu"].shape == (len(texts), 384)
     np.testing.assert_allclose(vectors["example_host"], vectors["cpu"], atol=1e-6, rtol=0)
+
+
+def acme_package(out: Path) -> tuple[Path, Path]:
+    """A BERT classifier fixture re-declared as the plugin's "acme-bert" model type, its
+    tensors under the prefix `acme.`: (the acme package, the original BERT package)."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file, save_file
+
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    bert = write_fixture(out / "bert", variant="bert-sequence")
+    acme = out / "acme"
+    acme.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (acme / name).write_bytes((bert / name).read_bytes())
+    config = json.loads((bert / "config.json").read_text())
+    config.update(model_type="acme-bert", architectures=["AcmeBertForSequenceClassification"])
+    (acme / "config.json").write_text(json.dumps(config))
+    tensors = load_file(str(bert / "model.safetensors"))
+    renamed = {k.replace("bert.", "acme.", 1) if k.startswith("bert.") else k: v for k, v in tensors.items()}
+    assert any(k.startswith("acme.") for k in renamed) and isinstance(next(iter(renamed.values())), torch.Tensor)
+    save_file(renamed, str(acme / "model.safetensors"))
+    return acme, bert
+
+
+def test_a_plugin_architecture_with_a_new_model_type_serves_exactly(
+    start_server: Callable[..., Server], site: Path, tmp_path: Path
+) -> None:
+    """The plugin ships one table row (entry point vllm_srun.architectures) and one module: its
+    model type serves on the built-in family and native engine, equal to Transformers' BERT
+    on the same weights; without the plugin the same package is refused naming its type."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizers import Tokenizer
+
+    acme, bert = acme_package(tmp_path)
+    refused = subprocess.run(
+        [sys.executable, "-m", "vllm_srun.cli", "serve", str(acme), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode != 0
+    assert "model_type 'acme-bert'" in refused.stderr and "register_model" in refused.stderr
+
+    server = start_server(str(acme), "--served-model-name", "acme", env=env_for(site))
+    rng = np.random.default_rng(5)
+    from vllm_srun.testing.task_heads_fixtures import WORDS
+
+    texts = [" ".join(rng.choice(WORDS, size=int(n))) for n in rng.integers(1, 30, size=6)]
+    body = server.post("/v1/classify", {"model": "acme", "input": texts, "options": {"return_meta": True}})
+    assert body.status_code == 200, body.text
+    got = np.array([r["probabilities"] for r in body.json()["results"]])
+    assert body.json()["meta"]["engine"] == "native"
+
+    reference = transformers.BertForSequenceClassification.from_pretrained(str(bert)).eval()
+    tokenizer = Tokenizer.from_file(str(bert / "tokenizer.json"))
+    for i, text in enumerate(texts):
+        ids = torch.tensor([tokenizer.encode(text).ids])
+        with torch.no_grad():
+            want = torch.softmax(reference(input_ids=ids).logits[0].double(), -1).numpy()
+        np.testing.assert_allclose(got[i], want, atol=1e-4, rtol=0)
+    rows = server.get("/v1/models").json()["plugins"]["architectures"]
+    assert {r["name"]: r["distribution"] for r in rows}["acme_bert"] == "vllm-sr-example"

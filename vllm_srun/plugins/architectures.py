@@ -63,6 +63,16 @@ class Architecture:
     position_offset: bool = False
     fixtures: Mapping[str, Fixture] = field(default_factory=dict)  # flavour -> how to write one
 
+    def descriptor(self) -> dict[str, Any]:
+        """What /v1/models, `vllm-srun plugins` and `models --architectures` show of the row."""
+        return {
+            "name": self.name,
+            "model_types": list(self.model_types),
+            "classes": {cls: kind for cls, (kind, _) in sorted(self.classes.items())},
+            "type_ids": self.type_ids,
+            "fast_paths": list(self.fast_paths),
+        }
+
     def kind_of(self, architecture: str) -> str | None:
         entry = self.classes.get(architecture)
         return entry[0] if entry else None
@@ -139,11 +149,51 @@ BUILTIN: tuple[Architecture, ...] = (
             for flavour, tokenizer in (("modernbert", "bytelevel"), ("mmbert", "unigram"))
         },
     ),
-    # -- roberta rows --
+    Architecture(
+        name="roberta",
+        model_types=("roberta", "xlm-roberta", "camembert"),
+        target=f"{_NATIVE}.roberta:Roberta",
+        classes=_encoder_classes(("Roberta", "XLMRoberta", "Camembert"), "dense"),
+        position_offset=True,
+        fixtures={
+            flavour: Fixture(
+                config_class=f"{prefix}Config",
+                class_prefix=prefix,
+                tokenizer=tokenizer,
+                # One token type, as the released checkpoints have (the config classes default to 2).
+                settings={"type_vocab_size": 1},
+                special_ids=("pad", "bos", "eos"),
+            )
+            for flavour, prefix, tokenizer in (
+                ("roberta", "Roberta", "bytelevel"),
+                ("xlm-roberta", "XLMRoberta", "unigram"),
+                ("camembert", "Camembert", "unigram"),
+            )
+        },
+    ),
     # -- electra row --
     # -- distilbert row --
     # -- deberta-v2 row --
-    # -- mpnet row --
+    Architecture(
+        name="mpnet",
+        model_types=("mpnet",),
+        target=f"{_NATIVE}.mpnet:MPNet",
+        classes=_encoder_classes(("MPNet",), "dense"),
+        fast_paths=("dense",),  # relative-position bias: no fixed-shape graph to trace
+        position_offset=True,
+        fixtures={
+            "mpnet": Fixture(
+                config_class="MPNetConfig",
+                class_prefix="MPNet",
+                tokenizer="wordpiece",
+                # Transformers' MPNet pads at index 1 whatever the tokenizer says (real MPNet
+                # vocabularies put <pad> there): the config says so, and its table holds
+                # 2 + the fixtures' positions.
+                settings={"pad_token_id": 1, "max_position_embeddings": 130},
+                special_ids=("pad", "bos", "eos"),
+            )
+        },
+    ),
     # -- qwen3 rows --
     # -- nomic-bert row --
     # -- gte row --

@@ -1,4 +1,4 @@
-"""Entry-point discovery of families, engines, accelerators and metrics sinks.
+"""Entry-point discovery of families, engines, accelerators, metrics sinks and architectures.
 
 Built-ins register through the project's own entry points, so there is one discovery path.
 Loading happens once per process (again only when asked) and follows these rules:
@@ -7,6 +7,10 @@ Loading happens once per process (again only when asked) and follows these rules
 - a name that two distributions claim in one group refuses the start, naming both;
 - a class that does not subclass its group's base is refused and skipped;
 - a plugin that fails to import or construct is logged with the reason and skipped.
+
+An entry point in `vllm_srun.architectures` names an `Architecture` row (data, not a class):
+loading it registers the row in the architecture table (`register_architecture`), so the
+families serve its model types and the native engine imports its class when first used.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import structlog
 
 from vllm_srun.errors import ConfigError, PluginConflict
+from vllm_srun.plugins.architectures import Architecture, register_architecture
 from vllm_srun.plugins.base import Accelerator, Engine, ModelFamily, Plugin
 from vllm_srun.plugins.stats import StatLoggerBase
 
@@ -34,11 +39,15 @@ GROUPS: dict[str, tuple[str, type[Plugin]]] = {
     "stat_loggers": ("vllm_srun.stat_loggers", StatLoggerBase),
 }
 
+# Rows of the architecture table shipped by distributions: instances, not classes.
+ARCHITECTURES = ("architectures", "vllm_srun.architectures")
+
 _SINGULAR = {
     "families": "family",
     "engines": "engine",
     "accelerators": "accelerator",
     "stat_loggers": "stat logger",
+    "architectures": "architecture",
 }
 
 
@@ -100,7 +109,8 @@ class Plugins:
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            group: [entry.describe() for _, entry in sorted(self.of(group).items())] for group in GROUPS
+            group: [entry.describe() for _, entry in sorted(self.of(group).items())]
+            for group in (*GROUPS, ARCHITECTURES[0])
         }
         out["refused"] = [vars(r) for r in self.refused]
         return out
@@ -169,6 +179,31 @@ def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] |
     out.groups[group] = entries
 
 
+def _load_architectures(allow: set[str] | None, out: Plugins) -> None:
+    group, ep_group = ARCHITECTURES
+    entries: dict[str, PluginEntry] = {}
+    for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
+        if allow is not None and name not in allow:
+            continue
+        if len(eps) > 1:
+            claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
+            raise PluginConflict(f"the architecture name {name!r} is claimed by {claimants}")
+        ep = eps[0]
+        dist, version = _distribution(ep)
+        try:
+            row = ep.load()
+            if not isinstance(row, Architecture):
+                raise TypeError(f"{ep.value} is not a vllm_srun.plugins.architectures.Architecture")
+            register_architecture(row)  # idempotent: loading twice registers the same row
+        except Exception as exc:  # a broken plugin must not stop the others
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
+            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            continue
+        entries[name] = PluginEntry(group, name, ep.value, dist, version, row)
+    out.groups[group] = entries
+
+
 def load_plugins(*, reload: bool = False) -> Plugins:
     """The plugins of this process; discovered on first call and cached after."""
     global _loaded
@@ -176,6 +211,8 @@ def load_plugins(*, reload: bool = False) -> Plugins:
         return _loaded
     allow = allowed_names()
     plugins = Plugins()
+    # Architectures first: a family's detection reads the table they add to.
+    _load_architectures(allow, plugins)
     for group, (ep_group, base) in GROUPS.items():
         _load_group(group, ep_group, base, allow, plugins)
     _loaded = plugins
