@@ -225,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the built-in models and their pins")
     models.add_argument("--json", action="store_true", help="print JSON")
+    models.add_argument(
+        "--architectures",
+        action="store_true",
+        help="list the architectures that load (model types, classes, heads) instead",
+    )
 
     fixture = sub.add_parser("fixture", help="write a small model package with a family's fixture writer")
     fixture.add_argument("out", type=Path, help="directory to write")
@@ -662,6 +667,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.registry.tables import describe_tables, load_tables
 
+    if args.architectures:
+        return _print_architectures(as_json=args.json)
+
     tables = load_tables(e.plugin for e in load_plugins().of("families").values())
     rows = describe_tables(tables)
     if args.json:
@@ -677,6 +685,26 @@ def cmd_models(args: argparse.Namespace) -> int:
     if tables.conflict:
         print(f"error: {tables.conflict}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _print_architectures(*, as_json: bool) -> int:
+    """Every row of the architecture table (built-in and from plugins): what loads natively.
+    Any other model type serves from its package's onnx/model.onnx."""
+    from vllm_srun.plugins.architectures import architectures
+    from vllm_srun.plugins.discovery import load_plugins
+
+    load_plugins()  # plugins' rows join the table
+    rows = [arch.descriptor() for arch in architectures()]
+    if as_json:
+        print(json.dumps({"architectures": rows}, indent=2))
+        return 0
+    for row in rows:
+        kinds = sorted({kind for kind in row["classes"].values()})
+        print(f"{row['name']:<12} model_type {', '.join(row['model_types']):<34} heads {', '.join(kinds)}")
+        for cls, kind in row["classes"].items():
+            print(f"    {cls:<44} {kind}")
+    print("any other model_type: serves on onnxruntime from its onnx/model.onnx")
     return 0
 
 
