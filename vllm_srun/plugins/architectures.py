@@ -171,9 +171,66 @@ BUILTIN: tuple[Architecture, ...] = (
             )
         },
     ),
-    # -- electra row --
+    Architecture(
+        name="electra",
+        model_types=("electra",),
+        target=f"{_NATIVE}.electra:Electra",
+        classes=_encoder_classes(("Electra",), "dense_gelu", extra=("ForPreTraining",)),
+        type_ids=True,
+        fixtures={
+            # embedding_size below hidden_size, as the released ELECTRA-small has: embeddings_project runs.
+            "electra": Fixture(
+                config_class="ElectraConfig",
+                class_prefix="Electra",
+                tokenizer="wordpiece",
+                settings={"embedding_size": 16},
+            )
+        },
+    ),
     # -- distilbert row --
-    # -- deberta-v2 row --
+    Architecture(
+        name="deberta-v2",
+        model_types=("deberta-v2",),
+        target=f"{_NATIVE}.deberta_v2:DebertaV2",
+        classes=_encoder_classes(("DebertaV2",), "context_pooler"),
+        type_ids=True,  # v2 has two token types; v3's type_vocab_size 0 sends none
+        fast_paths=("dense",),  # the relative bias is built from the block width: no ONNX export
+        fixtures={
+            # DeBERTa-v3: no absolute positions, no token types, log buckets (8 < the parity
+            # rows' 40 tokens) over max_relative_positions 16, shared keys, normalised table.
+            "deberta-v3": Fixture(
+                config_class="DebertaV2Config",
+                class_prefix="DebertaV2",
+                tokenizer="unigram",
+                settings={
+                    "type_vocab_size": 0,
+                    "position_biased_input": False,
+                    "relative_attention": True,
+                    "pos_att_type": ["p2c", "c2p"],
+                    "share_att_key": True,
+                    "position_buckets": 8,
+                    "max_relative_positions": 16,
+                    "norm_rel_ebd": "layer_norm",
+                },
+            ),
+            # DeBERTa-v2: absolute positions too, two token types, unbucketed distances clamped
+            # at 16, separate position projections, and a narrower embedding through embed_proj.
+            "deberta-v2": Fixture(
+                config_class="DebertaV2Config",
+                class_prefix="DebertaV2",
+                tokenizer="wordpiece",
+                settings={
+                    "type_vocab_size": 2,
+                    "position_biased_input": True,
+                    "relative_attention": True,
+                    "pos_att_type": ["c2p", "p2c"],
+                    "share_att_key": False,
+                    "max_relative_positions": 16,
+                    "embedding_size": 16,
+                },
+            ),
+        },
+    ),
     Architecture(
         name="mpnet",
         model_types=("mpnet",),
