@@ -252,8 +252,39 @@ BUILTIN: tuple[Architecture, ...] = (
         },
     ),
     # -- qwen3 rows --
-    # -- nomic-bert row --
-    # -- gte row --
+    Architecture(
+        name="nomic-bert",
+        model_types=("nomic_bert",),
+        target=f"{_NATIVE}.nomic_bert:NomicBert",
+        classes=_encoder_classes(("NomicBert",), "pooler"),
+        type_ids=True,
+        fast_paths=("dense",),  # rotary: no dynamic-shape ONNX trace
+        fixtures={
+            "nomic-bert": Fixture(
+                config_class="NomicBertConfig",
+                class_prefix="NomicBert",
+                tokenizer="wordpiece",
+                # A theta other than the class default, so the one read from config.json counts.
+                settings={"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}},
+            )
+        },
+    ),
+    Architecture(
+        name="gte",
+        model_types=("gte",),
+        target=f"{_NATIVE}.gte:Gte",
+        classes=_encoder_classes(("Gte",), "pooler"),
+        type_ids=True,  # gte-large-en-v1.5 has two token types; others one or none
+        fast_paths=("dense",),  # rotary: no dynamic-shape ONNX trace
+        fixtures={
+            "gte": Fixture(
+                config_class="GteConfig",
+                class_prefix="Gte",
+                tokenizer="wordpiece",
+                settings={"rope_parameters": {"rope_type": "default", "rope_theta": 20000.0}},
+            )
+        },
+    ),
 )
 
 _ARCHITECTURES: dict[str, Architecture] = {}

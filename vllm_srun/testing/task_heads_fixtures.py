@@ -48,7 +48,7 @@ HEADS = {"sequence": "sequence", "multilabel": "sequence", "token": "token", "em
 # Labels and pooling of the variants whose defaults do not fit (the defaults: a variant's head
 # name is its labels key; embedders pool by mean).
 _LABELS_OF = {"modernbert-sequence": "binary", "mmbert-sequence": "language"}
-_POOLING_OF = {"modernbert-embedding": "cls"}
+_POOLING_OF = {"modernbert-embedding": "cls", "gte-embedding": "cls"}  # as gte-*-v1.5 ship
 
 
 def _variants() -> dict[str, tuple[str, str, str | None, str | None]]:
