@@ -251,7 +251,30 @@ BUILTIN: tuple[Architecture, ...] = (
             )
         },
     ),
-    # -- qwen3 rows --
+    Architecture(
+        name="qwen3",
+        model_types=("qwen3",),
+        target=f"{_NATIVE}.qwen3:Qwen3",
+        # Decoders served as encoders: Qwen3-Embedding (a bare Qwen3Model with last-token
+        # pooling) and one-label rerankers. Qwen3ForCausalLM is refused (see `refusal`).
+        classes={
+            "Qwen3Model": ("model", None),
+            "Qwen3ForSequenceClassification": ("sequence", "last_token_score"),
+        },
+        fast_paths=("dense",),  # rotary
+        fixtures={
+            "qwen3": Fixture(
+                config_class="Qwen3Config",
+                class_prefix="Qwen3",
+                tokenizer="bytelevel_eot",
+                # Heads x head_dim (64) differs from hidden_size (32), as in Qwen3-0.6B (16 x 128
+                # against 1024); a non-default theta, so a reader that ignores it fails.
+                settings={"num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1000.0},
+                special_ids=("pad", "bos", "eos"),
+                hub_config={"rope_theta": 1000.0, "rope_scaling": None},
+            )
+        },
+    ),
     Architecture(
         name="nomic-bert",
         model_types=("nomic_bert",),
@@ -430,10 +453,26 @@ def resolve_model(architecture: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
+# Classes of a served model type that serve only once converted, with what to do.
+CONVERT = {
+    "Qwen3ForCausalLM": (
+        "Qwen3ForCausalLM is a causal language model; the runtime serves no LM head. A reranker "
+        "of this form (Qwen3-Reranker, which scores by the 'yes' and 'no' logits of its last "
+        "token) serves once converted to a one-label Qwen3ForSequenceClassification: keep the "
+        "model.* tensors, write score.weight = lm_head.weight[id of 'yes'] - lm_head.weight[id "
+        "of 'no'] (shape [1, hidden_size]), and set architectures to "
+        "['Qwen3ForSequenceClassification'] and num_labels to 1; its sigmoid is the reranker's "
+        "softmax probability of 'yes'. Format each pair with the reranker's prompt template"
+    ),
+}
+
+
 def refusal(config: Mapping[str, Any]) -> str:
     """What to tell a user whose package no row serves: what was found, what is supported,
     and the two ways out."""
     found = config.get("architectures") or []
+    if found and found[0] in CONVERT:
+        return CONVERT[found[0]]
     return (
         f"model_type {config.get('model_type')!r} with architectures {list(found)} is not one the "
         f"native engine knows (model types: {', '.join(supported_model_types())}; see "

@@ -48,7 +48,11 @@ HEADS = {"sequence": "sequence", "multilabel": "sequence", "token": "token", "em
 # Labels and pooling of the variants whose defaults do not fit (the defaults: a variant's head
 # name is its labels key; embedders pool by mean).
 _LABELS_OF = {"modernbert-sequence": "binary", "mmbert-sequence": "language"}
-_POOLING_OF = {"modernbert-embedding": "cls", "gte-embedding": "cls"}  # as gte-*-v1.5 ship
+_POOLING_OF = {
+    "modernbert-embedding": "cls",
+    "gte-embedding": "cls",  # as gte-*-v1.5 ship
+    "qwen3-embedding": "last",  # as Qwen3-Embedding ships
+}
 
 
 def _variants() -> dict[str, tuple[str, str, str | None, str | None]]:
@@ -151,6 +155,24 @@ def _bytelevel_tokenizer() -> Any:
     return tok, len(vocab), {"pad": vocab["[PAD]"], "cls": vocab["[CLS]"], "sep": vocab["[SEP]"]}
 
 
+def _bytelevel_eot_tokenizer() -> Any:
+    """The byte-level BPE as a decoder's tokenizer: no token in front, and `<|endoftext|>`
+    appended to each text, as Qwen3-Embedding's tokenizer.json post-processor does. Its pad
+    token is another one ([PAD]): a *ForSequenceClassification reference skips trailing pad
+    tokens, so an appended token that doubled as the pad would not be the one it scores."""
+    from tokenizers import processors
+
+    tok, _, ids = _bytelevel_tokenizer()
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    eot, eos = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>",
+        pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", eot)],
+    )
+    return tok, tok.get_vocab_size(with_added_tokens=True), {"pad": ids["pad"], "cls": eot, "sep": eos}
+
+
 def _unigram_tokenizer() -> Any:
     """A SentencePiece-style Unigram model (Metaspace, cased), like mmBERT's Gemma tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -178,6 +200,14 @@ def _unigram_tokenizer() -> Any:
     tok.add_special_tokens(specials)
     return tok, len(pieces), {"pad": 0, "cls": 2, "sep": 1}
 
+
+# The tokenizer kinds a Fixture names, as (tokenizer, vocabulary size, special ids) builders.
+TOKENIZERS = {
+    "wordpiece": _wordpiece_tokenizer,
+    "bytelevel": _bytelevel_tokenizer,
+    "bytelevel_eot": _bytelevel_eot_tokenizer,
+    "unigram": _unigram_tokenizer,
+}
 
 # The tiny sizes every fixture shares; a Fixture's settings add to or override them.
 TINY = {
@@ -299,11 +329,7 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
     head = HEADS[head_name]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok, vocab_size, ids = {
-        "wordpiece": _wordpiece_tokenizer,
-        "bytelevel": _bytelevel_tokenizer,
-        "unigram": _unigram_tokenizer,
-    }[fixture.tokenizer]()
+    tok, vocab_size, ids = TOKENIZERS[fixture.tokenizer]()
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}, indent=2))
 

@@ -203,6 +203,26 @@ class ModernBertTokenHead(ModernBertHead):
     kind = "token"
 
 
+class LastTokenScoreHead(Head):
+    """A decoder's *ForSequenceClassification: `score` (no bias) on each row's last token.
+
+    Transformers scores the rightmost token that is not `pad_token_id` of each padded row; a
+    packed row has no padding, so that is the row's last token (for any row that does not end
+    in the pad token itself, which no tokenizer template here appends)."""
+
+    kind = "sequence"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        _install(model, "score", nn.Linear(self.hidden, self.labels, bias=False))
+
+    def sequence_logits(
+        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+    ) -> torch.Tensor:
+        last = [segments.starts[r] + segments.lengths[r] - 1 for r in rows]
+        return model.score(hidden[last])  # type: ignore[no-any-return]
+
+
 # Head names as the architecture table (vllm_srun.plugins.architectures) spells them.
 HEADS: dict[str, type[Head]] = {
     "pooler": PoolerHead,
@@ -213,6 +233,7 @@ HEADS: dict[str, type[Head]] = {
     "modernbert": ModernBertHead,
     "token": TokenHead,
     "modernbert_token": ModernBertTokenHead,
+    "last_token_score": LastTokenScoreHead,
 }
 
 
