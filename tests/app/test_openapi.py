@@ -85,3 +85,21 @@ def test_every_reference_resolves() -> None:
     components = json.loads(text)["components"]["schemas"]
     refs = set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', text))
     assert refs and refs <= set(components), refs - set(components)
+
+
+def test_document_states_what_the_routes_check_themselves() -> None:
+    """Bounds a route checks itself, after decoding, are in the document too: a client built
+    from it never sends an empty TEI batch or a bundle task with no surface or two."""
+    import json
+
+    doc = json.loads(document_text())
+    schemas = doc["components"]["schemas"]
+    assert schemas["BundleTask"]["oneOf"] == [
+        {"required": [name]} for name in ("decisions", "classify", "embeddings", "rerank")
+    ]
+    assert schemas["TeiRerankRequest"]["properties"]["texts"]["minItems"] == 1
+    assert schemas["DecodeRequest"]["properties"]["ids"]["minItems"] == 1
+    embed = schemas["EmbedRequest"]["properties"]["inputs"]["anyOf"]
+    assert {"minLength": 1, "type": "string"} in embed and any(s.get("minItems") == 1 for s in embed)
+    events = doc["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    assert list(events) == ["text/event-stream"]

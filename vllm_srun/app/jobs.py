@@ -237,7 +237,11 @@ async def job_results(
     return Response(body, media_type="application/json")
 
 
-@get("/v1/jobs/{job_id:str}/events", summary="Server-Sent Events: progress, results, final status")
+@get(
+    "/v1/jobs/{job_id:str}/events",
+    summary="Server-Sent Events: progress, results, final status",
+    media_type="text/event-stream",
+)
 async def job_events(
     job_id: FromPath[str],
     state: State,

@@ -10,6 +10,8 @@ enforces that Litestar leaves out.
 - A field that is decoded late, as a JSON object, but documented as a component (a bundle
   task's surface request: `Meta(extra_json_schema={"$ref": ...})`) is described by that
   reference, which Litestar drops.
+- A Struct that takes exactly one of several optional fields says so in a class attribute
+  `one_of_required` (the field names), written as `oneOf` a schema requiring each.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
             return schema
         if info.forbid_unknown_fields:
             schema.additional_properties = False
+        # A Struct that takes exactly one of some fields (a bundle task's surface) names them.
+        one_of: tuple[str, ...] = getattr(field_definition.type_, "one_of_required", ())
+        if one_of:
+            schema.one_of = [Schema(required=[name]) for name in one_of]
         hints = get_type_hints(field_definition.type_, include_extras=True)
         for field in info.fields:
             ours = (schema.properties or {}).get(field.encode_name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 import structlog
@@ -57,6 +57,9 @@ class BundleOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=Tr
 
 class BundleTask(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One task: an id unique in the bundle, and exactly one surface field."""
+
+    # The document says "exactly one": `oneOf` a schema requiring each (vllm_srun.app.schemas).
+    one_of_required: ClassVar[tuple[str, ...]] = SURFACE_FIELDS
 
     id: Annotated[str, msgspec.Meta(min_length=1)]
     decisions: _body("decisions") = None  # type: ignore[valid-type]

@@ -18,6 +18,8 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
+    NON_EMPTY_LIST,
+    NON_EMPTY_STR,
     TEI_ERRORS,
     Direction,
     check_batch,
@@ -31,7 +33,7 @@ from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, Embeddings
 class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /embed body."""
 
-    inputs: str | list[str | int | TokenIds]
+    inputs: Annotated[str, NON_EMPTY_STR] | Annotated[list[str | int | TokenIds], NON_EMPTY_LIST]
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: Direction = "Right"

@@ -7,7 +7,7 @@ those for a batch (`[[a], [a, b], ...]`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
@@ -16,6 +16,7 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
+    NON_EMPTY_LIST,
     TEI_ERRORS,
     Direction,
     TeiError,
@@ -33,7 +34,7 @@ _FORMS = "a string, a pair of strings [string, string] or a batch of mixed strin
 class PredictRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /predict body."""
 
-    inputs: str | list[Any]
+    inputs: str | Annotated[list[Any], NON_EMPTY_LIST]
     raw_scores: bool = False
     truncate: bool | None = None
     truncation_direction: Direction = "Right"

@@ -7,7 +7,7 @@ model's cosine has no other form); the order is the same either way.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, post
@@ -16,6 +16,7 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
+    NON_EMPTY_LIST,
     TEI_ERRORS,
     Direction,
     check_batch,
@@ -30,7 +31,7 @@ class TeiRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /rerank body."""
 
     query: str
-    texts: list[str]
+    texts: Annotated[list[str], NON_EMPTY_LIST]
     raw_scores: bool = False
     return_text: bool = False
     truncate: bool | None = None

@@ -177,6 +177,13 @@ def model_for(runtime: Runtime, surface: str | None) -> tuple[str, LoadedModel]:
     return served.name, model
 
 
+# A bound the document states and the route checks itself, so that breaking it gets TEI's own
+# answer (400 `empty`) rather than a decoding error: msgspec writes `extra_json_schema` into the
+# schema (vllm_srun.app.schemas keeps it in the document) and never enforces it.
+NON_EMPTY_LIST = msgspec.Meta(extra_json_schema={"minItems": 1})
+NON_EMPTY_STR = msgspec.Meta(extra_json_schema={"minLength": 1})
+
+
 def check_batch(runtime: Runtime, count: int, field: str) -> None:
     if count == 0:
         raise TeiError("empty", f"`{field}` cannot be empty")

@@ -11,14 +11,14 @@ are into that whole text.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, post
 from litestar.params import JSONBody
 from tokenizers import Tokenizer
 
-from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, check_batch, model_for
+from vllm_srun.app.routes.tei_shared import NON_EMPTY_LIST, TEI_ERRORS, TeiError, check_batch, model_for
 from vllm_srun.app.serving import THREAD_PLAN_CHARS, THREAD_PLAN_INPUTS
 from vllm_srun.plugins.base import LoadedModel
 
@@ -26,7 +26,7 @@ from vllm_srun.plugins.base import LoadedModel
 class TokenizeRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /tokenize body."""
 
-    inputs: str | list[str]
+    inputs: str | Annotated[list[str], NON_EMPTY_LIST]
     add_special_tokens: bool = True
     prompt_name: str | None = None
 
@@ -42,7 +42,7 @@ class SimpleToken(msgspec.Struct):
 class DecodeRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /decode body: one list of ids, or a batch of them."""
 
-    ids: list[Any]
+    ids: Annotated[list[Any], NON_EMPTY_LIST]
     skip_special_tokens: bool = True
 
 
