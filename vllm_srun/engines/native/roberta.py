@@ -20,13 +20,27 @@ from vllm_srun.engines.native.bert import QKV, BertBackbone, BertEmbeddings
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 
 
+def roberta_positions(input_ids: torch.Tensor, positions: torch.Tensor, pad: int) -> torch.Tensor:
+    """Position ids as Transformers' `create_position_ids_from_input_ids` gives them: a row's
+    tokens count from `pad + 1`, and a `pad` token inside a row (a text may spell it) sits at
+    `pad` without advancing the count. `positions` restart at 0 in each row (packed rows or a
+    padded block), so `index - positions` is each token's row start."""
+    real = (input_ids != pad).long()
+    count = real.cumsum(0)
+    start = torch.arange(input_ids.shape[0], device=input_ids.device) - positions
+    before = count[start] - real[start]  # real tokens of earlier rows
+    return (count - before) * real + pad
+
+
 class RobertaEmbeddings(BertEmbeddings):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__(config)
-        self.offset = int(config.get("pad_token_id") or 0) + 1
+        self.pad = int(config.get("pad_token_id") or 0)
 
-    def positions(self, layout: Layout) -> torch.Tensor:
-        return layout.positions + self.offset
+    def forward(self, input_ids: torch.Tensor, type_ids: torch.Tensor | None, layout: Layout) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]  # one token type
+        x = x + self.position_embeddings(roberta_positions(input_ids, layout.positions, self.pad))
+        return self.LayerNorm(x)  # type: ignore[no-any-return]
 
 
 class Roberta(EncoderModel):
