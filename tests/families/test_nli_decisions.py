@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
     reason="the fixture writer needs torch and transformers",
 )
 
-VARIANTS = ("bert", "modernbert")
+VARIANTS = ("bert", "modernbert", "deberta-v3")
 CHOICE = {
     "type": "choice",
     "instructions": "Which domain is the request about?",

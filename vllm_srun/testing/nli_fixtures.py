@@ -21,6 +21,7 @@ from vllm_srun.testing.task_heads_fixtures import (
     _config,
     _export_onnx,
     _model,
+    _unigram_tokenizer,
     _wordpiece_tokenizer,
 )
 
@@ -30,6 +31,8 @@ _VARIANTS: dict[str, tuple[str, Any, list[str]]] = {
     "bert": ("bert", _wordpiece_tokenizer, ["contradiction", "entailment", "neutral"]),
     # Two-way, no neutral, labels capitalised: detection is case-insensitive and neutral optional.
     "modernbert": ("modernbert", _bytelevel_tokenizer, ["Entailment", "Contradiction"]),
+    # DeBERTa-v3 (the usual NLI cross-encoder today), in the order of its MNLI heads; no type ids.
+    "deberta-v3": ("deberta-v3", _unigram_tokenizer, ["entailment", "neutral", "contradiction"]),
 }
 VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 
