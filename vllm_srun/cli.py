@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
     _connection_args(serve)
+    add("--max-queued-job-items", type=POSITIVE, default=None, help="items of all jobs not yet run, at most")
+    add("--max-job-result-bytes", type=POSITIVE, default=None, help="result bytes one job may store")
+    add("--max-stored-result-bytes", type=POSITIVE, default=None, help="result bytes all jobs may store")
     add(
         "--auto-truncate",
         action="store_true",
@@ -331,6 +334,18 @@ def _connection_limits(args: argparse.Namespace) -> Any:
     return ConnectionLimits(**{k: v for k, v in given.items() if v is not None})
 
 
+def _bulk_quotas(args: argparse.Namespace) -> Any:
+    """What bulk jobs may hold in the state Redis; an option not given keeps BulkQuotas' default."""
+    from vllm_srun.queue.bulk import BulkQuotas
+
+    given = {
+        "max_queued_items": args.max_queued_job_items,
+        "max_job_result_bytes": args.max_job_result_bytes,
+        "max_stored_result_bytes": args.max_stored_result_bytes,
+    }
+    return BulkQuotas(**{k: v for k, v in given.items() if v is not None})
+
+
 def _redis_roles(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-redis",
@@ -448,6 +463,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
+            bulk_quotas=_bulk_quotas(args),
             auto_truncate=args.auto_truncate,
             cache_redis_url=args.cache_redis,
             on_config_error=stop_on,

@@ -3,6 +3,7 @@ for the module, every test bounded in seconds."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -14,6 +15,8 @@ from helpers import Server, write_keywords
 
 HEADER_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 60
+MAX_QUEUED_JOB_ITEMS = 40
+MAX_JOB_RESULT_BYTES = 1500
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,10 @@ def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPa
         "1",
         "--max-connections",
         str(MAX_CONNECTIONS),
+        "--max-queued-job-items",
+        str(MAX_QUEUED_JOB_ITEMS),
+        "--max-job-result-bytes",
+        str(MAX_JOB_RESULT_BYTES),
     )
 
 
@@ -142,3 +149,46 @@ def test_many_silent_connections_at_once_leave_health_fast(server: Server) -> No
         stop.set()
         prober.join(10)
     assert latencies and max(latencies) < 1.0, latencies
+
+
+def create_job(server: Server, n: int) -> httpx.Response:
+    body = "\n".join(json.dumps({"input": f"refund {i}", "custom_id": f"c{i}"}) for i in range(n))
+    return httpx.post(
+        f"{server.url}/v1/jobs?surface=classify",
+        content=body.encode(),
+        headers={"content-type": "application/x-ndjson"},
+        timeout=30,
+    )
+
+
+def wait_done(server: Server, job_id: str) -> dict[str, object]:
+    deadline = time.monotonic() + 30
+    while True:
+        status: dict[str, object] = server.get(f"/v1/jobs/{job_id}").json()
+        if status["status"] in ("completed", "failed", "cancelled"):
+            return status
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+
+
+def test_a_job_past_the_global_queued_items_is_429_naming_the_limit(server: Server) -> None:
+    refused = create_job(server, MAX_QUEUED_JOB_ITEMS + 1)
+    assert refused.status_code == 429 and refused.headers["retry-after"]
+    error = refused.json()["error"]
+    assert error["code"] == "overloaded" and "--max-queued-job-items" in error["message"]
+    assert create_job(server, 5).status_code == 202
+
+
+def test_results_past_a_jobs_bytes_are_stored_as_errors_and_the_job_ends(server: Server) -> None:
+    created = create_job(server, 30)
+    assert created.status_code == 202
+    status = wait_done(server, created.json()["id"])
+    assert status["status"] == "completed"
+    lines = server.get(f"/v1/jobs/{created.json()['id']}/results?limit=100").json()["data"]
+    stored = [x for x in lines if "response" in x]
+    refused = [x for x in lines if "error" in x]
+    assert stored and refused and len(stored) + len(refused) == 30
+    assert sum(len(json.dumps(x, separators=(",", ":"))) for x in stored) <= MAX_JOB_RESULT_BYTES
+    assert {x["error"]["code"] for x in refused} == {"result_too_large"}
+    assert "--max-job-result-bytes" in refused[0]["error"]["message"]
+    assert [x["custom_id"] for x in lines] == [f"c{i}" for i in range(30)]

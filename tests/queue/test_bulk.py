@@ -7,9 +7,20 @@ import pytest
 from arq.connections import ArqRedis
 from arq.jobs import Job
 
-from vllm_srun.errors import JobNotFound, Unavailable
+from vllm_srun.errors import JobNotFound, Overloaded, Unavailable
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.bulk import CACHED, DONE, FAILED, SKIPPED, BulkStore, ResultLine, error_body, result_line
+from vllm_srun.queue.bulk import (
+    CACHED,
+    DONE,
+    FAILED,
+    SKIPPED,
+    BulkQuotas,
+    BulkStore,
+    ResultLine,
+    _head_length,
+    error_body,
+    result_line,
+)
 
 
 def requests(n: int) -> list[bytes]:
@@ -154,3 +165,92 @@ async def test_results_stop_at_the_first_request_not_yet_stored(redis: ArqRedis)
     await store.store_chunk(job.id, 2, 3, [line(2, DONE)])
     assert len(await store.results(job.id, 0, 10)) == 1
     assert len(await store.results(job.id, 2, 10)) == 1
+
+
+# Bounded state (issue 22, H3): what jobs may hold in the state Redis, which never evicts.
+
+
+async def make(store: BulkStore, n: int, *, model: str = "m") -> str:
+    job, _ = await store.create(
+        deployment=model, surface="classify", requests=requests(n), custom_ids=[""] * n, errors={}
+    )
+    return job.id
+
+
+async def test_queued_items_of_all_jobs_are_bounded_and_freed_as_results_are_stored(redis: ArqRedis) -> None:
+    store = BulkStore(redis, ttl_s=60, chunk_size=4, quotas=BulkQuotas(max_queued_items=10))
+    first = await make(store, 6)
+    await make(store, 2, model="other")  # across models: one Redis holds them all
+    with pytest.raises(Overloaded) as refused:
+        await make(store, 3)
+    assert "10 items queued for all jobs (--max-queued-job-items; 8 are queued now)" in refused.value.message
+    assert refused.value.headers["Retry-After"]
+    # A refused job left nothing behind: no job, no chunk, no accounting.
+    assert len(await redis.zrange(keys.bulk_queue_name("m"), 0, -1)) == 2
+    await store.store_chunk(first, 0, 2, [line(i, DONE) for i in range(4)])
+    await make(store, 3)  # 4 stored: 4 queued + 3 fits
+    # A finished job's items are all out, whatever it stored (here: the rest failed at once).
+    await store.store_chunk(first, 1, 2, [line(4, FAILED), line(5, DONE)])
+    totals = await redis.hgetall(keys.jobs_totals_key())
+    assert int(totals[b"items"]) == 2 + 3
+
+
+async def test_a_job_past_its_result_bytes_stores_errors_naming_the_limit_and_completes(
+    redis: ArqRedis,
+) -> None:
+    one = len(line(0, DONE).line)
+    store = BulkStore(redis, ttl_s=60, chunk_size=10, quotas=BulkQuotas(max_job_result_bytes=3 * one))
+    job_id = await make(store, 5)
+    await store.store_chunk(job_id, 0, 1, [line(i, DONE) for i in range(5)])
+    job = await store.get(job_id)
+    assert job.status == "completed" and (job.counts.done, job.counts.failed) == (3, 2)
+    lines = [msgspec.json.decode(raw) for raw in await store.results(job_id, 0, 10)]
+    assert [x.get("response") for x in lines[:3]] == [{"ok": True}] * 3
+    for index, refused in enumerate(lines[3:], start=3):
+        assert refused["index"] == index and refused["custom_id"] == f"c{index}"
+        assert refused["error"]["code"] == "result_too_large"
+        assert f"{3 * one} bytes of results per job (--max-job-result-bytes)" in refused["error"]["message"]
+    stored = int((await redis.hgetall(keys.jobs_totals_key()))[b"bytes"])
+    assert 3 * one <= stored <= 3 * one + 2 * 200
+
+
+async def test_stored_result_bytes_of_all_jobs_refuse_new_jobs_until_old_ones_expire(redis: ArqRedis) -> None:
+    one = len(line(0, DONE).line)
+    quotas = BulkQuotas(max_stored_result_bytes=4 * one)
+    store = BulkStore(redis, ttl_s=60, chunk_size=10, quotas=quotas)
+    first = await make(store, 3)
+    second = await make(store, 3)
+    await store.store_chunk(first, 0, 1, [line(i, DONE) for i in range(3)])
+    await store.store_chunk(second, 0, 1, [line(i, DONE) for i in range(3)])
+    # The second job stored one more within the bound, and errors for the rest.
+    assert (await store.get(second)).counts.done == 1
+    with pytest.raises(Overloaded) as refused:
+        await make(store, 1)
+    assert f"at most {4 * one} (--max-stored-result-bytes)" in refused.value.message
+    # Once the jobs' data has expired, their bytes are forgotten and jobs are admitted again
+    # (the refused results' error lines count too: each item stores at least that).
+    await redis.zadd(keys.jobs_live_key(), {first: 1.0, second: 1.0})
+    await make(store, 1)
+    assert int((await redis.hgetall(keys.jobs_totals_key()))[b"bytes"]) == 0
+
+
+async def test_a_full_state_redis_is_unavailable_not_an_error(redis: ArqRedis) -> None:
+    store = BulkStore(redis, ttl_s=60)
+    await redis.config_set("maxmemory", "1")
+    try:
+        with pytest.raises(Unavailable) as full:
+            await make(store, 3)
+    finally:
+        await redis.config_set("maxmemory", "0")
+    assert "state Redis is full" in full.value.message and full.value.headers["Retry-After"]
+
+
+@pytest.mark.parametrize("custom_id", ["", "plain", 'with "quotes" and \\ and ,"response":'])
+def test_the_head_a_refused_line_keeps_is_index_and_custom_id(custom_id: str) -> None:
+    full = result_line(7, custom_id, b'{"x":1}')
+    head = full[: _head_length(full)]
+    assert msgspec.json.decode(head + b',"error":{}}') == {
+        "index": 7,
+        "custom_id": custom_id or None,
+        "error": {},
+    }

@@ -27,7 +27,7 @@ from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotRead
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
-from vllm_srun.queue.bulk import BulkStore
+from vllm_srun.queue.bulk import BulkQuotas, BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, eviction_policy
@@ -71,6 +71,8 @@ class ServerSettings:
     max_job_requests: int = defaults.MAX_JOB_REQUESTS
     max_job_bytes: int = defaults.MAX_JOB_BYTES
     bulk_chunk_size: int = defaults.BULK_CHUNK_SIZE
+    # What bulk jobs may hold in the state Redis, which never evicts.
+    bulk_quotas: BulkQuotas = field(default_factory=BulkQuotas)
     # Threads per CPU forward, handed to each forward executor (None: torch's own choice).
     intra_op_threads: int | None = defaults.INTRA_OP_THREADS
     # A request that names no options.overflow has its over-long inputs truncated (TEI's flag).
@@ -370,7 +372,10 @@ class Runtime:
 
     def __post_init__(self) -> None:
         self.bulk = BulkStore(
-            self.queue.redis, ttl_s=self.settings.job_ttl_s, chunk_size=self.settings.bulk_chunk_size
+            self.queue.redis,
+            ttl_s=self.settings.job_ttl_s,
+            chunk_size=self.settings.bulk_chunk_size,
+            quotas=self.settings.bulk_quotas,
         )
 
     @property

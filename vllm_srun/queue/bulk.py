@@ -8,6 +8,13 @@ created it and whether or not that replica still runs.
 A chunk stores its results with one Lua script: a result is written only if its index has
 none yet (HSETNX), and only then counted and streamed. A chunk retried after a worker died
 therefore never counts or streams an item twice.
+
+The state Redis never evicts, so what jobs may hold in it is bounded (`BulkQuotas`): a job is
+admitted only while the items of every live job not yet stored, plus its own, stay within
+`max_queued_items`, and the result bytes stored stay under `max_stored_result_bytes` (else 429
+naming the limit). A result that would take its job past `max_job_result_bytes`, or all jobs
+past `max_stored_result_bytes`, is stored as that item's `result_too_large` error instead, so
+a job that produces more than expected still ends, and Redis stays under its maxmemory.
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 from arq.connections import ArqRedis
+from redis.exceptions import ResponseError
 
 from vllm_srun import defaults, tracing
-from vllm_srun.errors import JobNotFound, Unavailable
+from vllm_srun.errors import JobNotFound, Overloaded, Unavailable
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
@@ -56,6 +64,57 @@ end
 return 0
 """
 _APPEND_BATCH = 1000
+# Jobs whose data expired, forgotten by the accounting per admission at most: bounded work.
+_PURGE_BATCH = 100
+
+
+@dataclass(frozen=True, kw_only=True)
+class BulkQuotas:
+    """What bulk jobs may hold in the state Redis (README: Deployment, sizing the state Redis).
+    The per-job request count is `--max-job-requests`, checked before validation."""
+
+    # Items of all live jobs not yet stored (queued or running), across every model.
+    max_queued_items: int = 2_000_000
+    # Result bytes one job may store, and all live jobs together.
+    max_job_result_bytes: int = 256 * 1024 * 1024
+    max_stored_result_bytes: int = 384 * 1024 * 1024
+
+
+# Forgets the jobs whose data expired (at most ARGV[2] of them), then admits one of ARGV[3]
+# items if the totals allow: 0, or 1 (items) / 2 (bytes) with the total that refused it.
+_ADMIT = """
+local live, items, bytes, totals = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, purge = tonumber(ARGV[1]), tonumber(ARGV[2])
+local job, n, keep_until = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local max_items, max_bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', live, '-inf', now, 'LIMIT', 0, purge)) do
+  redis.call('HINCRBY', totals, 'items', 0 - tonumber(redis.call('HGET', items, old) or '0'))
+  redis.call('HINCRBY', totals, 'bytes', 0 - tonumber(redis.call('HGET', bytes, old) or '0'))
+  redis.call('HDEL', items, old)
+  redis.call('HDEL', bytes, old)
+  redis.call('ZREM', live, old)
+end
+local t = redis.call('HMGET', totals, 'items', 'bytes')
+local queued, stored = tonumber(t[1] or '0'), tonumber(t[2] or '0')
+if n > 0 and queued + n > max_items then return {1, queued} end
+if stored >= max_bytes then return {2, stored} end
+if job == '' then return {0, 0} end
+redis.call('ZADD', live, keep_until, job)
+redis.call('HSET', items, job, n)
+redis.call('HSET', bytes, job, 0)
+redis.call('HINCRBY', totals, 'items', n)
+return {0, 0}
+"""
+# Takes one job out of the accounting (its creation failed).
+_RELEASE = """
+local live, items, bytes, totals, job = KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1]
+redis.call('HINCRBY', totals, 'items', 0 - tonumber(redis.call('HGET', items, job) or '0'))
+redis.call('HINCRBY', totals, 'bytes', 0 - tonumber(redis.call('HGET', bytes, job) or '0'))
+redis.call('HDEL', items, job)
+redis.call('HDEL', bytes, job)
+redis.call('ZREM', live, job)
+return 1
+"""
 
 
 _P = ParamSpec("_P")
@@ -72,6 +131,11 @@ def _redis_unavailable(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awai
             return await method(*args, **kwargs)
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
+        except ResponseError as exc:
+            if not _out_of_memory(exc):
+                raise
+            # noeviction at maxmemory: the write is refused and nothing is lost.
+            raise Unavailable(f"the state Redis is full: {exc}", headers={"Retry-After": "5"}) from exc
 
     return call
 
@@ -119,10 +183,33 @@ def error_body(code: str, message: str) -> bytes:
 _STORE_CHUNK = Template("""
 local FAILED, CACHED, SKIPPED = '$failed', '$cached', '$skipped'
 local results, job, events, chunks = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local chunk, n_chunks, now, ttl = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-for i = 5, #ARGV, 3 do
-  if redis.call('HSETNX', results, ARGV[i], ARGV[i + 2]) == 1 then
-    local kind = ARGV[i + 1]
+local items, bytes, totals = KEYS[5], KEYS[6], KEYS[7]
+local chunk, n_chunks, now, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4]), ARGV[5]
+-- Jobs made before the quotas existed carry no limits and are not accounted.
+local limits = redis.call('HMGET', job, 'max_result_bytes', 'max_stored_bytes')
+local job_max, all_max = tonumber(limits[1]), tonumber(limits[2])
+local accounted = redis.call('HEXISTS', items, id) == 1
+for i = 6, #ARGV, 4 do
+  local line, kind = ARGV[i + 2], ARGV[i + 1]
+  if job_max and redis.call('HEXISTS', results, ARGV[i]) == 0 then
+    local used = tonumber(redis.call('HGET', bytes, id) or '0')
+    local all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
+    local limit = nil
+    if used + #line > job_max then limit = job_max .. ' bytes of results per job (--max-job-result-bytes)'
+    elseif all + #line > all_max then limit = all_max .. ' bytes of results of all jobs (--max-stored-result-bytes)' end
+    if limit then
+      line = string.sub(line, 1, tonumber(ARGV[i + 3])) .. ',"error":{"code":"result_too_large",'
+        .. '"message":"result not stored: it would pass ' .. limit .. '"}}'
+      kind = FAILED
+    end
+  end
+  if redis.call('HSETNX', results, ARGV[i], line) == 1 then
+    if accounted then
+      redis.call('HINCRBY', items, id, -1)
+      redis.call('HINCRBY', bytes, id, #line)
+      redis.call('HINCRBY', totals, 'items', -1)
+      redis.call('HINCRBY', totals, 'bytes', #line)
+    end
     if kind == FAILED or kind == SKIPPED then redis.call('HINCRBY', job, 'failed', 1)
     else redis.call('HINCRBY', job, 'done', 1) end
     if kind == CACHED then redis.call('HINCRBY', job, 'cached', 1) end
@@ -144,8 +231,12 @@ if redis.call('SCARD', chunks) >= n_chunks and status ~= 'completed' and status 
   elseif tonumber(c[3]) == tonumber(c[1]) and tonumber(c[1]) > 0 then final = 'failed' end
   redis.call('HSET', job, 'status', final, 'finished_at', now)
   redis.call('XADD', events, '*', 'event', 'status', 'data', cjson.encode({status = final}))
+  if accounted then  -- nothing of it is queued any more
+    redis.call('HINCRBY', totals, 'items', 0 - tonumber(redis.call('HGET', items, id) or '0'))
+    redis.call('HSET', items, id, 0)
+  end
 end
-for _, key in ipairs(KEYS) do redis.call('EXPIRE', key, ttl) end
+for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
 return 1
 """).substitute(failed=FAILED, cached=CACHED, skipped=SKIPPED)
 
@@ -168,11 +259,19 @@ class BulkStore:
     """Job state in Redis, shared by every app replica and worker."""
 
     def __init__(
-        self, redis: ArqRedis, *, ttl_s: int = defaults.JOB_TTL_S, chunk_size: int = defaults.BULK_CHUNK_SIZE
+        self,
+        redis: ArqRedis,
+        *,
+        ttl_s: int = defaults.JOB_TTL_S,
+        chunk_size: int = defaults.BULK_CHUNK_SIZE,
+        quotas: BulkQuotas | None = None,
     ) -> None:
         self.redis = redis
         self.ttl_s = ttl_s
         self.chunk_size = chunk_size
+        self.quotas = quotas or BulkQuotas()
+        self._admit = redis.register_script(_ADMIT)
+        self._release = redis.register_script(_RELEASE)
         self._store_chunk = redis.register_script(_STORE_CHUNK)
         self._move_status = redis.register_script(_MOVE_STATUS)
         self._take_over = redis.register_script(_TAKE_OVER)
@@ -229,6 +328,13 @@ class BulkStore:
         ]
         keep_s = self.ttl_s + _TOMBSTONE_S
         try:
+            await self.admit(job_id, len(requests), keep_until=now + keep_s)
+        except Overloaded:
+            if idem is not None:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    await self.redis.delete(idem)
+            raise
+        try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 pipe.hset(
                     keys.job_key(job_id),
@@ -243,6 +349,8 @@ class BulkStore:
                         "created_at": now,
                         "expires_at": now + self.ttl_s,
                         "chunks": len(chunks),
+                        "max_result_bytes": self.quotas.max_job_result_bytes,
+                        "max_stored_bytes": self.quotas.max_stored_result_bytes,
                     },
                 )
                 for start in range(0, len(requests), _APPEND_BATCH):
@@ -277,7 +385,9 @@ class BulkStore:
                     )
                 pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
                 await pipe.execute()
-        except REDIS_ERRORS:
+        except (*REDIS_ERRORS, ResponseError):
+            with contextlib.suppress(*REDIS_ERRORS, ResponseError):
+                await self._release(keys=_ACCOUNTING, args=[job_id])
             if idem is not None:  # the key must not name a job that was never written
                 with contextlib.suppress(*REDIS_ERRORS):
                     await self.redis.delete(idem)
@@ -286,16 +396,37 @@ class BulkStore:
             await self.store_chunk(job_id, 0, 1, [])
         return await self.get(job_id), True
 
+    async def admit(self, job_id: str, items: int, *, keep_until: float) -> None:
+        """Count a job of `items` in (job_id "" only checks), or Overloaded naming the quota."""
+        quotas = self.quotas
+        args: list[Any] = [time.time(), _PURGE_BATCH, job_id, items, keep_until]
+        refused, total = await self._admit(
+            keys=_ACCOUNTING, args=[*args, quotas.max_queued_items, quotas.max_stored_result_bytes]
+        )
+        if refused == 1:
+            raise Overloaded(
+                f"requests: {items} more would pass the {quotas.max_queued_items} items queued for "
+                f"all jobs (--max-queued-job-items; {total} are queued now): retry later",
+                headers={"Retry-After": "30"},
+            )
+        if refused == 2:
+            raise Overloaded(
+                f"jobs hold {total} bytes of results, at most {quotas.max_stored_result_bytes} "
+                "(--max-stored-result-bytes): retry once older jobs expire",
+                headers={"Retry-After": "60"},
+            )
+
     @_redis_unavailable
     async def store_chunk(self, job_id: str, chunk: int, chunks: int, lines: Sequence[ResultLine]) -> None:
-        argv: list[Any] = [chunk, chunks, time.time(), self.ttl_s + _TOMBSTONE_S]
+        argv: list[Any] = [chunk, chunks, time.time(), self.ttl_s + _TOMBSTONE_S, job_id]
         for line in lines:
-            argv += [line.index, line.kind, line.line]
+            argv += [line.index, line.kind, line.line, _head_length(line.line)]
         job_keys = [
             keys.job_results_key(job_id),
             keys.job_key(job_id),
             keys.job_events_key(job_id),
             keys.job_chunks_key(job_id),
+            *_ACCOUNTING[1:],
         ]
         await self._store_chunk(keys=job_keys, args=argv)
 
@@ -425,6 +556,32 @@ def _write_errors(pipe: Any, job_id: str, lines: Sequence[ResultLine]) -> None:
         pipe.hsetnx(keys.job_results_key(job_id), str(line.index), line.line)
         pipe.hincrby(keys.job_key(job_id), "failed", 1)
         pipe.xadd(keys.job_events_key(job_id), {"event": "result", "index": str(line.index)})
+
+
+_ACCOUNTING: list[str] = [
+    keys.jobs_live_key(),
+    keys.jobs_items_key(),
+    keys.jobs_bytes_key(),
+    keys.jobs_totals_key(),
+]
+
+
+def _out_of_memory(exc: ResponseError) -> bool:
+    """Redis at maxmemory under noeviction: OutOfMemoryError, or inside a script a plain
+    ResponseError ("Error running script ... -OOM command not allowed ...")."""
+    return "OOM command not allowed" in str(exc)
+
+
+def _head_length(line: bytes) -> int:
+    """The length of `{"index":N,"custom_id":X` in a `result_line`: what an error line in its
+    place keeps (the store script cuts there)."""
+    start = line.index(b'"custom_id":') + len(b'"custom_id":')
+    if line.startswith(b"null", start):
+        return start + 4
+    end = start + 1
+    while line[end] != 0x22:  # the closing quote; msgspec escapes any inside as \"
+        end += 2 if line[end] == 0x5C else 1
+    return end + 1
 
 
 def _optional_float(fields: dict[str, str], name: str) -> float | None:

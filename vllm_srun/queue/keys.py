@@ -129,6 +129,29 @@ def job_events_key(job_id: str) -> str:
     return f"{PREFIX}:job:{job_id}:events"
 
 
+# What every live job holds, for the global quotas (BulkQuotas): one key each, not per job.
+
+
+def jobs_live_key() -> str:
+    """Sorted set: job id -> when its data expires (the accounting below forgets it then)."""
+    return f"{PREFIX}:jobs:live"
+
+
+def jobs_items_key() -> str:
+    """Hash: job id -> its items not yet stored (queued or running)."""
+    return f"{PREFIX}:jobs:items"
+
+
+def jobs_bytes_key() -> str:
+    """Hash: job id -> bytes of the result lines it has stored."""
+    return f"{PREFIX}:jobs:bytes"
+
+
+def jobs_totals_key() -> str:
+    """Hash: `items` and `bytes`, the sums of the two hashes above over live jobs."""
+    return f"{PREFIX}:jobs:totals"
+
+
 def idempotency_key(model: str, key: str) -> str:
     """The job created for one Idempotency-Key (per model)."""
     digest = hashlib.sha256(key.encode()).hexdigest()
