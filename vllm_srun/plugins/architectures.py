@@ -187,7 +187,28 @@ BUILTIN: tuple[Architecture, ...] = (
             )
         },
     ),
-    # -- distilbert row --
+    Architecture(
+        name="distilbert",
+        model_types=("distilbert",),
+        target=f"{_NATIVE}.distilbert:DistilBert",
+        classes=_encoder_classes(("DistilBert",), "pre_classifier"),
+        config_keys={
+            "hidden_size": "dim",
+            "num_hidden_layers": "n_layers",
+            "num_attention_heads": "n_heads",
+            "intermediate_size": "hidden_dim",
+        },
+        fixtures={
+            # DistilBertConfig maps hidden_size/num_hidden_layers/num_attention_heads onto its own
+            # names but not intermediate_size: hidden_dim is DistilBERT's own spelling of it.
+            "distilbert": Fixture(
+                config_class="DistilBertConfig",
+                class_prefix="DistilBert",
+                tokenizer="wordpiece",
+                settings={"hidden_dim": 64},
+            )
+        },
+    ),
     Architecture(
         name="deberta-v2",
         model_types=("deberta-v2",),
