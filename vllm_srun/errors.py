@@ -66,6 +66,13 @@ class Overloaded(SrunError):
     status = 429
 
 
+class IdempotencyKeyReused(SrunError):
+    """An Idempotency-Key sent again with another request (the IETF draft's 422)."""
+
+    code = "idempotency_key_reused"
+    status = 422
+
+
 class NotReady(SrunError):
     code = "not_ready"
     status = 503

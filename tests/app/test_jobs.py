@@ -104,6 +104,24 @@ def test_idempotency_key_returns_the_same_job(server: Server) -> None:
     assert first.json()["id"] == again.json()["id"] != other.json()["id"]
 
 
+def test_an_idempotency_key_sent_with_another_request_is_422(server: Server) -> None:
+    first = create(server, jsonl([{"input": "refund"}]), **{"idempotency-key": "k-bound"})
+    assert first.status_code == 202
+    # Another body, or the same body for another surface: not that job, and nothing of it shown.
+    for body, query in (
+        (jsonl([{"input": "parcel"}]), "surface=classify"),
+        (jsonl([{"input": "refund"}]), "surface=embeddings"),
+    ):
+        reused = create(server, body, query, **{"idempotency-key": "k-bound"})
+        assert reused.status_code == 422, reused.text
+        assert reused.json()["error"]["code"] == "idempotency_key_reused"
+        assert first.json()["id"] not in reused.text
+    assert (
+        create(server, jsonl([{"input": "refund"}]), **{"idempotency-key": "k-bound"}).json()["id"]
+        == first.json()["id"]
+    )
+
+
 def test_cancel_and_events_resume(server: Server) -> None:
     total = 3000  # 12 chunks: more than the worker runs at once, so a cancel skips some
     r = create(

@@ -9,6 +9,7 @@ that item's error and the rest run.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -186,6 +187,9 @@ async def create_job(
             f"requests: {len(entries)}; at most {runtime.settings.max_job_requests} per job"
         )
     requests, custom_ids, errors = _validate(runtime, described, name, entries, on_error, unit)
+    # What an Idempotency-Key is bound to: the same key with another request is a 422.
+    digest = hashlib.sha256(b"%s\n%s\n%s\n" % (surface.encode(), name.encode(), on_error.encode()))
+    digest.update(body)
     status, created = await runtime.bulk.create(
         deployment=name,
         surface=surface,
@@ -193,6 +197,7 @@ async def create_job(
         custom_ids=custom_ids,
         errors=errors,
         idempotency_key=idempotency_key,
+        request_digest=digest.hexdigest() if idempotency_key else "",
     )
     return Response(status, status_code=202 if created else 200)
 

@@ -35,7 +35,7 @@ from arq.connections import ArqRedis
 from redis.exceptions import ResponseError
 
 from vllm_srun import defaults, tracing
-from vllm_srun.errors import JobNotFound, Overloaded, Unavailable
+from vllm_srun.errors import IdempotencyKeyReused, JobNotFound, Overloaded, Unavailable
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
@@ -293,6 +293,7 @@ class BulkStore:
         custom_ids: Sequence[str],
         errors: dict[int, bytes],
         idempotency_key: str | None = None,
+        request_digest: str = "",
     ) -> tuple[JobStatus, bool]:
         """A new job (or, for a known Idempotency-Key, the job it made); True when new.
 
@@ -300,15 +301,21 @@ class BulkStore:
         results of requests refused up front and its chunks on the queue), so a Redis that
         dies meanwhile leaves no job that would never run. A key whose job is gone (written in
         the second an append-only Redis lost to a crash) makes a new one; a key whose job is
-        still being written is Unavailable (retry), so two uploads with one key make one job."""
+        still being written is Unavailable (retry), so two uploads with one key make one job.
+        A key is bound to `request_digest` (a hash of the request that made its job): sent with
+        another request it is IdempotencyKeyReused (422), never that job."""
         job_id = "job_" + uuid.uuid4().hex
         now = time.time()
         idem = keys.idempotency_key(deployment, idempotency_key) if idempotency_key else None
-        claim = f"{job_id} {now}"
+        claim = f"{job_id} {now} {request_digest}".rstrip()
         if idem is not None and not await self.redis.set(idem, claim, nx=True, ex=self.ttl_s):
             existing = await self.redis.get(idem)
             if existing is not None:
-                existing_id, _, made = existing.decode().partition(" ")
+                existing_id, made, bound = [*existing.decode().split(" "), "", ""][:3]
+                if bound and bound != request_digest:  # a claim from before the binding has none
+                    raise IdempotencyKeyReused(
+                        "Idempotency-Key: already used for a different request; send a new key"
+                    )
                 if await self.raw(existing_id):
                     return await self.get(existing_id), False
                 if now - float(made or 0) < _CREATING_S:
