@@ -373,6 +373,15 @@ class TaskHeadsModel(LoadedModel):
         skip: int = 0,
     ) -> Plan:
         policy = self._policy(options)
+        if policy.mode == "window" and head.kind == POOLED and self.pooling == "last":
+            # A window's last token has read only that window (and in a decoder, only what came
+            # before it): the mean of such vectors is no embedding of the text.
+            raise InvalidRequest(
+                "options.overflow: 'window' is not served for a model that pools by its last token "
+                f"(model {self.info.name!r}): each window's last token would stand for that window "
+                "alone; use 'truncate' or 'reject'",
+                param="options.overflow",
+            )
         output = self._output(head, skip=skip)
         items: list[WorkItem] = []
         inputs: list[PlannedInput] = []

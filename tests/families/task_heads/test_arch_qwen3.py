@@ -1,0 +1,188 @@
+"""Qwen3 decoders as users ship them, served over real HTTP.
+
+- `qwen3-embedding`: Qwen3-Embedding's form — a bare Qwen3Model, a Pooling with
+  `pooling_mode_lasttoken`, Normalize, instruction prompts in config_sentence_transformers.json,
+  and a tokenizer.json whose post-processor appends <|endoftext|> (the token pooled). Compared
+  with `SentenceTransformer(path).encode(texts, prompt_name=...)`: cosine >= 0.99999 per text,
+  on seeded random texts over the fixture vocabulary, with and without the prompt.
+- `qwen3-reranker`: a one-label Qwen3ForSequenceClassification scoring (query, document) pairs
+  as its tokenizer pairs them; logits within 1e-4 of Transformers' (right-padded batch).
+- Windows under last-token pooling are refused with the reason; a Qwen3ForCausalLM (the
+  yes/no-logit Qwen3-Reranker) is refused with how to convert it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from compat.test_sentence_transformers import assert_close, embed
+from helpers import Server
+
+from vllm_srun.testing.task_heads_fixtures import WORDS, add_sentence_transformers, write_fixture
+
+pytestmark = pytest.mark.torch
+
+# Qwen3-Embedding's own prompts: an instruction for queries, none for documents.
+PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": "",
+}
+ATOL = 1e-4
+
+
+def random_texts(seed: int, count: int, max_words: int) -> list[str]:
+    """Texts of 1..max_words words from the fixture vocabulary, some capitalised, some with
+    punctuation: inputs the test does not pick one by one."""
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(count):
+        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))]
+        words = [w.capitalize() if rng.random() < 0.2 else w for w in words]
+        if rng.random() < 0.5:
+            words[-1] += str(rng.choice(list(".?!,")))
+        texts.append(" ".join(words))
+    return texts
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("arch-qwen3")
+    embedding = write_fixture(root / "qwen3-embedding", variant="qwen3-embedding")
+    add_sentence_transformers(embedding, prompts=PROMPTS)
+    reranker = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
+    causal = Path(shutil.copytree(reranker, root / "qwen3-causal"))
+    config = json.loads((causal / "config.json").read_text())
+    config["architectures"] = ["Qwen3ForCausalLM"]
+    (causal / "config.json").write_text(json.dumps(config))
+    return {"qwen3-embedding": embedding, "qwen3-reranker": reranker, "qwen3-causal": causal}
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
+    served = ("qwen3-embedding", "qwen3-reranker")
+    args: list[str] = [str(packages[name]) for name in served]
+    for name in served:
+        args += ["--served-model-name", name]
+    return module_server(*args, "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def st_model(packages: dict[str, Path]) -> Any:
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(packages["qwen3-embedding"]), device="cpu")
+
+
+def test_the_fixture_is_qwen3_embeddings_form(packages: dict[str, Path], st_model: Any) -> None:
+    from tokenizers import Tokenizer
+
+    path = packages["qwen3-embedding"]
+    config = json.loads((path / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("qwen3", ["Qwen3Model"])
+    assert config["num_key_value_heads"] < config["num_attention_heads"]
+    assert config["head_dim"] * config["num_attention_heads"] != config["hidden_size"]
+    pooling = json.loads((path / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_lasttoken"] and not pooling["pooling_mode_mean_tokens"]
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    ids = tokenizer.encode("hello world").ids
+    assert tokenizer.id_to_token(ids[-1]) == "<|endoftext|>"
+    assert tokenizer.id_to_token(ids[0]) != "<|endoftext|>"  # nothing in front
+    assert st_model.prompts["query"] == PROMPTS["query"]
+
+
+@pytest.mark.parametrize("prompt_name", [None, "query", "document"])
+def test_random_texts_match_sentence_transformers(
+    server: Server, st_model: Any, prompt_name: str | None
+) -> None:
+    texts = random_texts(seed=len(prompt_name or ""), count=24, max_words=40)
+    extra = {} if prompt_name is None else {"prompt_name": prompt_name}
+    got = embed(server, "qwen3-embedding", texts, **extra)
+    assert_close(got, st_model.encode(texts, prompt_name=prompt_name))
+    np.testing.assert_allclose([np.linalg.norm(v) for v in got], 1.0, atol=1e-6)
+    if prompt_name == "query":
+        # The prompt changes the vectors: a run that dropped it would not pass above.
+        plain = st_model.encode(texts)
+        assert min(float(a @ b) for a, b in zip(got, plain, strict=True)) < 0.999
+
+
+def test_input_type_selects_the_same_prompt(server: Server, st_model: Any) -> None:
+    texts = random_texts(seed=5, count=6, max_words=12)
+    got = embed(server, "qwen3-embedding", texts, input_type="query")
+    assert_close(got, st_model.encode(texts, prompt_name="query"))
+
+
+def test_the_card_says_last_token_pooling_and_the_prompts(server: Server) -> None:
+    cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
+    embedding = cards["qwen3-embedding"]["embedding"]
+    assert embedding["pooling"] == "last"
+    assert embedding["normalized"] is True
+
+
+def test_windows_under_last_token_pooling_are_refused(server: Server) -> None:
+    text = " ".join(random_texts(seed=9, count=1, max_words=40) * 8)
+    response = server.post(
+        "/v1/embeddings",
+        {"model": "qwen3-embedding", "input": [text], "options": {"overflow": "window", "max_tokens": 32}},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "options.overflow"
+    assert "last token" in error["message"]
+
+
+def _pair_logits(path: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
+    """Transformers' logits for the pairs, tokenized by the package's tokenizer.json and right-
+    padded with the config's pad token."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    rows = [e.ids for e in tokenizer.encode_batch(pairs)]
+    model = transformers.Qwen3ForSequenceClassification.from_pretrained(
+        str(path), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), int(model.config.pad_token_id), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    out: np.ndarray = logits[:, 0].numpy().astype(np.float64)
+    return out
+
+
+def test_reranker_scores_pairs_as_transformers_does(server: Server, packages: dict[str, Path]) -> None:
+    query = random_texts(seed=21, count=1, max_words=10)[0]
+    documents = random_texts(seed=22, count=10, max_words=40)
+    response = server.post("/v1/rerank", {"model": "qwen3-reranker", "query": query, "documents": documents})
+    assert response.status_code == 200, response.text
+    results = {r["index"]: r for r in response.json()["results"]}
+    want = _pair_logits(packages["qwen3-reranker"], [(query, d) for d in documents])
+    got = np.array([results[i]["logit"] for i in range(len(documents))])
+    np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+    np.testing.assert_allclose(
+        [results[i]["relevance_score"] for i in range(len(documents))], 1 / (1 + np.exp(-want)), atol=ATOL
+    )
+
+
+def test_a_causal_lm_reranker_is_refused_with_how_to_convert_it(packages: dict[str, Path]) -> None:
+    from vllm_srun.errors import ConfigError
+    from vllm_srun.plugins.discovery import load_plugins
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.registry.loader import detect_family
+
+    with pytest.raises(ConfigError) as caught:
+        detect_family(load_plugins(), ModelPackage(packages["qwen3-causal"]))
+    message = str(caught.value)
+    assert "Qwen3ForCausalLM" in message
+    assert "one-label Qwen3ForSequenceClassification" in message
+    assert "lm_head.weight" in message
