@@ -54,13 +54,14 @@ def rope_theta(config: Mapping[str, Any], name: str, default: float) -> float:
     """Rotary theta as Transformers reads it: `rope_parameters` (or the legacy `rope_scaling`
     and top-level `rope_theta`), the config class's default otherwise. Only the default rope
     type over the whole head is implemented; anything else is refused by name."""
-    params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    params = config.get(key) or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         raise ConfigError(
-            f"{name} rope_type {rope_type!r} is not supported (only 'default': no rope scaling)"
+            f"{name} {key} rope_type {rope_type!r} is not supported (only 'default': no rope scaling)"
         )
-    refuse_unsupported(params, f"{name} rope_parameters", {"partial_rotary_factor": 1.0})
+    refuse_unsupported(params, f"{name} {key}", {"partial_rotary_factor": 1.0})
     return float(params.get("rope_theta", config.get("rope_theta", default)))
 
 
