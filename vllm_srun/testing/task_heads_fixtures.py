@@ -331,7 +331,13 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
     out.mkdir(parents=True, exist_ok=True)
     tok, vocab_size, ids = TOKENIZERS[fixture.tokenizer]()
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({"model_max_length": MAX_POSITIONS}, indent=2))
+    tokenizer_config: dict[str, Any] = {"model_max_length": MAX_POSITIONS}
+    if fixture.tokenizer == "wordpiece":
+        # Say what tokenizer.json is: without it AutoTokenizer (sentence-transformers' loader)
+        # picks the model type's own class, and MPNet's adds <s>, </s>, <pad> and <mask> as
+        # new ids past the vocabulary.
+        tokenizer_config["tokenizer_class"] = "BertTokenizer"
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
 
     config = _config(flavour, vocab_size, ids)
     labels = LABELS[labels_key] if labels_key else None
