@@ -88,3 +88,27 @@ def test_what_is_not_implemented_is_refused(extra: dict[str, Any], named: str) -
 
     with pytest.raises(ConfigError, match=named):
         DebertaV2({**BASE, **extra})
+
+
+def test_a_position_table_the_model_does_not_use_is_skipped(tmp_path: Path, nt: Any) -> None:
+    """Checkpoints without absolute positions may still carry the table (the reference skips
+    it on load too); any other stray tensor is still an error."""
+    from safetensors.torch import load_file, save_file
+
+    from vllm_srun.errors import PackageError
+
+    config = transformers.DebertaV2Config(**BASE, pos_att_type=["c2p", "p2c"], position_buckets=8)
+    config._attn_implementation = "eager"
+    hf = nt.randomize(transformers.DebertaV2Model(config), seed=5)
+    path = nt.save(hf, tmp_path / "m")
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["embeddings.position_embeddings.weight"] = torch.zeros(BASE["max_position_embeddings"], 32)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    rows = nt.token_rows(BASE["vocab_size"], lengths=(7, 19))
+    want = nt.reference(hf, rows).last_hidden_state
+    for i, got in enumerate(nt.encode(nt.load_native(path), rows, "hidden")):
+        nt.assert_close(got, want[i, : len(rows[i])])
+    tensors["embeddings.stray.weight"] = torch.zeros(2)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(PackageError, match="stray"):
+        nt.load_native(path)
