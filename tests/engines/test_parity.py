@@ -42,7 +42,7 @@ def cases() -> list[Any]:
 def build(flavour: str, kind: str, tmp_path: Path, nt: Any) -> tuple[Any, Any, Any, int]:
     """(Transformers model, native model, table row, vocab size) of one case."""
     arch, fixture = fx.fixture_of(flavour)
-    tok, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
+    _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
     config = fx._config(flavour, vocab, ids)
     config._attn_implementation = "eager"
     head = {"model": "model", "sequence": "sequence", "token": "token"}[kind]

@@ -303,6 +303,14 @@ BUILTIN: tuple[Architecture, ...] = (
         classes=_encoder_classes(("NomicBert",), "pooler"),
         type_ids=True,
         fast_paths=("dense",),  # rotary: no dynamic-shape ONNX trace
+        # The Hub's nomic-embed-text configs keep the remote code's GPT-2 spellings.
+        config_keys={
+            "hidden_size": "n_embd",
+            "num_hidden_layers": "n_layer",
+            "num_attention_heads": "n_head",
+            "intermediate_size": "n_inner",
+            "max_position_embeddings": "n_positions",
+        },
         fixtures={
             "nomic-bert": Fixture(
                 config_class="NomicBertConfig",

@@ -172,6 +172,7 @@ def test_sequence_probabilities_match_transformers(th: Harness, engine: str, var
         ("nomic_bert:NomicBert", "rotary_emb_fraction", 0.5),
         ("nomic_bert:NomicBert", "rotary_emb_base", 10000),
         ("nomic_bert:NomicBert", "prenorm", True),
+        ("nomic_bert:NomicBert", "moe_every_n_layers", 2),
         ("gte:Gte", "rope_scaling", {"type": "ntk", "factor": 2.0}),
         ("gte:Gte", "logn_attention_scale", True),
         ("gte:Gte", "layer_norm_type", "rms_norm"),
@@ -189,3 +190,35 @@ def test_unsupported_settings_are_refused_by_name(target: str, setting: str, val
     cls(config)  # the defaults build
     with pytest.raises(ConfigError, match=setting):
         cls({**config, setting: value})
+
+
+@pytest.mark.torch
+def test_hub_spelled_nomic_config_builds_the_same_network() -> None:
+    """nomic-embed-text's config.json spells the sizes n_embd, n_layer, ...: the row reads them."""
+    from vllm_srun.engines.native.nomic_bert import NomicBert
+    from vllm_srun.plugins.architectures import standard_config
+
+    hub = {
+        "architectures": ["NomicBertModel"],
+        "model_type": "nomic_bert",
+        "vocab_size": 50,
+        "n_embd": 16,
+        "n_layer": 3,
+        "n_head": 2,
+        "n_inner": 24,
+        "n_positions": 64,
+        "rotary_emb_base": 1000,
+        "rotary_emb_fraction": 1.0,
+        "rotary_emb_interleaved": False,
+        "rotary_scaling_factor": None,
+        "prenorm": False,
+        "causal": False,
+        "qkv_proj_bias": False,
+        "mlp_fc1_bias": False,
+        "mlp_fc2_bias": False,
+    }
+    model = NomicBert(standard_config(hub))
+    shapes = {name: tuple(p.shape) for name, p in model.named_parameters()}
+    assert model.num_layers == 3
+    assert shapes["nomic_bert.encoder.layers.0.attn.Wqkv.weight"] == (48, 16)
+    assert shapes["nomic_bert.encoder.layers.2.mlp.fc1.weight"] == (48, 16)

@@ -40,6 +40,7 @@ _FIXED = {
     "qkv_proj_bias": False,
     "mlp_fc1_bias": False,
     "mlp_fc2_bias": False,
+    "moe_every_n_layers": 0,  # nomic-embed-text-v2-moe: mixture-of-experts MLPs
 }
 
 
