@@ -10,7 +10,7 @@ time (int8 quantisation swaps linears in place). A sequence head pools each aske
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -19,8 +19,18 @@ from vllm_srun.engines.native.attention import Segments
 from vllm_srun.engines.native.layers import Activation, activation, first_tokens, mean_rows, num_labels
 from vllm_srun.errors import ConfigError
 
-if TYPE_CHECKING:
-    from vllm_srun.engines.native.encoder import EncoderModel
+
+class EncoderModel(Protocol):
+    """What a head needs of the model it sits on (encoder.EncoderModel, which builds heads:
+    named here structurally so the two modules do not import each other)."""
+
+    prefix: str
+
+    def get_submodule(self, target: str) -> nn.Module: ...
+
+    def add_module(self, name: str, module: nn.Module | None) -> None: ...
+
+    def __getattr__(self, name: str) -> Any: ...
 
 
 def _install(model: nn.Module, path: str, module: nn.Module) -> None:
