@@ -178,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
     _connection_args(serve)
+    add(
+        "--allowed-hosts",
+        default=None,
+        help="Host names served, comma-separated; * for any (default: with no API key, the bind "
+        "address and localhost)",
+    )
     add("--max-queued-job-items", type=POSITIVE, default=None, help="items of all jobs not yet run, at most")
     add("--max-job-result-bytes", type=POSITIVE, default=None, help="result bytes one job may store")
     add("--max-stored-result-bytes", type=POSITIVE, default=None, help="result bytes all jobs may store")
@@ -469,8 +475,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             on_config_error=stop_on,
         )
         app = create_app(settings)
+        from vllm_srun.app.guard import BrowserGuard, default_hosts, parse_hosts
+
+        hosts = default_hosts(args.host, api_key=args.api_key)
+        if args.allowed_hosts is not None:
+            hosts = parse_hosts(args.allowed_hosts)
         config = uvicorn.Config(
-            app,
+            BrowserGuard(app, allowed_hosts=hosts),
             host=args.host,
             port=args.port,
             log_config=None,

@@ -192,3 +192,74 @@ def test_results_past_a_jobs_bytes_are_stored_as_errors_and_the_job_ends(server:
     assert {x["error"]["code"] for x in refused} == {"result_too_large"}
     assert "--max-job-result-bytes" in refused[0]["error"]["message"]
     assert [x["custom_id"] for x in lines] == [f"c{i}" for i in range(30)]
+
+
+# Browser-safe (M3): bodies only as JSON (NDJSON for jobs), and a Host allow-list by default.
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"),
+    [
+        ("/v1/classify", "text/plain"),
+        ("/v1/classify", "application/x-www-form-urlencoded"),
+        ("/v1/classify", "multipart/form-data; boundary=x"),
+        ("/v1/classify", None),
+        ("/v1/classify", "application/x-ndjson"),  # NDJSON is for jobs only
+        ("/v1/jobs?surface=classify", "text/plain"),
+    ],
+)
+def test_a_body_that_is_not_json_is_415(server: Server, path: str, content_type: str | None) -> None:
+    headers = {} if content_type is None else {"content-type": content_type}
+    body = b'{"input": "refund"}' if "jobs" not in path else b'{"input": "refund"}\n'
+    reply = httpx.post(server.url + path, content=body, headers=headers, timeout=10)
+    assert reply.status_code == 415, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
+
+
+def test_json_bodies_and_jobs_as_ndjson_are_read(server: Server) -> None:
+    ok = httpx.post(
+        server.url + "/v1/classify",
+        content=b'{"input": "refund"}',
+        headers={"content-type": "application/json; charset=utf-8"},
+        timeout=10,
+    )
+    assert ok.status_code == 200, ok.text
+    assert create_job(server, 1).status_code == 202
+    # A body-less POST needs no content type (cancel).
+    job_id = create_job(server, 1).json()["id"]
+    assert httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "host", ["attacker.example", "attacker.example:8000", "10.0.0.1", "127.0.0.1.nip.io"]
+)
+def test_a_rebound_host_is_refused_without_a_key(server: Server, host: str) -> None:
+    reply = httpx.post(
+        server.url + "/v1/classify", json={"input": "refund"}, headers={"host": host}, timeout=10
+    )
+    error = reply.json()["error"]
+    assert (
+        reply.status_code == 400
+        and error["code"] == "invalid_request"
+        and "is not served here" in error["message"]
+    )
+    assert httpx.get(server.url + "/v1/models", headers={"host": host}, timeout=10).status_code == 400
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "LOCALHOST:1234", "[::1]:8000"])
+def test_the_bind_address_and_localhost_are_served(server: Server, host: str) -> None:
+    reply = httpx.post(
+        server.url + "/v1/classify", json={"input": "refund"}, headers={"host": host}, timeout=10
+    )
+    assert reply.status_code == 200, reply.text
+
+
+def test_the_default_allow_list() -> None:
+    from vllm_srun.app.guard import default_hosts, parse_hosts
+
+    assert default_hosts("127.0.0.1", api_key=None) == {"127.0.0.1", "localhost", "::1"}
+    assert default_hosts("192.168.1.5", api_key=None) == {"192.168.1.5", "127.0.0.1", "localhost", "::1"}
+    assert default_hosts("127.0.0.1", api_key="k") is None  # the key protects it
+    assert default_hosts("0.0.0.0", api_key=None) is None  # its names cannot be known
+    assert parse_hosts("a.example, B.example") == {"a.example", "b.example"} and parse_hosts("*") is None

@@ -200,6 +200,7 @@ def test_job_bodies_with_bad_bytes_or_depth(server: Server) -> None:
     deep = httpx.post(
         f"{server.url}/v1/jobs",
         content=b'{"surface": "classify", "requests": [{"input": ' + b"[" * 1500 + b"]" * 1500 + b"}]}",
+        headers={"content-type": "application/json"},
     )
     assert deep.status_code == 400 and "not JSON" in deep.json()["error"]["message"]
 
