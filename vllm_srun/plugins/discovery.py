@@ -143,17 +143,20 @@ def _unique(eps: Iterable[EntryPoint]) -> dict[str, list[EntryPoint]]:
     return by_name
 
 
+def _sole(group: str, name: str, eps: list[EntryPoint]) -> EntryPoint:
+    """The one entry point of `name`; PluginConflict naming both when two distributions claim it."""
+    if len(eps) > 1:
+        claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
+        raise PluginConflict(f"the {_SINGULAR.get(group, group)} name {name!r} is claimed by {claimants}")
+    return eps[0]
+
+
 def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] | None, out: Plugins) -> None:
     entries: dict[str, PluginEntry] = {}
     for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
         if allow is not None and name not in allow:
             continue
-        if len(eps) > 1:
-            claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
-            raise PluginConflict(
-                f"the {group[:-1].replace('_', ' ')} name {name!r} is claimed by {claimants}"
-            )
-        ep = eps[0]
+        ep = _sole(group, name, eps)
         dist, version = _distribution(ep)
         try:
             cls = ep.load()
@@ -185,10 +188,7 @@ def _load_architectures(allow: set[str] | None, out: Plugins) -> None:
     for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
         if allow is not None and name not in allow:
             continue
-        if len(eps) > 1:
-            claimants = " and ".join(sorted(f"{_distribution(ep)[0]} ({ep.value})" for ep in eps))
-            raise PluginConflict(f"the architecture name {name!r} is claimed by {claimants}")
-        ep = eps[0]
+        ep = _sole(group, name, eps)
         dist, version = _distribution(ep)
         try:
             row = ep.load()

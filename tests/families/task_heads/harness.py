@@ -74,6 +74,22 @@ MULTIBYTE = "Café résumé: Zoë met John Smith in 北京 😀 and Paris, naïv
 LONG = " ".join(["john smith lives in paris and works at google in new york city"] * 20)  # 260+ tokens
 
 
+def random_texts(seed: int, count: int, max_words: int) -> list[str]:
+    """Texts the tests did not choose: 1..max_words fixture words drawn by a seeded RNG, some
+    capitalised, some ending in punctuation."""
+    from vllm_srun.testing.task_heads_fixtures import WORDS
+
+    rng = np.random.default_rng(seed)
+    texts = []
+    for _ in range(count):
+        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))]
+        words = [w.capitalize() if rng.random() < 0.2 else w for w in words]
+        if rng.random() < 0.5:
+            words[-1] += str(rng.choice(list(".?!,")))
+        texts.append(" ".join(words))
+    return texts
+
+
 # Reference numerics, in float64 -------------------------------------------------------------
 
 

@@ -21,11 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from families.task_heads.harness import ATOL, Harness, rows_of, sigmoid, softmax
+from families.task_heads.harness import ATOL, Harness, random_texts, rows_of, sigmoid, softmax
 
 from vllm_srun.plugins.architectures import uses_type_ids
 from vllm_srun.plugins.surfaces import ClassifyRequest, EmbeddingsRequest, Options, RerankRequest, TextPair
-from vllm_srun.testing.task_heads_fixtures import WORDS
 
 pytestmark = pytest.mark.torch
 
@@ -40,19 +39,6 @@ PRETRAINING = {
     "electra": "ElectraForPreTraining",
     "distilbert": "DistilBertForMaskedLM",
 }
-
-
-def random_texts(seed: int, count: int, max_words: int) -> list[str]:
-    """Texts of 1..max_words fixture words, some capitalised, some ending in punctuation."""
-    rng = np.random.default_rng(seed)
-    texts = []
-    for _ in range(count):
-        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))]
-        words = [w.capitalize() if rng.random() < 0.2 else w for w in words]
-        if rng.random() < 0.5:
-            words[-1] += str(rng.choice(list(".?!,")))
-        texts.append(" ".join(words))
-    return texts
 
 
 def texts_for(name: str, path: Path, count: int = 10) -> list[str]:

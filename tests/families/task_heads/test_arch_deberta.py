@@ -20,29 +20,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from families.task_heads.harness import ATOL, softmax
+from families.task_heads.harness import ATOL, random_texts, softmax
 from helpers import Server
 
 from vllm_srun.plugins.architectures import uses_type_ids
-from vllm_srun.testing.task_heads_fixtures import WORDS, write_fixture
+from vllm_srun.testing.task_heads_fixtures import write_fixture
 
 pytestmark = pytest.mark.torch
 
 FLAVOURS = ("deberta-v3", "deberta-v2")
 HEADS = ("sequence", "token", "reranker")
-
-
-def random_texts(seed: int, count: int, max_words: int) -> list[str]:
-    """Texts of 1..max_words fixture words, some capitalised, some ending in punctuation."""
-    rng = np.random.default_rng(seed)
-    texts = []
-    for _ in range(count):
-        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))]
-        words = [w.capitalize() if rng.random() < 0.2 else w for w in words]
-        if rng.random() < 0.5:
-            words[-1] += str(rng.choice(list(".?!,")))
-        texts.append(" ".join(words))
-    return texts
 
 
 @pytest.fixture(scope="module")

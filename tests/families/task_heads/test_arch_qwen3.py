@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 import pytest
 from compat.test_sentence_transformers import assert_close, embed
+from families.task_heads.harness import random_texts
 from helpers import Server
 
-from vllm_srun.testing.task_heads_fixtures import WORDS, add_sentence_transformers, write_fixture
+from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers, write_fixture
 
 pytestmark = pytest.mark.torch
 
@@ -34,20 +35,6 @@ PROMPTS = {
     "document": "",
 }
 ATOL = 1e-4
-
-
-def random_texts(seed: int, count: int, max_words: int) -> list[str]:
-    """Texts of 1..max_words words from the fixture vocabulary, some capitalised, some with
-    punctuation: inputs the test does not pick one by one."""
-    rng = np.random.default_rng(seed)
-    texts = []
-    for _ in range(count):
-        words = [str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, max_words + 1)))]
-        words = [w.capitalize() if rng.random() < 0.2 else w for w in words]
-        if rng.random() < 0.5:
-            words[-1] += str(rng.choice(list(".?!,")))
-        texts.append(" ".join(words))
-    return texts
 
 
 @pytest.fixture(scope="module")
