@@ -71,3 +71,45 @@ def test_a_target_that_is_not_module_colon_class_is_refused() -> None:
     with pytest.raises(ValueError, match="must be 'module:Class'"):
         register_model("AcmeEncoder", "acme_arch.AcmeEncoder")
     assert "AcmeEncoder" not in known_architectures()
+
+
+def test_register_model_with_a_new_model_type_serves_through_the_family(
+    acme: str, tmp_path: Path
+) -> None:
+    """register_model(..., model_type=...) makes packages of a type no row had serve on the
+    task_heads family and the native engine, with the numbers of the class it names."""
+    import transformers
+
+    from vllm_srun.families.task_heads import TaskHeadsFamily
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.plugins.surfaces import ClassifyRequest
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    path = write_fixture(tmp_path / "acme", variant="bert-sequence")
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="acme", architectures=["AcmeEncoderForSequenceClassification"])
+    (path / "config.json").write_text(json.dumps(config))
+    family, package = TaskHeadsFamily(), ModelPackage(path)
+    assert not family.detect(package)
+    register_model("AcmeEncoderForSequenceClassification", "acme_arch:AcmeEncoder", model_type="acme", type_ids=True)
+    try:
+        assert family.detect(package)
+        spec = family.describe(package)
+        engine = NativeEngine()
+        native = engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
+        model = family.load(
+            package, spec, native, name="acme", verification=family.verify(package), numerics="float32"
+        )
+        request = ClassifyRequest(input=["john lives in paris", "good"])
+        plan = model.plan_surface("classify", request)
+        got = model.finish_surface(plan, list(model.run(plan.items)))
+        reference = transformers.BertForSequenceClassification.from_pretrained(str(path)).eval()
+        import torch
+
+        for result, item in zip(got.results, plan.items, strict=True):
+            with torch.no_grad():
+                logits = reference(input_ids=torch.tensor([item.token_ids])).logits[0].double()
+            np.testing.assert_allclose(result.probabilities, torch.softmax(logits, -1).numpy(), atol=1e-4)
+    finally:
+        architectures._MODELS.pop("AcmeEncoderForSequenceClassification", None)
+        architectures._ARCHITECTURES.pop("AcmeEncoderForSequenceClassification", None)
