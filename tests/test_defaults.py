@@ -128,6 +128,7 @@ SERVE_ONLY = {
     "MAX_REQUEST_BYTES",
     "MAX_INPUTS",
     "MAX_BUNDLE_TASKS",
+    "MAX_CONCURRENT_REQUESTS",
     "LOCAL_CACHE_MB",
     "MAX_QUEUED_ITEMS",
     "MAX_QUEUED_TOKENS",
@@ -155,7 +156,9 @@ def test_every_way_to_name_a_model_reads_the_same_defaults(
 def test_the_app_and_the_queue_read_the_defaults(seen: tuple[dict[str, Any], dict[str, Any]]) -> None:
     stand_ins, out = seen
     server = _follows(stand_ins, out["server-settings"])
-    assert server == (SHARED | SERVE_ONLY | {"BULK_CHUNK_SIZE"}) - PLACEMENT - BATCHING - {"HOST", "PORT"}
+    # PLAN_THREADS has no flag: the planner's width is the replica's memory bound, not a knob.
+    settings_only = {"BULK_CHUNK_SIZE", "PLAN_THREADS"}
+    assert server == (SHARED | SERVE_ONLY | settings_only) - PLACEMENT - BATCHING - {"HOST", "PORT"}
     assert _follows(stand_ins, out["batch-limits"]) == BATCHING | COALESCING
     assert _follows(stand_ins, out["model-settings"]) == BATCHING | COALESCING
     assert out["check-endpoints-timeout"] == stand_ins["CHECK_TIMEOUT_S"]

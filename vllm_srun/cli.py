@@ -167,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-inputs", POSITIVE, "most inputs in one request")
     setting("--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
     setting(
+        "--max-concurrent-requests",
+        POSITIVE,
+        "surface requests served at once by this replica; past it, 429 with Retry-After (TEI's flag)",
+    )
+    setting(
         "--local-cache-mb",
         NON_NEGATIVE,
         "recent results kept in this process in front of the Redis cache (0: none)",
@@ -462,6 +467,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_request_bytes=args.max_request_bytes,
             max_inputs=args.max_inputs,
             max_bundle_tasks=args.max_bundle_tasks,
+            max_concurrent_requests=args.max_concurrent_requests,
             local_cache_mb=args.local_cache_mb,
             max_queued_items=args.max_queued_items,
             max_queued_tokens=args.max_queued_tokens,

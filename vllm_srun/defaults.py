@@ -32,6 +32,13 @@ REQUEST_TIMEOUT_S = 60.0
 # more is a 413 for the whole bundle, so a client splits its work to fit.
 MAX_BUNDLE_TASKS = 64
 
+# Surface requests one replica holds at once, from decoded body to response (TEI's
+# --max-concurrent-requests, whose default this is); past it, 429 with Retry-After.
+MAX_CONCURRENT_REQUESTS = 512
+# Threads that tokenize and plan requests too large to plan on the event loop, per replica:
+# bounded so that the memory of plans in progress is too (the rest wait their turn).
+PLAN_THREADS = 2
+
 # The version of the upstream runtime's contract (its OpenAPI `info.version`) this server
 # speaks: /v1/models and /health report it, and a client refuses another major version.
 API_VERSION = "2.3.0"

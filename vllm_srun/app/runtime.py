@@ -61,6 +61,8 @@ class ServerSettings:
     max_inputs: int = defaults.MAX_INPUTS
     max_bundle_tasks: int = defaults.MAX_BUNDLE_TASKS
     max_queued_items: int = defaults.MAX_QUEUED_ITEMS
+    max_concurrent_requests: int = defaults.MAX_CONCURRENT_REQUESTS
+    plan_threads: int = defaults.PLAN_THREADS
     max_queued_tokens: int = defaults.MAX_QUEUED_TOKENS
     request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
     cache_ttl_s: int = defaults.CACHE_TTL_S
@@ -366,11 +368,16 @@ class Runtime:
     serving: Serving
     # Items and tokens this replica has in the queue, per deployment (the admission bound).
     queued: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Surface requests this replica is serving now (bounded by max_concurrent_requests).
+    in_flight: int = 0
     # The main Redis's maxmemory-policy as read at start (/health reports an evicting one).
     redis_policy: EvictionPolicy = field(default_factory=lambda: EvictionPolicy(UNKNOWN_POLICY))
     bulk: BulkStore = field(init=False)
+    # Where requests too large for the event loop are tokenized and planned (serving.py).
+    planner: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
+        self.planner = ThreadPoolExecutor(self.settings.plan_threads, thread_name_prefix="plan")
         self.bulk = BulkStore(
             self.queue.redis,
             ttl_s=self.settings.job_ttl_s,
@@ -415,6 +422,7 @@ class Runtime:
         # Within the grace period left after uvicorn's own (cli.GRACEFUL_STOP_S).
         await _bounded("serving", self.serving.close(), 2.5)
         await _bounded("queue client", self.queue.close(), 1.0)
+        self.planner.shutdown(wait=False, cancel_futures=True)
 
     def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:
         """The model a request names (the only model when it names none), if it is ready."""

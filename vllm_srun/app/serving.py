@@ -1,13 +1,17 @@
 """One surface request, from decoded body to response: plan, cache keys, queue, finish.
 
 Controllers call `serve_surface` and nothing else. Planning (tokenising) of a large request
-runs in a thread so the event loop keeps answering small ones.
+runs on the runtime's bounded planner threads so the event loop keeps answering small ones; a
+small one plans inline, as a thread hand-off would cost it more than its tokenizing. At most
+`max_concurrent_requests` are served at once per replica; the next is a 429 with Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -108,6 +112,23 @@ def _release(runtime: Runtime, name: str, items: int, tokens: int) -> None:
     runtime.queued[name] = (queued_items - items, queued_tokens - tokens)
 
 
+@contextmanager
+def request_slot(runtime: Runtime) -> Iterator[None]:
+    """One of the replica's `max_concurrent_requests` slots, held for the block; an Overloaded
+    (429, Retry-After) when all are taken. A bundle takes one for all its tasks."""
+    limit = runtime.settings.max_concurrent_requests
+    if runtime.in_flight >= limit:
+        raise Overloaded(
+            f"this replica serves {limit} requests at once (--max-concurrent-requests); retry shortly",
+            headers={"Retry-After": "1"},
+        )
+    runtime.in_flight += 1
+    try:
+        yield
+    finally:
+        runtime.in_flight -= 1
+
+
 async def serve_surface(
     runtime: Runtime,
     surface: Surface[Any],
@@ -115,11 +136,26 @@ async def serve_surface(
     timing: Timing,
     *,
     deadline_ms: float | None = None,
+    slot: bool = True,
 ) -> Any:
     """The response Struct for `request` on `surface`; raises SrunError subclasses.
 
     `deadline_ms` is a deadline from outside the request (a bundle's): the earlier of it and
-    the request's own `options.deadline_ms` applies."""
+    the request's own `options.deadline_ms` applies. `slot=False`: the caller holds the
+    request's slot (`request_slot`) already."""
+    if not slot:
+        return await _serve(runtime, surface, request, timing, deadline_ms)
+    with request_slot(runtime):
+        return await _serve(runtime, surface, request, timing, deadline_ms)
+
+
+async def _serve(
+    runtime: Runtime,
+    surface: Surface[Any],
+    request: SurfaceRequest,
+    timing: Timing,
+    deadline_ms: float | None,
+) -> Any:
     started = time.perf_counter()
     served, model = runtime.model_for(request.model)
     if surface.name not in model.info.surfaces:
@@ -135,7 +171,7 @@ async def serve_surface(
     plan_request = partial(plan_with_keys, model, surface.name, request, default_overflow=unset)
     with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
         if count > THREAD_PLAN_INPUTS or surface.text_chars(request) > THREAD_PLAN_CHARS:
-            plan = await asyncio.to_thread(plan_request)
+            plan = await asyncio.get_running_loop().run_in_executor(runtime.planner, plan_request)
         else:
             plan = plan_request()
         planned.set(items=len(plan.items))

@@ -6,7 +6,9 @@ serves it: decoded by its descriptor, then through `serve_surface`. The tasks ru
 the items of tasks for the same model reach its queue together and share its batches, as
 concurrent requests do. Each task is answered with the status and body it would have had alone
 (a failing task fails alone); only the bundle's own faults (too many tasks, a task with no or
-two surfaces, a repeated id) refuse the whole bundle.
+two surfaces, a repeated id, more inputs in all than one request may carry) refuse the whole
+bundle. A bundle is one request to the server's bounds: its tasks' inputs count together
+against `--max-inputs`, and it holds one of the `--max-concurrent-requests` slots.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from vllm_srun.app.errors import ErrorBody, error_type, upstream_code
 from vllm_srun.app.responses import client_closed, encoded, timing_of, unless_disconnected
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.serving import Timing, serve_surface
+from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError, model_failure
 from vllm_srun.plugins.decision_surface import DecisionResponse
 from vllm_srun.plugins.surfaces import (
@@ -159,18 +161,47 @@ def _decode(surface: str, value: Any) -> Any:
         raise InvalidRequest(message if field in message else f"{field}: {message}", param=field) from None
 
 
+def decode_all(surfaces: list[tuple[str, Any]], max_inputs: int) -> list[Any]:
+    """Each task's request, or the SrunError that answers its task alone; a RequestTooLarge
+    for the whole bundle when the tasks' inputs together pass `max_inputs` (a bundle is one
+    request: split across tasks, inputs would otherwise pass the bound by max_bundle_tasks
+    times)."""
+    decoded: list[Any] = []
+    for surface, value in surfaces:
+        try:
+            decoded.append(_decode(surface, value))
+        except SrunError as exc:
+            decoded.append(exc)
+    total = sum(
+        REGISTRY.get(surface).count(request)
+        for (surface, _), request in zip(surfaces, decoded, strict=True)
+        if not isinstance(request, SrunError)
+    )
+    if total > max_inputs:
+        raise RequestTooLarge(
+            f"tasks: {total} inputs in all; at most {max_inputs} per request, a bundle's tasks "
+            "together (--max-inputs)",
+            param="tasks",
+        )
+    return decoded
+
+
 async def run_task(
     runtime: Runtime,
     task_id: str,
     surface: str,
-    value: Any,
+    request: Any,
     deadline_ms: float | None,
     timing: Timing,
 ) -> BundleResult:
-    """One task, answered as its own route would answer it (never raising but for cancellation)."""
+    """One task, answered as its own route would answer it (never raising but for cancellation).
+    `request` is the task's decoded request, or the SrunError its decoding raised."""
     try:
-        request = _decode(surface, value)
-        body = await serve_surface(runtime, REGISTRY.get(surface), request, timing, deadline_ms=deadline_ms)
+        if isinstance(request, SrunError):
+            raise request
+        body = await serve_surface(
+            runtime, REGISTRY.get(surface), request, timing, deadline_ms=deadline_ms, slot=False
+        )
         shape = ROUTE_SHAPES.get(surface)
         return BundleResult(
             id=task_id, status=200, **{surface: body if shape is None else shape(request, body)}
@@ -196,20 +227,23 @@ async def bundle(
     runtime: Runtime = state.runtime
     request.scope["state"]["srun_model"] = ""
     surfaces = check(data, runtime.settings.max_bundle_tasks)
+    requests = decode_all(surfaces, runtime.settings.max_inputs)
     timings = [Timing() for _ in data.tasks]
     finished: list[int] = []
 
     async def one(index: int) -> BundleResult:
-        surface, value = surfaces[index]
+        surface = surfaces[index][0]
         task = data.tasks[index]
-        result = await run_task(runtime, task.id, surface, value, data.options.deadline_ms, timings[index])
+        deadline_ms = data.options.deadline_ms
+        result = await run_task(runtime, task.id, surface, requests[index], deadline_ms, timings[index])
         finished.append(index)
         return result
 
     async def every() -> list[BundleResult]:
         return list(await asyncio.gather(*(one(i) for i in range(len(data.tasks)))))
 
-    done, results = await unless_disconnected(request, every())
+    with request_slot(runtime):
+        done, results = await unless_disconnected(request, every())
     if not done or results is None:
         return client_closed()
     # The tasks tokenise one after another on the event loop: their sum. They wait and run

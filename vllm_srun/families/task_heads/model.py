@@ -26,7 +26,7 @@ from vllm_srun.families.task_heads.sentence import (
     select_prompt,
 )
 from vllm_srun.families.task_heads.tokenize import Encoded, TextEncoder
-from vllm_srun.families.task_heads.windows import Overflow, Split, split
+from vllm_srun.families.task_heads.windows import Overflow, Split, check_chars, split
 from vllm_srun.plugins.base import (
     EngineModel,
     HeadInfo,
@@ -183,7 +183,8 @@ class TaskHeadsModel(LoadedModel):
                 if pair is not None:
                     raise InvalidRequest(f"input[{i}].text_pair: the token head tags single texts")
         _refuse_unread(head, request.options)
-        return self._plan("classify", head, request.options, pairs)
+        single = isinstance(request.input, str)
+        return self._plan("classify", head, request.options, pairs, ["input"] if single else None)
 
     def _plan_embeddings(self, request: EmbeddingsRequest) -> Plan:
         head = self._head("embeddings", request.options.head)
@@ -208,7 +209,10 @@ class TaskHeadsModel(LoadedModel):
             input_type=request.input_type,
             token_ids=any(isinstance(i, list) for i in inputs),
         )
-        texts = [prompt + i for i in inputs if isinstance(i, str)]
+        params = ["input" if single else f"input[{i}]" for i, v in enumerate(inputs) if isinstance(v, str)]
+        texts = [i for i in inputs if isinstance(i, str)]
+        check_chars([len(prompt) + len(t) for t in texts], self._policy(request.options), params)
+        texts = [prompt + t for t in texts]
         encoded = iter(self.encoder.encode([(t, None) for t in texts]))
         encs: list[Encoded] = []
         for index, value in enumerate(inputs):
@@ -262,12 +266,16 @@ class TaskHeadsModel(LoadedModel):
             raise InvalidRequest("documents: must not be empty")
         if head.kind == POOLED:
             # Bi-encoder: the query is embedded once, as an extra input planned first.
-            plan = self._plan(
-                "rerank", head, request.options, [(request.query, None)] + [(d, None) for d in documents]
-            )
+            params = ["query"] + [f"documents[{i}]" for i in range(len(documents))]
+            pairs: list[tuple[str, str | None]] = [(request.query, None)] + [(d, None) for d in documents]
+            plan = self._plan("rerank", head, request.options, pairs, params)
             plan.state.query = plan.state.inputs.pop(0)
         else:
-            plan = self._plan("rerank", head, request.options, [(request.query, d) for d in documents])
+            check_chars([len(request.query)], self._policy(request.options), ["query"])
+            params = [f"documents[{i}]" for i in range(len(documents))]
+            plan = self._plan(
+                "rerank", head, request.options, [(request.query, d) for d in documents], params
+            )
             for planned, document in zip(plan.state.inputs, documents, strict=True):
                 planned.text = document
         plan.state.extra = SurfaceOptions(top_n=request.top_n, return_documents=request.return_documents)
@@ -357,8 +365,17 @@ class TaskHeadsModel(LoadedModel):
         return "logits"
 
     def _plan(
-        self, surface: str, head: HeadInfo, options: Options, pairs: Sequence[tuple[str, str | None]]
+        self,
+        surface: str,
+        head: HeadInfo,
+        options: Options,
+        pairs: Sequence[tuple[str, str | None]],
+        params: Sequence[str] | None = None,
     ) -> Plan:
+        """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
+        fields; by default input[i])."""
+        params = params or [f"input[{i}]" for i in range(len(pairs))]
+        check_chars([len(t) + len(p or "") for t, p in pairs], self._policy(options), params)
         texts = [text for text, _ in pairs]
         return self._plan_encoded(surface, head, options, texts, self.encoder.encode(pairs))
 

@@ -18,8 +18,10 @@ from tokenizers import Encoding, Tokenizer, normalizers
 
 from vllm_srun.errors import PackageError
 
-# Up to this many inputs are encoded on the calling thread, not the tokenizer's thread pool.
+# Up to this many inputs, of at most this many characters in all, are encoded on the calling
+# thread, not the tokenizer's thread pool.
 _SERIAL_INPUTS = 4
+_SERIAL_CHARS = 4096
 # Position kinds in `Encoded.seq`: a token of the first text, of the second, or a special token.
 FIRST, SECOND, SPECIAL = 0, 1, -1
 
@@ -121,8 +123,13 @@ class TextEncoder:
         thread pool: for a handful of short texts the hand-off costs more than it saves, and
         the pool's threads would compete with the forward's for the same cores. The gain is
         small, but a request never waits on another thread to tokenize.
+
+        Longer texts always go through `encode_batch`, even one alone: the tokenizers library
+        releases the GIL there and not in `encode`, which would hold every other Python thread
+        (the app's event loop among them) for as long as a long text takes.
         """
-        if len(inputs) <= _SERIAL_INPUTS:
+        chars = sum(len(t) + len(p or "") for t, p in inputs)
+        if len(inputs) <= _SERIAL_INPUTS and chars <= _SERIAL_CHARS:
             encodings = [self.tokenizer.encode(t, p, add_special_tokens=True) for t, p in inputs]
             return [_encoded(e, p is not None) for e, (_, p) in zip(encodings, inputs, strict=True)]
         batch: list[str | tuple[str, str]] = [t if p is None else (t, p) for t, p in inputs]

@@ -16,15 +16,22 @@ piece keeps its special tokens and every token keeps its offsets into the origin
   limit) and windows share an eighth of that. An input that needs more than `MAX_WINDOWS`
   windows is past its scan budget: it answers `scan_budget_exceeded`, nothing of it read.
 
+Before any of that, an input's characters are bounded (`check_chars`), so that a text a
+client sends is never tokenized whole just to learn it is too long: tokenizing costs memory
+and time in proportion to the text (a 3.4 MB text took over 300 MB and seconds), whatever the
+policy does with the tokens afterwards.
+
 How window results are combined is the head's business (see `heads.py` and `spans.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from vllm_srun.errors import RequestTooLarge
 from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encoded
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.surfaces import InputUsage
@@ -33,6 +40,11 @@ from vllm_srun.plugins.surfaces import InputUsage
 # grows with its length times window.tokens / (window.tokens - overlap): without a bound, an
 # overlap close to the window length would turn one long text into thousands of forwards.
 MAX_WINDOWS = 1024
+# Characters one token may stand for, generously: text runs at 3-6 characters per token under
+# WordPiece, BPE and Unigram vocabularies, so an input longer than its budget times this is
+# past its budget in any text but pathological ones (one long unknown "word", a run of
+# whitespace), which are refused too rather than tokenized to find out.
+CHARS_PER_TOKEN = 16
 
 
 @dataclass(frozen=True)
@@ -46,6 +58,32 @@ class Overflow:
     left: bool = False  # truncate keeps each text's last tokens instead of its first
     # Whose limit `max_tokens` is, as an error message says it.
     limit: str = "the model takes at most"
+
+
+def max_chars(policy: Overflow) -> int:
+    """The most characters an input may have under `policy`, checked before tokenizing it.
+
+    `reject` reads one budget's worth. `window` reads at most `MAX_WINDOWS` windows, so its
+    input may be that many budgets long. `truncate` keeps one budget of tokens but needs the
+    whole text's tokens to say how many there were and (for a pair) which text is longer, so
+    it reads what `window` would: a long document can be sent whole and truncated, up to the
+    same bound."""
+    windows = 1 if policy.mode == "reject" else MAX_WINDOWS
+    return policy.max_tokens * CHARS_PER_TOKEN * windows
+
+
+def check_chars(chars: Sequence[int], policy: Overflow, params: Sequence[str]) -> None:
+    """A RequestTooLarge (413) naming the first input whose characters (`chars`, text and pair
+    and prompt together) pass `max_chars(policy)`; `params` names each input's field."""
+    cap = max_chars(policy)
+    for count, param in zip(chars, params, strict=True):
+        if count > cap:
+            hint = " ('truncate' and 'window' read more)" if policy.mode == "reject" else ""
+            raise RequestTooLarge(
+                f"{param}: {count} characters; at most {cap} are read for a budget of "
+                f"{policy.max_tokens} tokens under options.overflow '{policy.mode}'{hint}",
+                param=param,
+            )
 
 
 @dataclass(eq=False)
