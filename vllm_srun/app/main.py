@@ -6,7 +6,6 @@ text) and makes sure every response carries `Server-Timing`.
 
 from __future__ import annotations
 
-import hmac
 import importlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -20,10 +19,10 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.handlers.base import BaseRouteHandler
-from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_srun import __version__, defaults, tracing
+from vllm_srun.app.docs import openapi_config
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
@@ -40,6 +39,7 @@ from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.tenants import CALLER
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
@@ -173,14 +173,17 @@ def _request_span(scope: Scope, surface: str | None) -> Any:
 
 async def _api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     # async: Litestar runs a sync guard in a worker thread, a thread hop on every request.
+    # The caller is set for every request (None first): a handler never sees another's.
+    CALLER.set(None)
     runtime: Runtime | None = getattr(connection.app.state, "runtime", None)
-    key = runtime.settings.api_key if runtime is not None else None
-    if not key or handler.opt.get("public"):
+    if runtime is None or not runtime.callers or handler.opt.get("public"):
         return
     given = connection.headers.get("authorization", "")
     token = given[7:] if given.lower().startswith("bearer ") else connection.headers.get("x-api-key", "")
-    if not hmac.compare_digest(token.encode(), key.encode()):
+    caller = runtime.callers.identify(token)
+    if caller is None:
         raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
+    CALLER.set(caller)
 
 
 def stop_serving(app: Litestar, grace_s: float) -> None:
@@ -235,7 +238,7 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
         guards=[_api_key_guard],
         state=State({}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
-        openapi_config=OpenAPIConfig(title="vllm-srun", version=__version__, path="/docs"),
+        openapi_config=openapi_config("vllm-srun", __version__),
         plugins=[StrictStructSchemaPlugin()],
         logging_config=None,
         debug=False,

@@ -1,0 +1,104 @@
+"""The documentation pages, served whole from the package: /docs (Redoc) and /docs/swagger
+(Swagger UI), with their scripts and styles under /docs/static (vendored, pinned: see
+`static/README.md`), never from a CDN. Most clusters that serve models have no internet, where
+CDN-loaded pages stay blank, and a CDN's script would run in an operator's browser.
+
+Every response under /docs carries `CSP`: scripts only from this server and none inline (each
+page starts its viewer from a static `init.js` that fetches /docs/openapi.json), no other
+origin for anything. Styles may be inline: both viewers set them from script. Redoc runs its
+search index in a worker made from a blob. Stoplight Elements and RapiDoc, which Litestar also
+offers, are not served: there is no pinned build of them here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from litestar import Request, Router
+from litestar.datastructures import ResponseHeader
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import (
+    JsonRenderPlugin,
+    OpenAPIRenderPlugin,
+    RedocRenderPlugin,
+    SwaggerRenderPlugin,
+    YamlRenderPlugin,
+)
+from litestar.static_files import create_static_files_router
+
+STATIC_DIR = Path(__file__).parent / "static"
+STATIC_PATH = "/docs/static"
+SWAGGER_UI_VERSION = "5.18.2"
+REDOC_VERSION = "2.5.0"
+CSP = "; ".join(
+    (
+        "default-src 'none'",
+        "script-src 'self'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "worker-src 'self' blob:",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
+)
+
+
+def _page(title: str, head: str, body: str) -> bytes:
+    return (
+        "<!DOCTYPE html><html><head>"
+        f'<meta charset="utf-8"/><meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{title}</title>{head}</head><body>{body}</body></html>"
+    ).encode()
+
+
+class OfflineSwagger(SwaggerRenderPlugin):
+    """Swagger UI from the package's copy, started by a static script."""
+
+    def __init__(self) -> None:
+        super().__init__(path="/swagger")
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        base = f"{STATIC_PATH}/swagger-ui"
+        return _page(
+            f"{openapi_schema['info']['title']} - Swagger UI",
+            f'<link rel="stylesheet" href="{base}/swagger-ui.css">',
+            f'<div id="swagger-ui"></div><script src="{base}/swagger-ui-bundle.js"></script>'
+            f'<script src="{base}/init.js"></script>',
+        )
+
+
+class OfflineRedoc(RedocRenderPlugin):
+    """Redoc from the package's copy, started by a static script; at /docs and /docs/redoc."""
+
+    def __init__(self) -> None:
+        super().__init__(path=["/", "/redoc"], google_fonts=False)
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        base = f"{STATIC_PATH}/redoc"
+        return _page(
+            openapi_schema["info"]["title"],
+            "",
+            f'<div id="redoc-container"></div><script src="{base}/redoc.standalone.js"></script>'
+            f'<script src="{base}/init.js"></script>',
+        )
+
+
+def render_plugins() -> list[OpenAPIRenderPlugin]:
+    return [OfflineRedoc(), OfflineSwagger(), JsonRenderPlugin(), YamlRenderPlugin()]
+
+
+def openapi_config(title: str, version: str) -> OpenAPIConfig:
+    """The app's OpenAPI config: the document and the pages above under /docs, every response
+    there with the content-security policy."""
+    static = create_static_files_router(path="/static", directories=[STATIC_DIR], include_in_schema=False)
+    router = Router(
+        path="/docs",
+        route_handlers=[static],
+        include_in_schema=False,
+        response_headers=[ResponseHeader(name="Content-Security-Policy", value=CSP)],
+    )
+    return OpenAPIConfig(title=title, version=version, render_plugins=render_plugins(), openapi_router=router)
