@@ -19,6 +19,7 @@ from vllm_srun.errors import SrunError
 from vllm_srun.managed import file_mode, remove_socket
 
 API_KEY_ENV = "VLLM_SRUN_API_KEY"
+API_KEY_FILE_ENV = "VLLM_SRUN_API_KEY_FILE"
 # A password for --redis and --cache-redis URLs that carry none (a Secret's value, kept off argv).
 REDIS_PASSWORD_ENV = "VLLM_SRUN_REDIS_PASSWORD"
 # Left in a directory `vllm-srun fixture` wrote, so writing there again may replace it.
@@ -182,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     setting("--max-job-requests", POSITIVE, "most requests in one bulk job")
     setting("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
     add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
+    add(
+        "--api-key-file",
+        type=Path,
+        default=os.environ.get(API_KEY_FILE_ENV),
+        help=f"take every key in this file, one per line, each a caller of its own (or ${API_KEY_FILE_ENV})",
+    )
+    add(
+        "--shared-cache",
+        action="store_true",
+        help="with several API keys, share cached results between them (default: each key's apart)",
+    )
     _connection_args(serve)
     add(
         "--allowed-hosts",
@@ -442,6 +454,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_srun.app.main import create_app, stop_serving
     from vllm_srun.app.runtime import ServerSettings
+    from vllm_srun.app.tenants import read_key_file
     from vllm_srun.errors import ConfigError
     from vllm_srun.queue.redis_server import EmbeddedRedis
 
@@ -473,6 +486,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             max_queued_tokens=args.max_queued_tokens,
             request_timeout_s=args.request_timeout_s,
             api_key=args.api_key,
+            api_keys=tuple(read_key_file(args.api_key_file)) if args.api_key_file else (),
+            shared_cache=args.shared_cache,
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
             bulk_quotas=_bulk_quotas(args),
@@ -483,7 +498,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(settings)
         from vllm_srun.app.guard import BrowserGuard, default_hosts, parse_hosts
 
-        hosts = default_hosts(args.host, api_key=args.api_key)
+        hosts = default_hosts(args.host, api_key=args.api_key or next(iter(settings.api_keys), None))
         if args.allowed_hosts is not None:
             hosts = parse_hosts(args.allowed_hosts)
         config = uvicorn.Config(

@@ -42,3 +42,28 @@ def test_key_names_share_a_prefix_per_deployment() -> None:
         assert key.startswith("vllm_srun:") and " " not in key and "my_model_v1" in key
     assert keys.queue_name("a") != keys.bulk_queue_name("a")
     assert keys.wake_channel("a") != keys.bulk_wake_channel("a")
+
+
+def test_a_salt_parts_the_cache_and_no_salt_is_the_old_key() -> None:
+    unsalted = keys.cache_key(**BASE)
+    assert keys.cache_key(**BASE, salt="") == unsalted  # one key or none: entries stay shared
+    one, two = keys.cache_salt("key-one"), keys.cache_salt("key-two")
+    assert one != two and len(one) == 64
+    salted = {keys.cache_key(**BASE, salt=s) for s in (one, two)}
+    assert len(salted) == 2 and unsalted not in salted
+    # The salt is its own field: it cannot stand in for type ids or run into them.
+    assert keys.cache_key(**BASE, type_ids=[0], salt=one) != keys.cache_key(**BASE, salt=one)
+
+
+def test_a_caller_is_a_digest_never_the_key() -> None:
+    key = "sk-secret-value"
+    owner, salt = keys.caller_id(key), keys.cache_salt(key)
+    assert key not in owner and key not in salt and owner != salt
+    assert keys.caller_id(key) == owner and keys.caller_id(key + "x") != owner
+
+
+def test_idempotency_keys_are_per_caller() -> None:
+    a, b = keys.caller_id("a"), keys.caller_id("b")
+    assert keys.idempotency_key("m", "k", a) != keys.idempotency_key("m", "k", b)
+    assert keys.idempotency_key("m", "k") == keys.idempotency_key("m", "k", "")
+    assert a in keys.idempotency_key("m", "k", a)

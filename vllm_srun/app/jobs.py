@@ -5,6 +5,9 @@ A job is created from JSON (`{"surface", "model", "requests": [...], "on_error"}
 query). Every line is validated before anything is queued: with `on_error=reject` (the
 default) a bad line refuses the job naming its line number; with `on_error=record` it becomes
 that item's error and the rest run.
+
+With API keys a job is its caller's (app/tenants.py): every route here answers another caller
+404, as for a job that does not exist, and an Idempotency-Key is scoped to its caller.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
+from vllm_srun.app.tenants import CALLER, Caller
+from vllm_srun.errors import InvalidRequest, RequestTooLarge, Unauthorized, UnsupportedSurface
 from vllm_srun.plugins.surfaces import REGISTRY, Surface
 from vllm_srun.queue.bulk import JobStatus, error_body
 
@@ -82,6 +86,19 @@ def _field_first(exc: Exception) -> str:
     message = getattr(exc, "message", None) or str(exc)
     match = _AT_PATH.fullmatch(message)
     return f"{match[2]}: {match[1]}" if match else message
+
+
+def _caller(runtime: Runtime) -> Caller | None:
+    """The request's caller (None: the server takes no key, and every job is everyone's)."""
+    caller = CALLER.get()
+    if caller is None and runtime.callers:  # the guard identifies every caller of these routes
+        raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
+    return caller
+
+
+def _owner(runtime: Runtime) -> str | None:
+    caller = _caller(runtime)
+    return caller.id if caller is not None else None
 
 
 def _lines(body: bytes) -> list[tuple[int, Any]]:
@@ -158,6 +175,7 @@ async def create_job(
     idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
 ) -> Response[JobStatus]:
     runtime: Runtime = state.runtime
+    caller = _caller(runtime)
     body = await request.body()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type in NDJSON_TYPES:
@@ -198,6 +216,8 @@ async def create_job(
         errors=errors,
         idempotency_key=idempotency_key,
         request_digest=digest.hexdigest() if idempotency_key else "",
+        owner=caller.id if caller is not None else "",
+        cache_salt=caller.cache_salt if caller is not None else "",
     )
     return Response(status, status_code=202 if created else 200)
 
@@ -205,13 +225,13 @@ async def create_job(
 @get("/v1/jobs/{job_id:str}", summary="A job's status and counts")
 async def job_status(job_id: FromPath[str], state: State) -> JobStatus:
     runtime: Runtime = state.runtime
-    return await runtime.bulk.get(job_id)
+    return await runtime.bulk.get(job_id, owner=_owner(runtime))
 
 
 @post("/v1/jobs/{job_id:str}/cancel", summary="Cancel a job", status_code=200)
 async def cancel_job(job_id: FromPath[str], state: State) -> JobStatus:
     runtime: Runtime = state.runtime
-    return await runtime.bulk.cancel(job_id)
+    return await runtime.bulk.cancel(job_id, owner=_owner(runtime))
 
 
 @get(
@@ -227,8 +247,9 @@ async def job_results(
     limit: Annotated[int, QueryParameter(name="limit", ge=1, le=100_000)] = 1000,
 ) -> Response[bytes]:
     runtime: Runtime = state.runtime
-    job = await runtime.bulk.get(job_id)
-    lines = await runtime.bulk.results(job_id, offset, limit)
+    owner = _owner(runtime)
+    job = await runtime.bulk.get(job_id, owner=owner)
+    lines = await runtime.bulk.results(job_id, offset, limit, owner=owner)
     accept = request.headers.get("accept", "")
     if any(kind in accept for kind in NDJSON_TYPES):
         return Response(b"".join(line + b"\n" for line in lines), media_type="application/x-ndjson")
@@ -253,14 +274,15 @@ async def job_events(
     last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
 ) -> ServerSentEvent:
     runtime: Runtime = state.runtime
-    await runtime.bulk.get(job_id)  # 404 before the stream starts
+    owner = _owner(runtime)
+    await runtime.bulk.get(job_id, owner=owner)  # 404 before the stream starts
     if last_event_id is not None and not EVENT_ID.fullmatch(last_event_id):
         raise InvalidRequest(
             f"Last-Event-ID: {last_event_id[:64]!r} is not an event id of this stream (e.g. 1700000000000-0)"
         )
 
     async def stream() -> AsyncIterator[ServerSentEventMessage]:
-        async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0"):
+        async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0", owner=owner):
             if not event:
                 yield ServerSentEventMessage(data=None, comment="keep-alive")
                 continue

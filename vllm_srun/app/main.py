@@ -6,7 +6,6 @@ text) and makes sure every response carries `Server-Timing`.
 
 from __future__ import annotations
 
-import hmac
 import importlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,6 +39,7 @@ from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.tenants import CALLER
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
@@ -173,14 +173,17 @@ def _request_span(scope: Scope, surface: str | None) -> Any:
 
 async def _api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     # async: Litestar runs a sync guard in a worker thread, a thread hop on every request.
+    # The caller is set for every request (None first): a handler never sees another's.
+    CALLER.set(None)
     runtime: Runtime | None = getattr(connection.app.state, "runtime", None)
-    key = runtime.settings.api_key if runtime is not None else None
-    if not key or handler.opt.get("public"):
+    if runtime is None or not runtime.callers or handler.opt.get("public"):
         return
     given = connection.headers.get("authorization", "")
     token = given[7:] if given.lower().startswith("bearer ") else connection.headers.get("x-api-key", "")
-    if not hmac.compare_digest(token.encode(), key.encode()):
+    caller = runtime.callers.identify(token)
+    if caller is None:
         raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
+    CALLER.set(caller)
 
 
 def stop_serving(app: Litestar, grace_s: float) -> None:

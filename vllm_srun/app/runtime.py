@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from vllm_srun import defaults
+from vllm_srun.app.tenants import Callers
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins, load_plugins
@@ -68,6 +69,10 @@ class ServerSettings:
     cache_ttl_s: int = defaults.CACHE_TTL_S
     local_cache_mb: int = defaults.LOCAL_CACHE_MB
     api_key: str | None = None
+    # More keys (--api-key-file), each its own caller (app/tenants.py), and whether their cached
+    # results are shared (--shared-cache) rather than salted apart when there are several.
+    api_keys: tuple[str, ...] = ()
+    shared_cache: bool = False
     job_timeout_s: float = defaults.JOB_TIMEOUT_S
     job_ttl_s: int = defaults.JOB_TTL_S
     max_job_requests: int = defaults.MAX_JOB_REQUESTS
@@ -373,11 +378,17 @@ class Runtime:
     # The main Redis's maxmemory-policy as read at start (/health reports an evicting one).
     redis_policy: EvictionPolicy = field(default_factory=lambda: EvictionPolicy(UNKNOWN_POLICY))
     bulk: BulkStore = field(init=False)
+    # Who each API key is (app/tenants.py); empty when the server takes no key.
+    callers: Callers = field(init=False)
     # Where requests too large for the event loop are tokenized and planned (serving.py).
     planner: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.planner = ThreadPoolExecutor(self.settings.plan_threads, thread_name_prefix="plan")
+        self.callers = Callers(
+            [*self.settings.api_keys, *([self.settings.api_key] if self.settings.api_key else [])],
+            shared_cache=self.settings.shared_cache,
+        )
         self.bulk = BulkStore(
             self.queue.redis,
             ttl_s=self.settings.job_ttl_s,

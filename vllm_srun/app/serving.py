@@ -18,6 +18,7 @@ from typing import Any
 
 from vllm_srun import tracing
 from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.tenants import current_salt
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import CacheMeta, Representation, check_profile, merged_meta, served_profile
@@ -168,7 +169,10 @@ async def _serve(
     count = _check_size(runtime, surface, request)
     # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
-    plan_request = partial(plan_with_keys, model, surface.name, request, default_overflow=unset)
+    # The caller's cache salt (app/tenants.py): "" unless several API keys keep caches apart.
+    plan_request = partial(
+        plan_with_keys, model, surface.name, request, default_overflow=unset, cache_salt=current_salt()
+    )
     with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
         if count > THREAD_PLAN_INPUTS or surface.text_chars(request) > THREAD_PLAN_CHARS:
             plan = await asyncio.get_running_loop().run_in_executor(runtime.planner, plan_request)

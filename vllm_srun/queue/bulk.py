@@ -15,6 +15,10 @@ admitted only while the items of every live job not yet stored, plus its own, st
 naming the limit). A result that would take its job past `max_job_result_bytes`, or all jobs
 past `max_stored_result_bytes`, is stored as that item's `result_too_large` error instead, so
 a job that produces more than expected still ends, and Redis stays under its maxmemory.
+
+A job made with an API key names its caller (`owner`, a `keys.caller_id`, never the key): read
+with another owner it does not exist (JobNotFound), whatever is asked of it. Its Idempotency-Key
+is that caller's alone, and its chunks plan with the caller's cache salt (`cache_salt`).
 """
 
 from __future__ import annotations
@@ -294,6 +298,8 @@ class BulkStore:
         errors: dict[int, bytes],
         idempotency_key: str | None = None,
         request_digest: str = "",
+        owner: str = "",
+        cache_salt: str = "",
     ) -> tuple[JobStatus, bool]:
         """A new job (or, for a known Idempotency-Key, the job it made); True when new.
 
@@ -303,10 +309,11 @@ class BulkStore:
         the second an append-only Redis lost to a crash) makes a new one; a key whose job is
         still being written is Unavailable (retry), so two uploads with one key make one job.
         A key is bound to `request_digest` (a hash of the request that made its job): sent with
-        another request it is IdempotencyKeyReused (422), never that job."""
+        another request it is IdempotencyKeyReused (422), never that job. `owner` (a caller id,
+        "" without API keys) scopes the key and owns the job; `cache_salt` is its chunks'."""
         job_id = "job_" + uuid.uuid4().hex
         now = time.time()
-        idem = keys.idempotency_key(deployment, idempotency_key) if idempotency_key else None
+        idem = keys.idempotency_key(deployment, idempotency_key, owner) if idempotency_key else None
         claim = f"{job_id} {now} {request_digest}".rstrip()
         if idem is not None and not await self.redis.set(idem, claim, nx=True, ex=self.ttl_s):
             existing = await self.redis.get(idem)
@@ -317,7 +324,7 @@ class BulkStore:
                         "Idempotency-Key: already used for a different request; send a new key"
                     )
                 if await self.raw(existing_id):
-                    return await self.get(existing_id), False
+                    return await self.get(existing_id, owner=owner), False
                 if now - float(made or 0) < _CREATING_S:
                     raise Unavailable(
                         "Idempotency-Key: the job of this key is still being created; retry",
@@ -358,6 +365,8 @@ class BulkStore:
                         "chunks": len(chunks),
                         "max_result_bytes": self.quotas.max_job_result_bytes,
                         "max_stored_bytes": self.quotas.max_stored_result_bytes,
+                        **({"owner": owner} if owner else {}),
+                        **({"cache_salt": cache_salt} if cache_salt else {}),
                     },
                 )
                 for start in range(0, len(requests), _APPEND_BATCH):
@@ -401,7 +410,7 @@ class BulkStore:
             raise
         if not chunks:
             await self.store_chunk(job_id, 0, 1, [])
-        return await self.get(job_id), True
+        return await self.get(job_id, owner=owner), True
 
     async def admit(self, job_id: str, items: int, *, keep_until: float) -> None:
         """Count a job of `items` in (job_id "" only checks), or Overloaded naming the quota."""
@@ -444,8 +453,13 @@ class BulkStore:
         fields: dict[bytes, bytes] = await self.redis.hgetall(keys.job_key(job_id))  # type: ignore[misc]
         return {k.decode(): v.decode() for k, v in fields.items()}
 
-    async def get(self, job_id: str) -> JobStatus:
+    async def get(self, job_id: str, *, owner: str | None = None) -> JobStatus:
+        """The job's status; JobNotFound if there is none, or `owner` (a caller id; None: any
+        caller, a server without API keys) did not make it. Another caller's job reads exactly
+        as a job that does not exist."""
         fields = await self.raw(job_id)
+        if fields and owner is not None and fields.get("owner", "") != owner:
+            fields = {}
         if not fields:
             shown = job_id if len(job_id) <= 64 else job_id[:64] + "…"
             raise JobNotFound(f"job {shown!r} does not exist (or its data has expired)")
@@ -471,17 +485,17 @@ class BulkStore:
         await self._move_status([keys.job_key(job_id)], ["running", "queued"])
 
     @_redis_unavailable
-    async def cancel(self, job_id: str) -> JobStatus:
-        job = await self.get(job_id)
+    async def cancel(self, job_id: str, *, owner: str | None = None) -> JobStatus:
+        job = await self.get(job_id, owner=owner)
         if job.status in TERMINAL:  # "expired" is only computed, never stored
             return job
         await self._move_status([keys.job_key(job_id)], ["cancelling", "queued", "running"])
-        return await self.get(job_id)
+        return await self.get(job_id, owner=owner)
 
     @_redis_unavailable
-    async def results(self, job_id: str, offset: int, limit: int) -> list[bytes]:
+    async def results(self, job_id: str, offset: int, limit: int, *, owner: str | None = None) -> list[bytes]:
         """Result lines in input order from `offset`; stops at the first one not yet stored."""
-        job = await self.get(job_id)
+        job = await self.get(job_id, owner=owner)
         indices = [str(i) for i in range(offset, min(offset + limit, job.counts.total))]
         if not indices:
             return []
@@ -494,11 +508,11 @@ class BulkStore:
         return out
 
     async def events(
-        self, job_id: str, last_id: str = "0-0", block_ms: int = 2000
+        self, job_id: str, last_id: str = "0-0", block_ms: int = 2000, *, owner: str | None = None
     ) -> AsyncIterator[tuple[str, str, bytes]]:
         """(event id, event name, data) from after `last_id`, until the job's final status; an
         empty event name is a keep-alive."""
-        await self.get(job_id)
+        await self.get(job_id, owner=owner)
         key = keys.job_events_key(job_id)
         while True:
             try:

@@ -97,7 +97,7 @@ class ChunkRunner:
         else:
             await self.store.mark_running(chunk.job_id)
             try:
-                lines = await self._compute(chunk, todo, job_id, crashes)
+                lines = await self._compute(chunk, job, todo, job_id, crashes)
             except (Unavailable, *REDIS_ERRORS):
                 raise  # Redis is away, not the requests wrong: the chunk runs again (worker.py)
             except Exception as exc:  # a bug must fail these requests, not stall the job
@@ -108,14 +108,21 @@ class ChunkRunner:
         return len(lines)
 
     async def _compute(
-        self, chunk: ChunkPayload, todo: Sequence[tuple[int, bytes, str]], job_id: str, crashes: int
+        self,
+        chunk: ChunkPayload,
+        job: dict[str, str],
+        todo: Sequence[tuple[int, bytes, str]],
+        job_id: str,
+        crashes: int,
     ) -> list[ResultLine]:
         coalescer = self.coalescers.get(chunk.deployment)
         if coalescer is None:
             body = error_body("unavailable", f"this worker does not serve {chunk.deployment!r}")
             return [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
         model = coalescer.model
-        planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo)
+        # The job's caller's salt (keys.cache_salt), so its chunks share only that caller's cache.
+        salt = job.get("cache_salt", "")
+        planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo, salt)
         items = [item for p in planned if p.plan for item in p.plan.items]
 
         async def run(misses: list[WorkItem]) -> Ran:
@@ -147,14 +154,16 @@ class ChunkRunner:
         return await asyncio.to_thread(_finish_all, model, planned)
 
 
-def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]]) -> list[_Planned]:
+def _plan_all(
+    model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]], salt: str = ""
+) -> list[_Planned]:
     kind = request_type(surface)
     out = []
     for index, raw, custom_id in todo:
         entry = _Planned(index, custom_id)
         try:
             request = msgspec.json.decode(raw, type=kind, strict=False)
-            entry.plan = plan_with_keys(model, surface, request)
+            entry.plan = plan_with_keys(model, surface, request, cache_salt=salt)
         except SrunError as exc:
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:

@@ -74,11 +74,14 @@ def cache_key(
     key_extra: str,
     token_ids: Sequence[int],
     type_ids: Sequence[int] | None = None,
+    salt: str = "",
 ) -> str:
-    """sha256(model_sha256 ‖ numerics ‖ surface options ‖ token ids [‖ type ids]).
+    """sha256(model_sha256 ‖ numerics ‖ surface options ‖ token ids [‖ type ids] [‖ salt]).
 
     Fields are length-prefixed so no two different inputs concatenate to the same bytes.
-    Never a request id or a timestamp.
+    Never a request id or a timestamp. `salt` (a caller's `cache_salt`, or "") parts one
+    caller's cache from another's; without one the key is what it always was, so unsalted
+    entries stay shared.
     """
     digest = hashlib.sha256()
     for text in (model_sha256, numerics, key_extra):
@@ -90,7 +93,24 @@ def cache_key(
     if type_ids is not None:
         digest.update(b"T")
         digest.update(struct.pack(f"<{len(type_ids)}q", *type_ids))
+    if salt:
+        raw = salt.encode()
+        digest.update(b"S" + struct.pack("<I", len(raw)) + raw)
     return digest.hexdigest()
+
+
+# Callers (API keys). Redis holds only these digests of a key, never the key itself; each use
+# has its own domain tag, so the owner named on a job is not the salt of its cache keys.
+
+
+def caller_id(api_key: str) -> str:
+    """Who a job belongs to: a digest of the API key that made it."""
+    return hashlib.sha256(b"vllm_srun caller\0" + api_key.encode()).hexdigest()
+
+
+def cache_salt(api_key: str) -> str:
+    """The salt of one API key's cache keys (`cache_key(salt=...)`), when callers are apart."""
+    return hashlib.sha256(b"vllm_srun cache salt\0" + api_key.encode()).hexdigest()
 
 
 # Bulk jobs. One job's keys share the `job:{id}` stem so they expire and read together.
@@ -152,9 +172,12 @@ def jobs_totals_key() -> str:
     return f"{PREFIX}:jobs:totals"
 
 
-def idempotency_key(model: str, key: str) -> str:
-    """The job created for one Idempotency-Key (per model)."""
+def idempotency_key(model: str, key: str, owner: str = "") -> str:
+    """The job created for one Idempotency-Key (per model, and per caller: `owner` is a
+    `caller_id`, "" where the server takes no key), so two callers' keys never meet."""
     digest = hashlib.sha256(key.encode()).hexdigest()
+    if owner:
+        return f"{PREFIX}:idem:{deployment_slug(model)}:{owner}:{digest}"
     return f"{PREFIX}:idem:{deployment_slug(model)}:{digest}"
 
 

@@ -31,14 +31,20 @@ def with_overflow(model: LoadedModel, surface: str, request: Any, default: Overf
 
 
 def plan_with_keys(
-    model: LoadedModel, surface: str, request: Any, *, default_overflow: Overflow | None = "reject"
+    model: LoadedModel,
+    surface: str,
+    request: Any,
+    *,
+    default_overflow: Overflow | None = "reject",
+    cache_salt: str = "",
 ) -> Plan:
     """The model's plan for `request`, each item with its cache key: the app and bulk chunks plan
     the same way. A tokenizer's Rust panic on this input is this request's InvalidRequest.
 
     `default_overflow` is the policy for a request that names none: "reject" (per-item errors:
     bulk jobs), "truncate" (`serve --auto-truncate`), or None to let the model choose where it
-    says it does (interactive requests; see `with_overflow`)."""
+    says it does (interactive requests; see `with_overflow`). `cache_salt` is the caller's
+    (`keys.cache_salt`) where callers' caches are apart, else ""."""
     request = with_overflow(model, surface, request, default_overflow)
     try:
         plan = model.plan_surface(surface, request)
@@ -53,5 +59,6 @@ def plan_with_keys(
             key_extra=item.key_extra,
             token_ids=item.token_ids,
             type_ids=item.type_ids,
+            salt=cache_salt,
         )
     return plan
