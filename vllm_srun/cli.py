@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with several API keys, share cached results between them (default: each key's apart)",
     )
+    setting("--max-event-streams", POSITIVE, "job event streams open at once on this replica (429 past it)")
+    setting("--max-event-streams-per-caller", POSITIVE, "job event streams one caller may hold open")
+    setting("--event-stream-connections", POSITIVE, "Redis connections the event streams share")
+    setting("--event-batch-bytes", POSITIVE, "bytes of results one read of an event stream holds")
     _connection_args(serve)
     add(
         "--allowed-hosts",
@@ -488,6 +492,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             api_key=args.api_key,
             api_keys=tuple(read_key_file(args.api_key_file)) if args.api_key_file else (),
             shared_cache=args.shared_cache,
+            max_event_streams=args.max_event_streams,
+            max_event_streams_per_caller=args.max_event_streams_per_caller,
+            event_stream_connections=args.event_stream_connections,
+            event_batch_bytes=args.event_batch_bytes,
             max_job_requests=args.max_job_requests,
             max_job_bytes=args.max_job_bytes,
             bulk_quotas=_bulk_quotas(args),

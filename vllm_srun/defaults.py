@@ -61,6 +61,14 @@ JOB_TTL_S = 86400
 MAX_JOB_REQUESTS = 1_000_000
 MAX_JOB_BYTES = 512 * 1024 * 1024
 BULK_CHUNK_SIZE = 256
+# Job event streams (SSE) open at once per replica, and per caller (API key; keyless: client
+# address); past either, 429 with Retry-After. Their Redis reads share a blocking pool of
+# EVENT_STREAM_CONNECTIONS of their own (an idle stream holds one for its 2 s blocking read),
+# and one read holds at most EVENT_BATCH_BYTES of result lines (at least one line).
+MAX_EVENT_STREAMS = 128
+MAX_EVENT_STREAMS_PER_CALLER = 16
+EVENT_STREAM_CONNECTIONS = 64
+EVENT_BATCH_BYTES = 256 * 1024
 
 # Leases on the work a worker holds (interactive jobs and bulk chunks): renewed by the live
 # worker every LEASE_RENEW_S, when it also puts back the work of leases not renewed for LEASE_S.

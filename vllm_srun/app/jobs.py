@@ -7,13 +7,15 @@ default) a bad line refuses the job naming its line number; with `on_error=recor
 that item's error and the rest run.
 
 With API keys a job is its caller's (app/tenants.py): every route here answers another caller
-404, as for a job that does not exist, and an Idempotency-Key is scoped to its caller.
+404, as for a job that does not exist, and an Idempotency-Key is scoped to its caller. Event
+streams are capped per replica and per caller (app/streams.py; 429 past either).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -29,7 +31,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import CALLER, Caller
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, Unauthorized, UnsupportedSurface
-from vllm_srun.plugins.surfaces import REGISTRY, Surface
+from vllm_srun.plugins.surfaces import REGISTRY, Surface, request_type
 from vllm_srun.queue.bulk import JobStatus, error_body
 
 OnError = Literal["reject", "record"]
@@ -65,6 +67,16 @@ class CreateJobOperation(Operation):
         content[NDJSON_TYPES[0]] = OpenAPIMediaType(
             schema=Schema(type=OpenAPIType.STRING, description="One surface request (a JSON object) per line")
         )
+        # Each surface's requests are that surface's request bodies: one variant per surface.
+        content["application/json"].schema["oneOf"] = [  # type: ignore[index]
+            {
+                "properties": {
+                    "surface": {"const": name},
+                    "requests": {"items": {"$ref": f"#/components/schemas/{request_type(name).__name__}"}},
+                }
+            }
+            for name in JOB_SURFACES
+        ]
         self.request_body = RequestBody(content=content, required=True)
 
 
@@ -175,6 +187,8 @@ async def create_job(
     idempotency_key: Annotated[str | None, HeaderParameter(name="Idempotency-Key")] = None,
 ) -> Response[JobStatus]:
     runtime: Runtime = state.runtime
+    if surface is not None:
+        REGISTRY.for_jobs(surface)  # as documented, even where a JSON body names its own
     caller = _caller(runtime)
     body = await request.body()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -270,25 +284,45 @@ async def job_results(
 )
 async def job_events(
     job_id: FromPath[str],
+    request: Request[Any, Any, Any],
     state: State,
-    last_event_id: Annotated[str | None, HeaderParameter(name="Last-Event-ID")] = None,
+    # The pattern is documented and checked here, so a malformed id gets this route's message.
+    last_event_id: Annotated[
+        str | None, HeaderParameter(name="Last-Event-ID", schema_extra={"pattern": f"^{EVENT_ID.pattern}$"})
+    ] = None,
 ) -> ServerSentEvent:
     runtime: Runtime = state.runtime
-    owner = _owner(runtime)
-    await runtime.bulk.get(job_id, owner=owner)  # 404 before the stream starts
     if last_event_id is not None and not EVENT_ID.fullmatch(last_event_id):
         raise InvalidRequest(
             f"Last-Event-ID: {last_event_id[:64]!r} is not an event id of this stream (e.g. 1700000000000-0)"
         )
+    caller = _caller(runtime)
+    owner = caller.id if caller is not None else None
+    # Keyless, a caller is its address (behind `vllm-srun proxy`, the proxy's: one caller).
+    slot = runtime.streams.take(owner or f"address:{request.client.host if request.client else ''}")
+    try:
+        await runtime.bulk.get(job_id, owner=owner)  # 404 before the stream starts
+    except BaseException:
+        slot.release()
+        raise
+    events = runtime.bulk.events(job_id, last_event_id or "0-0", owner=owner)
 
     async def stream() -> AsyncIterator[ServerSentEventMessage]:
-        async for event_id, event, data in runtime.bulk.events(job_id, last_event_id or "0-0", owner=owner):
-            if not event:
-                yield ServerSentEventMessage(data=None, comment="keep-alive")
-                continue
-            yield ServerSentEventMessage(data=data.decode(), event=event, id=event_id)
+        try:
+            async for event_id, event, data in events:
+                if not event:
+                    yield ServerSentEventMessage(data=None, comment="keep-alive")
+                    continue
+                yield ServerSentEventMessage(data=data.decode(), event=event, id=event_id)
+        finally:
+            slot.release()
+            await events.aclose()
 
-    return ServerSentEvent(stream())
+    iterator = stream()
+    # A stream dropped before its first event never runs its `finally`: the slot goes back when
+    # the iterator is collected.
+    weakref.finalize(iterator, slot.release)
+    return ServerSentEvent(iterator)
 
 
 def job_routes(max_job_bytes: int) -> list[Any]:

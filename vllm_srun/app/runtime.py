@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from vllm_srun import defaults
+from vllm_srun.app.streams import StreamSlots
 from vllm_srun.app.tenants import Callers
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
@@ -31,7 +32,7 @@ from vllm_srun.plugins.stats import StatLoggerBase, Stats
 from vllm_srun.queue.bulk import BulkQuotas, BulkStore
 from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
-from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, eviction_policy
+from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, blocking_pool, eviction_policy
 from vllm_srun.queue.worker import Deployment, DeviceWorker
 from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
@@ -73,6 +74,13 @@ class ServerSettings:
     # results are shared (--shared-cache) rather than salted apart when there are several.
     api_keys: tuple[str, ...] = ()
     shared_cache: bool = False
+    # Job event streams (GET /v1/jobs/{id}/events) open at once, per replica and per caller;
+    # the connections of the blocking pool their Redis reads share; bytes of results one read
+    # of a stream holds.
+    max_event_streams: int = defaults.MAX_EVENT_STREAMS
+    max_event_streams_per_caller: int = defaults.MAX_EVENT_STREAMS_PER_CALLER
+    event_stream_connections: int = defaults.EVENT_STREAM_CONNECTIONS
+    event_batch_bytes: int = defaults.EVENT_BATCH_BYTES
     job_timeout_s: float = defaults.JOB_TIMEOUT_S
     job_ttl_s: int = defaults.JOB_TTL_S
     max_job_requests: int = defaults.MAX_JOB_REQUESTS
@@ -380,20 +388,27 @@ class Runtime:
     bulk: BulkStore = field(init=False)
     # Who each API key is (app/tenants.py); empty when the server takes no key.
     callers: Callers = field(init=False)
+    # Event streams open now, overall and per caller (app/streams.py).
+    streams: StreamSlots = field(init=False)
     # Where requests too large for the event loop are tokenized and planned (serving.py).
     planner: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.planner = ThreadPoolExecutor(self.settings.plan_threads, thread_name_prefix="plan")
+        settings = self.settings
         self.callers = Callers(
-            [*self.settings.api_keys, *([self.settings.api_key] if self.settings.api_key else [])],
-            shared_cache=self.settings.shared_cache,
+            [*settings.api_keys, *([settings.api_key] if settings.api_key else [])],
+            shared_cache=settings.shared_cache,
         )
+        self.streams = StreamSlots(settings.max_event_streams, settings.max_event_streams_per_caller)
         self.bulk = BulkStore(
             self.queue.redis,
-            ttl_s=self.settings.job_ttl_s,
-            chunk_size=self.settings.bulk_chunk_size,
-            quotas=self.settings.bulk_quotas,
+            ttl_s=settings.job_ttl_s,
+            chunk_size=settings.bulk_chunk_size,
+            quotas=settings.bulk_quotas,
+            # Streams read on a pool of their own: they cannot take the request path's.
+            streams=blocking_pool(settings.redis_url, settings.event_stream_connections),
+            event_batch_bytes=settings.event_batch_bytes,
         )
 
     @property
@@ -433,6 +448,7 @@ class Runtime:
         # Within the grace period left after uvicorn's own (cli.GRACEFUL_STOP_S).
         await _bounded("serving", self.serving.close(), 2.5)
         await _bounded("queue client", self.queue.close(), 1.0)
+        await _bounded("event streams' Redis", self.bulk.close(), 1.0)
         self.planner.shutdown(wait=False, cancel_futures=True)
 
     def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:

@@ -19,6 +19,10 @@ a job that produces more than expected still ends, and Redis stays under its max
 A job made with an API key names its caller (`owner`, a `keys.caller_id`, never the key): read
 with another owner it does not exist (JobNotFound), whatever is asked of it. Its Idempotency-Key
 is that caller's alone, and its chunks plan with the caller's cache salt (`cache_salt`).
+
+Event streams read on a client of their own (`streams`, a bounded blocking pool), so however
+many are open they cannot take the connections of the request path; one read holds at most
+`event_batch_bytes` of result lines, whatever a reader's pace.
 """
 
 from __future__ import annotations
@@ -68,6 +72,22 @@ end
 return 0
 """
 _APPEND_BATCH = 1000
+# Events one XREAD of a stream takes: each is small (an index, or a progress count).
+_EVENTS_PER_READ = 200
+# The stored result lines of `ARGV[3..]` (false where none), in order, until they would pass
+# ARGV[1] bytes (at least one line; lines past ARGV[2] are not read): a stream's read is
+# bounded in bytes, however large the lines.
+_LINES_WITHIN = """
+local out, total, cap = {}, 0, tonumber(ARGV[1])
+for i = 3, math.min(#ARGV, 2 + tonumber(ARGV[2])) do
+  local line = redis.call('HGET', KEYS[1], ARGV[i])
+  local size = line and #line or 4
+  if i > 3 and total + size > cap then break end
+  total = total + size
+  out[#out + 1] = line
+end
+return out
+"""
 # Jobs whose data expired, forgotten by the accounting per admission at most: bounded work.
 _PURGE_BATCH = 100
 
@@ -269,8 +289,13 @@ class BulkStore:
         ttl_s: int = defaults.JOB_TTL_S,
         chunk_size: int = defaults.BULK_CHUNK_SIZE,
         quotas: BulkQuotas | None = None,
+        streams: ArqRedis | None = None,
+        event_batch_bytes: int = defaults.EVENT_BATCH_BYTES,
     ) -> None:
         self.redis = redis
+        self.streams = streams if streams is not None else redis
+        self.event_batch_bytes = event_batch_bytes
+        self._lines_within = self.streams.register_script(_LINES_WITHIN)
         self.ttl_s = ttl_s
         self.chunk_size = chunk_size
         self.quotas = quotas or BulkQuotas()
@@ -280,6 +305,11 @@ class BulkStore:
         self._move_status = redis.register_script(_MOVE_STATUS)
         self._take_over = redis.register_script(_TAKE_OVER)
         self._streams_ended = asyncio.Event()
+
+    async def close(self) -> None:
+        """Close the streams' own client (the main one is its owner's)."""
+        if self.streams is not self.redis:
+            await self.streams.aclose()
 
     def end_streams(self) -> None:
         """End every `events` stream at once, without a final status: this process is stopping,
@@ -447,17 +477,21 @@ class BulkStore:
         await self._store_chunk(keys=job_keys, args=argv)
 
     @_redis_unavailable
-    async def raw(self, job_id: str) -> dict[str, str]:
+    async def raw(self, job_id: str, client: ArqRedis | None = None) -> dict[str, str]:
+        """The job's fields, whoever owns it ({} for none): for workers, never for a caller."""
         if not JOB_ID.fullmatch(job_id):
             return {}
-        fields: dict[bytes, bytes] = await self.redis.hgetall(keys.job_key(job_id))  # type: ignore[misc]
+        redis = client if client is not None else self.redis
+        fields: dict[bytes, bytes] = await redis.hgetall(keys.job_key(job_id))  # type: ignore[misc]
         return {k.decode(): v.decode() for k, v in fields.items()}
 
-    async def get(self, job_id: str, *, owner: str | None = None) -> JobStatus:
+    async def get(
+        self, job_id: str, *, owner: str | None = None, client: ArqRedis | None = None
+    ) -> JobStatus:
         """The job's status; JobNotFound if there is none, or `owner` (a caller id; None: any
         caller, a server without API keys) did not make it. Another caller's job reads exactly
         as a job that does not exist."""
-        fields = await self.raw(job_id)
+        fields = await self.raw(job_id, client)
         if fields and owner is not None and fields.get("owner", "") != owner:
             fields = {}
         if not fields:
@@ -511,8 +545,9 @@ class BulkStore:
         self, job_id: str, last_id: str = "0-0", block_ms: int = 2000, *, owner: str | None = None
     ) -> AsyncIterator[tuple[str, str, bytes]]:
         """(event id, event name, data) from after `last_id`, until the job's final status; an
-        empty event name is a keep-alive."""
-        await self.get(job_id, owner=owner)
+        empty event name is a keep-alive. Reads go through `streams`; between yields at most
+        `event_batch_bytes` of result lines (or one line) are held."""
+        await self.get(job_id, owner=owner, client=self.streams)
         key = keys.job_events_key(job_id)
         while True:
             try:
@@ -521,17 +556,22 @@ class BulkStore:
                 raise Unavailable(f"Redis is unreachable: {exc}") from exc
             if self._streams_ended.is_set():
                 return
-            for _, entries in batch or []:
-                lines = await self._result_lines(job_id, entries)
-                for entry_id, fields in entries:
+            entries: list[Any] = [entry for _, read in batch or [] for entry in read]
+            batch = None
+            idle = not entries
+            while entries:
+                group, lines = await self._within_bytes(job_id, entries)
+                entries = entries[len(group) :]
+                for entry_id, fields in group:
                     last_id = entry_id.decode()
                     event = fields[b"event"].decode()
                     data = fields.get(b"data")
-                    yield last_id, event, bytes(data if data is not None else lines[fields[b"index"]])
+                    yield last_id, event, bytes(data if data is not None else lines.pop(0) or b"null")
                     if event == "status":
                         return
-            if not batch:
-                job = await self.get(job_id)
+                del group, lines  # a slow reader holds one group at most
+            if idle:
+                job = await self.get(job_id, client=self.streams)
                 if job.status not in TERMINAL:
                     # Nothing for `block_ms`: an empty event (sent as an SSE comment) keeps the
                     # connection alive and shows a client that left.
@@ -542,23 +582,37 @@ class BulkStore:
                 yield last_id, "status", msgspec.json.encode({"status": job.status})
                 return
 
-    async def _result_lines(self, job_id: str, entries: list[Any]) -> dict[bytes, bytes]:
-        """The stored result lines that `entries`' result events name by index, in one read: a
-        result event carries its index, not a second copy of the line."""
-        indices = list({fields[b"index"] for _, fields in entries if b"index" in fields})
+    async def _within_bytes(self, job_id: str, entries: list[Any]) -> tuple[list[Any], list[bytes | None]]:
+        """The first of `entries` whose result lines fit `event_batch_bytes` (at least one), and
+        those lines in order, in one read: a result event carries its index, not a second copy
+        of the line."""
+        indices = [fields[b"index"] for _, fields in entries if b"index" in fields]
         if not indices:
-            return {}
+            return entries, []
         try:
-            stored = await self.redis.hmget(keys.job_results_key(job_id), indices)  # type: ignore[misc]
+            lines = await self._lines_within(
+                keys=[keys.job_results_key(job_id)],
+                args=[self.event_batch_bytes, len(indices), *indices],
+                client=self.streams,
+            )
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
-        return {index: raw or b"null" for index, raw in zip(indices, stored, strict=True)}
+        seen, cut = 0, len(entries)
+        for position, (_, fields) in enumerate(entries):
+            if b"index" in fields:
+                if seen == len(lines):
+                    cut = position
+                    break
+                seen += 1
+        return entries[:cut], list(lines)
 
     async def _read_events(self, key: str, last_id: str, block_ms: int) -> Any:
         """One XREAD of `key` after `last_id`, given up (None) when the streams are ended."""
         if self._streams_ended.is_set():
             return None
-        read = asyncio.ensure_future(self.redis.xread({key: last_id}, count=500, block=block_ms))
+        read = asyncio.ensure_future(
+            self.streams.xread({key: last_id}, count=_EVENTS_PER_READ, block=block_ms)
+        )
         ended = asyncio.ensure_future(self._streams_ended.wait())
         try:
             await asyncio.wait({read, ended}, return_when=asyncio.FIRST_COMPLETED)

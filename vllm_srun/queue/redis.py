@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings
-from redis.asyncio import ConnectionPool
+from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -40,6 +40,21 @@ def make_pool(url: str) -> ArqRedis:
         job_serializer=protocol.serialize,
         job_deserializer=protocol.deserialize,
     )
+
+
+def blocking_pool(url: str, max_connections: int) -> ArqRedis:
+    """A client on a pool of at most `max_connections` that waits for a free connection instead
+    of failing ("Too many connections"): for long reads (event streams) that must not take the
+    request path's pool, however many wait."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=30,
+        max_connections=max_connections,
+        timeout=None,  # a waiting stream is bounded by the stream caps, not by this pool
+    )
+    return ArqRedis(connection_pool=pool)
 
 
 def pubsub_client(url: str) -> ArqRedis:
