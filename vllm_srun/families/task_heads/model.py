@@ -5,6 +5,7 @@ replica can plan and finish without torch or onnxruntime.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -26,7 +27,7 @@ from vllm_srun.families.task_heads.sentence import (
     select_prompt,
 )
 from vllm_srun.families.task_heads.tokenize import Encoded, TextEncoder
-from vllm_srun.families.task_heads.windows import Overflow, Split, check_chars, split
+from vllm_srun.families.task_heads.windows import Overflow, Split, bound_chars, split
 from vllm_srun.plugins.base import (
     EngineModel,
     HeadInfo,
@@ -37,7 +38,7 @@ from vllm_srun.plugins.base import (
     Result,
     WorkItem,
 )
-from vllm_srun.plugins.bodies import check_profile
+from vllm_srun.plugins.bodies import UnsupportedOption, check_profile
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -90,13 +91,13 @@ HEAD_OPTIONS = {"threshold": frozenset({TOKEN, SCORES}), "return_tokens": frozen
 
 
 def _refuse_unread(head: HeadInfo, options: Options) -> None:
-    """An InvalidRequest naming a classify option `head` does not read: the surface takes it,
+    """An UnsupportedOption (422) naming a classify option `head` does not read: the surface takes it,
     but this head would answer as if it were unset."""
     given = msgspec.to_builtins(options)  # omit_defaults: only what the request set
     for option, kinds in HEAD_OPTIONS.items():
         if option in given and head.kind not in kinds:
             field = f"options.{option}"
-            raise InvalidRequest(
+            raise UnsupportedOption(  # the head's refusal, not the document's: 422
                 f"{field}: the {head.kind} head {head.name!r} does not read it (only a "
                 f"{' or '.join(sorted(kinds))} head does)",
                 param=field,
@@ -211,9 +212,8 @@ class TaskHeadsModel(LoadedModel):
         )
         params = ["input" if single else f"input[{i}]" for i, v in enumerate(inputs) if isinstance(v, str)]
         texts = [i for i in inputs if isinstance(i, str)]
-        check_chars([len(prompt) + len(t) for t in texts], self._policy(request.options), params)
         texts = [prompt + t for t in texts]
-        encoded = iter(self.encoder.encode([(t, None) for t in texts]))
+        encoded = iter(self._encode_bounded([(t, None) for t in texts], request.options, params))
         encs: list[Encoded] = []
         for index, value in enumerate(inputs):
             if isinstance(value, str):
@@ -251,8 +251,10 @@ class TaskHeadsModel(LoadedModel):
                 continue
             param = "input" if single else f"input[{index}]"
             budget, limit = self._budget(state.options)
+            info = planned.split.info
+            count = f"at least {info.tokens} tokens" if info.tokens_lower_bound else f"{info.tokens} tokens"
             raise InvalidRequest(
-                f"{param}: input has {planned.split.info.tokens} tokens; {limit} {budget} (set "
+                f"{param}: input has {count}; {limit} {budget} (set "
                 "options.overflow to 'truncate', or serve with --auto-truncate; options.overflow "
                 "'reject' answers each input in place)",
                 param=param,
@@ -271,7 +273,7 @@ class TaskHeadsModel(LoadedModel):
             plan = self._plan("rerank", head, request.options, pairs, params)
             plan.state.query = plan.state.inputs.pop(0)
         else:
-            check_chars([len(request.query)], self._policy(request.options), ["query"])
+            bound_chars([len(request.query)], self._policy(request.options), ["query"])
             params = [f"documents[{i}]" for i in range(len(documents))]
             plan = self._plan(
                 "rerank", head, request.options, [(request.query, d) for d in documents], params
@@ -375,9 +377,24 @@ class TaskHeadsModel(LoadedModel):
         """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
         fields; by default input[i])."""
         params = params or [f"input[{i}]" for i in range(len(pairs))]
-        check_chars([len(t) + len(p or "") for t, p in pairs], self._policy(options), params)
         texts = [text for text, _ in pairs]
-        return self._plan_encoded(surface, head, options, texts, self.encoder.encode(pairs))
+        return self._plan_encoded(surface, head, options, texts, self._encode_bounded(pairs, options, params))
+
+    def _encode_bounded(
+        self, pairs: Sequence[tuple[str, str | None]], options: Options, params: Sequence[str]
+    ) -> list[Encoded]:
+        """`pairs` tokenized within their character bound (windows.bound_chars): an input past it
+        under `reject` is tokenized only up to it and marked clipped."""
+        clips = bound_chars([len(t) + len(p or "") for t, p in pairs], self._policy(options), params)
+        bounded = [
+            (t, p) if clip is None else (t[:clip], None if p is None else p[:clip])
+            for (t, p), clip in zip(pairs, clips, strict=True)
+        ]
+        encs = self.encoder.encode(bounded)
+        return [
+            enc if clip is None else dataclasses.replace(enc, clipped=True)
+            for enc, clip in zip(encs, clips, strict=True)
+        ]
 
     def _plan_encoded(
         self,

@@ -37,6 +37,8 @@ class Encoded:
     words: np.ndarray  # int64 [n]: word index within its text, -1 when the tokenizer gives none
     tokens: list[str]
     is_pair: bool
+    # Only a prefix of the text was tokenized (windows.bound_chars): its tokens are a lower bound.
+    clipped: bool = False
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])

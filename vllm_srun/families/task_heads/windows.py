@@ -16,10 +16,13 @@ piece keeps its special tokens and every token keeps its offsets into the origin
   limit) and windows share an eighth of that. An input that needs more than `MAX_WINDOWS`
   windows is past its scan budget: it answers `scan_budget_exceeded`, nothing of it read.
 
-Before any of that, an input's characters are bounded (`check_chars`), so that a text a
+Before any of that, an input's characters are bounded (`bound_chars`), so that a text a
 client sends is never tokenized whole just to learn it is too long: tokenizing costs memory
 and time in proportion to the text (a 3.4 MB text took over 300 MB and seconds), whatever the
-policy does with the tokens afterwards.
+policy does with the tokens afterwards. Under `reject` an input past the bound is tokenized only
+up to it and answered `max_length_exceeded` as any overlong input is (its `tokens` a lower
+bound, `tokens_lower_bound` true); under `truncate` and `window`, whose bound is far larger,
+the request is refused (413) naming the field.
 
 How window results are combined is the head's business (see `heads.py` and `spans.py`).
 """
@@ -72,18 +75,23 @@ def max_chars(policy: Overflow) -> int:
     return policy.max_tokens * CHARS_PER_TOKEN * windows
 
 
-def check_chars(chars: Sequence[int], policy: Overflow, params: Sequence[str]) -> None:
-    """A RequestTooLarge (413) naming the first input whose characters (`chars`, text and pair
-    and prompt together) pass `max_chars(policy)`; `params` names each input's field."""
+def bound_chars(chars: Sequence[int], policy: Overflow, params: Sequence[str]) -> list[int | None]:
+    """Each input's clip length: None to tokenize it whole, else the characters of it (and of
+    its pair) to read. Under `reject` an input whose characters (`chars`: text, pair and prompt
+    together) pass `max_chars(policy)` is clipped there, and `split` answers it
+    `max_length_exceeded`; under `truncate` and `window` it is a RequestTooLarge (413) naming
+    its field (`params`)."""
     cap = max_chars(policy)
+    if policy.mode == "reject":
+        return [cap if count > cap else None for count in chars]
     for count, param in zip(chars, params, strict=True):
         if count > cap:
-            hint = " ('truncate' and 'window' read more)" if policy.mode == "reject" else ""
             raise RequestTooLarge(
                 f"{param}: {count} characters; at most {cap} are read for a budget of "
-                f"{policy.max_tokens} tokens under options.overflow '{policy.mode}'{hint}",
+                f"{policy.max_tokens} tokens under options.overflow '{policy.mode}'",
                 param=param,
             )
+    return [None] * len(chars)
 
 
 @dataclass(eq=False)
@@ -105,11 +113,22 @@ def split(enc: Encoded, policy: Overflow) -> Split:
             whole.windows = [(0, int((_ranks(enc, _windowed(enc)) >= 0).sum()))]
             return whole
         return _windows(enc, policy)
-    if n <= policy.max_tokens:
+    if n <= policy.max_tokens and not enc.clipped:
         return _whole(n)
     if policy.mode == "truncate":
         keep = _truncated(enc, policy.max_tokens, left=policy.left)
         return Split([keep], InputUsage(tokens=n, processed_tokens=len(keep), truncated=True))
+    if enc.clipped:  # only its first max_chars were tokenized: n is a lower bound
+        return Split(
+            [],
+            InputUsage(tokens=n, processed_tokens=0, truncated=False, tokens_lower_bound=True, windows=0),
+            ItemError(
+                "max_length_exceeded",
+                f"input has more than {max_chars(policy)} characters (at least {n} tokens, read no "
+                f"further); {policy.limit} {policy.max_tokens} (set options.overflow to 'truncate' "
+                "or 'window')",
+            ),
+        )
     return Split(
         [],
         InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
