@@ -206,13 +206,17 @@ def test_job_bodies_with_bad_bytes_or_depth(server: Server) -> None:
 
 
 def test_job_lines_decode_as_the_surfaces_do(server: Server) -> None:
-    # The surface endpoint takes "100" for an int; so does a job line.
+    # The surface endpoint refuses "100000" for a number, as the document types it; so does a job
+    # line (and both take 100000.0 for an integer).
     line = {"input": "refund", "options": {"deadline_ms": "100000"}}
-    assert server.post("/v1/classify", line).status_code == 200
-    created = create(server, jsonl([line, {"input": []}]), "surface=classify&on_error=record")
+    assert server.post("/v1/classify", line).status_code == 400
+    whole = {"input": "refund", "options": {"max_tokens": 8.0}}
+    assert server.post("/v1/classify", whole).status_code == 200
+    created = create(server, jsonl([whole, {"input": []}, line]), "surface=classify&on_error=record")
     assert created.status_code == 202
     data = server.get(f"/v1/jobs/{wait_done(server, created.json()['id'])['id']}/results").json()["data"]
     assert data[0]["response"]["results"][0]["label"] == "billing"
+    assert "deadline_ms" in data[2]["error"]["message"]
     # An empty input is refused up front, as the surface endpoint refuses it.
     assert data[1]["error"]["message"].startswith("line 2: input")
     assert server.post("/v1/classify", {"input": []}).status_code == 400

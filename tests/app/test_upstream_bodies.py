@@ -46,11 +46,13 @@ def ok(response: httpx.Response) -> dict[str, Any]:
     return body
 
 
-def refused(response: httpx.Response, param: str) -> str:
-    """A 400 invalid_request naming `param`; its message."""
-    assert response.status_code == 400, response.text
+def refused(response: httpx.Response, param: str, status: int = 400) -> str:
+    """A 400 invalid_request (or the model's 422, upstream's code for it) naming `param`; its
+    message."""
+    assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["code"] == "invalid_request" and error["param"] == param, error
+    code = "invalid_request" if status == 400 else "unsupported_surface"
+    assert error["code"] == code and error["param"] == param, error
     assert param in error["message"]
     return str(error["message"])
 
@@ -235,12 +237,13 @@ def test_profile_must_be_the_served_one(server: Server) -> None:
     exact = {"model": "seq", "input": "good", "options": {"profile": "exact", "return_meta": True}}
     assert ok(server.post("/v1/classify", exact))["meta"]["profile"] == "exact"
     fast = {"model": "seq", "input": "good", "options": {"profile": "max_speed"}}
-    assert "'exact'" in refused(server.post("/v1/classify", fast), "options.profile")
+    # Which profiles a model serves is the model's to say: a 422, as the document allows any name.
+    assert "'exact'" in refused(server.post("/v1/classify", fast), "options.profile", 422)
     for path, body in (
         ("/v1/embeddings", {"model": "embedder", "input": "good"}),
         ("/v1/rerank", {"model": "ranker", "query": "q", "documents": ["d"]}),
     ):
-        refused(server.post(path, {**body, "options": {"profile": "turbo"}}), "options.profile")
+        refused(server.post(path, {**body, "options": {"profile": "turbo"}}), "options.profile", 422)
     bad = {"model": "seq", "input": "good", "options": {"profile": "Not-A-Name"}}
     assert server.post("/v1/classify", bad).status_code == 400
 
@@ -333,8 +336,8 @@ def test_an_input_past_its_scan_budget_is_not_read(server: Server) -> None:
 
 
 def test_an_option_a_surface_does_not_read_is_refused_by_name(server: Server) -> None:
-    # Options are one shared struct; each surface names those it reads, and a request setting
-    # another one learns so instead of having it ignored.
+    # Each surface's options type holds only the options it reads (the document says so), and a
+    # request setting another one learns so instead of having it ignored.
     refused(
         server.post(
             "/v1/rerank", {"model": "ranker", "query": "q", "documents": ["d"], "options": {"threshold": 0.3}}
@@ -351,16 +354,18 @@ def test_an_option_a_surface_does_not_read_is_refused_by_name(server: Server) ->
         server.post("/v1/classify", {"model": "seq", "input": "x", "options": {"normalize": False}}),
         "options.normalize",
     )
-    # Set to its default, an option counts as not set; the surface's own options still pass.
-    ok(
+    # Not a field of the surface's options even at its default (the document lists none such);
+    # the surface's own options pass.
+    refused(
         server.post(
             "/v1/rerank",
-            {
-                "model": "ranker",
-                "query": "q",
-                "documents": ["d"],
-                "options": {"return_tokens": False, "max_tokens": 64},
-            },
+            {"model": "ranker", "query": "q", "documents": ["d"], "options": {"return_tokens": False}},
+        ),
+        "options.return_tokens",
+    )
+    ok(
+        server.post(
+            "/v1/rerank", {"model": "ranker", "query": "q", "documents": ["d"], "options": {"max_tokens": 64}}
         )
     )
     ok(server.post("/v1/embeddings", {"model": "embedder", "input": "x", "options": {"normalize": False}}))
@@ -399,10 +404,11 @@ def test_a_classify_option_the_head_does_not_read_is_refused_by_name(
     server: Server, model: str, option: str, value: object
 ) -> None:
     # Classify takes threshold and return_tokens, but only some heads read them: a head that
-    # would answer as if the option were unset refuses it instead.
+    # would answer as if the option were unset refuses it instead: the model's refusal, 422.
     refused(
         server.post("/v1/classify", {"model": model, "input": "x", "options": {option: value}}),
         f"options.{option}",
+        422,
     )
 
 

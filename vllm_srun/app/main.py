@@ -39,6 +39,7 @@ from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
 from vllm_srun.app.runtime import Runtime, ServerSettings
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.strict import strict_body
 from vllm_srun.app.tenants import CALLER
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
@@ -236,6 +237,7 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_paths(surfaces))],
         guards=[_api_key_guard],
+        before_request=strict_body,
         state=State({}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
         openapi_config=openapi_config("vllm-srun", __version__),

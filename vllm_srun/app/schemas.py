@@ -7,16 +7,15 @@ enforces that Litestar leaves out.
 - Litestar keeps a field's bounds only at its top level: a bound on a member of a union (the
   `min_length=1` of `str | Annotated[list[str], Meta(min_length=1)]`) is lost. Such a field is
   described by msgspec's own schema of its type, the type msgspec validates it with.
-- A field that is decoded late, as a JSON object, but documented as a component (a bundle
-  task's surface request: `Meta(extra_json_schema={"$ref": ...})`) is described by that
-  reference, which Litestar drops.
+- A field that is decoded late (`Annotated[Any, Meta(extra_json_schema=...)]`: a bundle
+  task's surface request) is described by the schema its Meta gives, which Litestar drops.
 - A Struct that takes exactly one of several optional fields says so in a class attribute
   `one_of_required` (the field names), written as `oneOf` a schema requiring each.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, get_args, get_origin, get_type_hints
 
 import msgspec
 
@@ -89,6 +88,9 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
             if ours is None or isinstance(ours, Reference):
                 continue
             theirs = msgspec_schema(hints[field.name])
+            if get_origin(hints[field.name]) is Annotated and get_args(hints[field.name])[0] is Any:
+                schema.properties[field.encode_name] = theirs  # type: ignore[assignment,index]  # said in full
+                continue
             if "$ref" in theirs:
                 schema.properties[field.encode_name] = Reference(ref=theirs["$ref"])  # type: ignore[index]
                 continue

@@ -8,11 +8,12 @@ type to describe it, without an import cycle.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, cast, get_args
 
 import msgspec
 
-from vllm_srun.errors import InvalidRequest
+from vllm_srun.errors import UnsupportedSurface
 
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]
@@ -24,8 +25,10 @@ class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    """The options of every surface, in one struct; each surface's descriptor names those it
-    reads and refuses the others (`Surface.check_options`).
+    """The options of every surface, in one struct: what families read. Each surface decodes
+    and documents only the options it reads, as a type of its own made from this one by
+    `options_type` (upstream's ClassifyOptions, EmbeddingsOptions, RerankOptions), so a
+    generated client never sends an option the surface refuses.
 
     `overflow` left out (None) means the server's default for a long input: truncation under
     `serve --auto-truncate`, else `reject` (a 400 on OpenAI-shaped embeddings, the item's own
@@ -36,8 +39,9 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     (classify) adds each sequence result's raw logits, which probabilities fix only up to a
     constant (TEI's `raw_scores`). `max_tokens` is a per-input token budget, special tokens
     included (default and ceiling: the model's limit); an input over it meets `overflow`.
-    `profile` names the numerics a request expects: the model's own (`exact` for float32) or
-    a 400 naming `options.profile`. `head` picks a model's head by name (on classify the
+    `profile` names the numerics a request expects: the model's own (`exact` for float32), else
+    a 422 naming `options.profile` (which profiles a model serves is the model's, not the
+    document's, to say). `head` picks a model's head by name (on classify the
     request's top-level `head` is upstream's field for it, and this one its alias).
     """
 
@@ -58,6 +62,57 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     def overflow_mode(self) -> Overflow:
         """The long-input policy in force: `reject` when the request names none."""
         return self.overflow or "reject"
+
+
+_DEFAULTS = Options()
+
+
+class _SurfaceOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """The base of every type `options_type` makes: an option of `Options` that the surface
+    does not take reads as its default, so a family reads any option of any surface's options
+    as it reads `Options`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in Options.__struct_fields__:
+            return getattr(_DEFAULTS, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    overflow_mode = Options.overflow_mode
+
+
+def options_type(name: str, names: Iterable[str], doc: str) -> type[Options]:
+    """A Struct named `name` with the fields of `Options` in `names` (their types, bounds and
+    defaults, in `Options`' order), refusing any other: one surface's options as it decodes and
+    documents them. Typed as `Options`, which it reads as (see `_SurfaceOptions`)."""
+    wanted = frozenset(names)
+    unknown = wanted - set(Options.__struct_fields__)
+    if unknown:
+        raise ValueError(f"{name}: not fields of Options: {sorted(unknown)}")
+    fields = [
+        (f.name, f.type, msgspec.field(default=f.default))
+        if f.default_factory is msgspec.NODEFAULT
+        else (f.name, f.type, msgspec.field(default_factory=f.default_factory))
+        for f in msgspec.structs.fields(Options)
+        if f.name in wanted
+    ]
+    made = msgspec.defstruct(
+        name,
+        fields,
+        bases=(_SurfaceOptions,),
+        module=__name__,
+        namespace={"__doc__": doc},
+        forbid_unknown_fields=True,
+        omit_defaults=True,
+    )
+    return cast("type[Options]", made)
+
+
+class UnsupportedOption(UnsupportedSurface):
+    """An option the document allows that the served model does not take (a profile it does
+    not serve, a threshold its head does not read): the model's refusal, 422 like a surface it
+    does not serve (TEI's 424 on TEI's routes)."""
+
+    code = "unsupported_option"
 
 
 # Why one item (an input, a document, a question) has no result: upstream's ItemError codes,
@@ -152,12 +207,12 @@ def served_profile(numerics: str) -> str:
 
 
 def check_profile(options: Options, numerics: str) -> None:
-    """A request's `options.profile` must be the one the model is served under."""
+    """A request's `options.profile` must be the one the model is served under (else a 422)."""
     if options.profile is None:
         return
     served = served_profile(numerics)
     if options.profile != served:
-        raise InvalidRequest(
+        raise UnsupportedOption(
             f"options.profile: {options.profile!r} is not enabled for this model; it serves {served!r}",
             param="options.profile",
         )

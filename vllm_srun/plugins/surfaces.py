@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -26,12 +26,36 @@ from vllm_srun.plugins.bodies import Overflow as Overflow
 from vllm_srun.plugins.bodies import ResponseMeta as ResponseMeta
 from vllm_srun.plugins.bodies import Usage as Usage
 from vllm_srun.plugins.bodies import WindowOptions as WindowOptions
+from vllm_srun.plugins.bodies import options_type
 from vllm_srun.plugins.decision_surface import (
     DecisionsRequest,
     DecisionsResponse,
     StateValue,
     count_questions,
 )
+
+# The options each surface reads: every surface takes the request-wide ones; the rest belong to
+# the surfaces whose results they shape. Each surface's options type is made from its names
+# (`options_type`), so what it decodes, what the document says and what its descriptor lists
+# are one set. Typed as `Options` for the families, which read every surface's options alike.
+_COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
+_INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
+CLASSIFY_OPTIONS = _INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"}
+EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize"}
+RERANK_OPTIONS = _INPUT_OPTIONS
+
+if TYPE_CHECKING:
+    ClassifyOptions = Options
+    EmbeddingsOptions = Options
+    RerankOptions = Options
+else:
+    ClassifyOptions = options_type(
+        "ClassifyOptions", CLASSIFY_OPTIONS, "The options of classify (see Options)."
+    )
+    EmbeddingsOptions = options_type(
+        "EmbeddingsOptions", EMBEDDINGS_OPTIONS, "The options of embeddings (see Options)."
+    )
+    RerankOptions = options_type("RerankOptions", RERANK_OPTIONS, "The options of rerank (see Options).")
 
 
 class ClassifyItem(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -56,7 +80,7 @@ class ClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
     input: ClassifyInput
     model: str | None = None
     head: str | None = None
-    options: Options = msgspec.field(default_factory=Options)
+    options: ClassifyOptions = msgspec.field(default_factory=ClassifyOptions)
 
     def head_name(self) -> str | None:
         """The head asked for: `head`, or its alias `options.head`; both, and different, is a 400."""
@@ -125,7 +149,7 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt_name: str | None = None
     input_type: Literal["query", "document"] | None = None
     prompt: str | None = None
-    options: Options = msgspec.field(default_factory=Options)
+    options: EmbeddingsOptions = msgspec.field(default_factory=EmbeddingsOptions)
 
     def inputs(self) -> list[str | list[int]]:
         """Each input: a text or a list of token ids (a flat list of ids is one input). A list
@@ -163,7 +187,7 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     return_documents: bool = False
     layer: Annotated[int, msgspec.Meta(ge=1)] | None = None
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    options: Options = msgspec.field(default_factory=Options)
+    options: RerankOptions = msgspec.field(default_factory=RerankOptions)
 
 
 # Responses. Fields left at their default are omitted from the JSON, except `object`. A failed
@@ -391,8 +415,26 @@ class Surface(Generic[RequestT]):
             )
 
     def decode(self, value: Any) -> RequestT:
-        """A request from decoded JSON, as laxly as the routes decode their bodies ("4" is 4)."""
-        return msgspec.convert(value, type=self.request_type, strict=False)
+        """A request from decoded JSON, as strictly as the routes decode their bodies: a value
+        must have the type the document gives it ("4" is not an integer, 0 not a boolean)."""
+        try:
+            return msgspec.convert(value, type=self.request_type, strict=True)
+        except msgspec.ValidationError:
+            # JSON Schema's integer is any number without a fraction (2.0); msgspec's strict one
+            # is not, so a value refused is tried again with those written as ints.
+            return msgspec.convert(whole_numbers(value), type=self.request_type, strict=True)
+
+
+def whole_numbers(value: Any) -> Any:
+    """Decoded JSON `value` with every float that has no fraction as an int (2.0 is 2): an
+    integer to JSON Schema, which a strict msgspec decode takes only as an int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    return value
 
 
 class SurfaceRegistry:
@@ -480,11 +522,6 @@ def _one_or_list(value: object) -> int:
 
 _APP = "vllm_srun.app.routes"
 
-# The options each surface reads. Every surface takes the request-wide ones; the rest belong
-# to the surfaces whose results they shape.
-_COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
-_INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
-
 CLASSIFY: Surface[ClassifyRequest] = Surface(
     name="classify",
     request_type=ClassifyRequest,
@@ -497,7 +534,7 @@ CLASSIFY: Surface[ClassifyRequest] = Surface(
     counted_field="input",
     count=lambda r: _one_or_list(r.input),
     text_chars=lambda r: _chars(r.input),
-    options=_INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"},
+    options=CLASSIFY_OPTIONS,
 )
 
 EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
@@ -512,7 +549,7 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
     counted_field="input",
     count=lambda r: len(r.inputs()),
     text_chars=lambda r: sum(len(i) for i in r.inputs()),
-    options=_INPUT_OPTIONS | {"normalize"},
+    options=EMBEDDINGS_OPTIONS,
 )
 
 RERANK: Surface[RerankRequest] = Surface(
@@ -528,7 +565,7 @@ RERANK: Surface[RerankRequest] = Surface(
     counted_field="documents",
     count=lambda r: len(r.documents),
     text_chars=lambda r: len(r.query) + _chars(r.documents),
-    options=_INPUT_OPTIONS,
+    options=RERANK_OPTIONS,
     complete=complete_rerank,
 )
 

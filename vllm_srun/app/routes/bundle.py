@@ -48,7 +48,13 @@ def _body(surface: str) -> Any:
     """A task's surface field: that surface's request, as any JSON value the task decodes itself
     (so a malformed one, or one that is not an object, fails its task alone); documented as the
     surface's request."""
-    schema = {"$ref": f"#/components/schemas/{REGISTRY.get(surface).request_type.__name__}"}
+    name = REGISTRY.get(surface).request_type.__name__
+    # Any value is taken here, and one the request's schema refuses is answered in the task's own
+    # result (its status 400), not by refusing the bundle: the document says both.
+    schema = {
+        "anyOf": [{"$ref": f"#/components/schemas/{name}"}, {}],
+        "description": f"A {name}; a body that is not one fails this task alone (its result's status 400)",
+    }
     return Annotated[Any, msgspec.Meta(extra_json_schema=schema)]
 
 
@@ -64,15 +70,19 @@ class BundleTask(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True)
     one_of_required: ClassVar[tuple[str, ...]] = SURFACE_FIELDS
 
     id: Annotated[str, msgspec.Meta(min_length=1)]
-    decisions: _body("decisions") = None  # type: ignore[valid-type]
-    classify: _body("classify") = None  # type: ignore[valid-type]
-    embeddings: _body("embeddings") = None  # type: ignore[valid-type]
-    rerank: _body("rerank") = None  # type: ignore[valid-type]
+    # UNSET, not None: a field given as null is a task (whose body fails it), as the document's
+    # "exactly one present" reads it.
+    decisions: _body("decisions") = msgspec.UNSET  # type: ignore[valid-type]
+    classify: _body("classify") = msgspec.UNSET  # type: ignore[valid-type]
+    embeddings: _body("embeddings") = msgspec.UNSET  # type: ignore[valid-type]
+    rerank: _body("rerank") = msgspec.UNSET  # type: ignore[valid-type]
 
     def surface(self, index: int) -> tuple[str, Any]:
         """The task's one surface field and its body; an InvalidRequest naming `tasks[index]`
         when it sets none or several."""
-        given = [(name, value) for name in SURFACE_FIELDS if (value := getattr(self, name)) is not None]
+        given = [
+            (name, value) for name in SURFACE_FIELDS if (value := getattr(self, name)) is not msgspec.UNSET
+        ]
         if len(given) != 1:
             found = ", ".join(name for name, _ in given) or "none"
             raise InvalidRequest(
@@ -154,6 +164,8 @@ def _decode(surface: str, value: Any) -> Any:
         at = _AT.search(text)
         message = text[: at.start()] if at else text.split(" - ", 1)[0]
         field = at.group(1) if at else None
+        if field is not None and message.startswith("Object contains unknown field `"):
+            field = f"{field}.{message.split('`')[1]}"  # the option named, as the route names it
         if field is None:
             whole = InvalidRequest(f"body: {message}")
             whole.param = None  # as the route: `body` is no field of the request

@@ -30,8 +30,8 @@ from litestar.params import JSONBody
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import InvalidRequest
 from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankDocument, RerankRequest, RerankResponse
 
 # The api_version Cohere's v2 endpoints report in `meta`.
@@ -44,9 +44,10 @@ class CohereDocument(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=T
 
 
 class CohereRelevantSpans(msgspec.Struct):
-    """Cohere's relevant-span option: spans come from Cohere's own models, so only `disabled`."""
+    """Cohere's relevant-span option: spans come from Cohere's own models, so only `disabled`
+    (the document says so: `enabled` is refused as any value outside the schema is)."""
 
-    mode: Literal["enabled", "disabled"]
+    mode: Literal["disabled"]
     threshold: float | None = None
     max_spans: int | None = None
 
@@ -107,7 +108,7 @@ def cut(model: LoadedModel, texts: list[str], max_tokens: int) -> list[str]:
     """Each text up to the end of its `max_tokens`-th token by the model's own tokenizer."""
     tokenizer = model.tokenizer()
     if tokenizer is None:
-        raise InvalidRequest(
+        raise UnsupportedOption(  # the model's refusal (it has no tokenizer): 422
             f"max_tokens_per_doc: model {model.info.name!r} has no tokenizer to count tokens with",
             param="max_tokens_per_doc",
         )
@@ -119,8 +120,6 @@ def cut(model: LoadedModel, texts: list[str], max_tokens: int) -> list[str]:
 
 
 def convert(runtime: Runtime, data: CohereRerankRequest) -> RerankRequest:
-    if data.relevant_spans is not None and data.relevant_spans.mode == "enabled":
-        raise InvalidRequest("relevant_spans: not available from this server", param="relevant_spans")
     texts = [joined(d) for d in data.documents]
     if data.max_tokens_per_doc is not None:
         _, model = runtime.model_for(data.model)
