@@ -65,5 +65,7 @@ async def strict_body(request: Request[Any, Any, Any]) -> None:
             msgspec.convert(whole_numbers(msgspec.json.decode(body)), type=decoder.type, strict=True)
         except msgspec.ValidationError:
             raise _refusal(exc) from None
+        except msgspec.DecodeError:
+            return  # typed wrongly before it is malformed ("0 junk"): Litestar answers the JSON
     except msgspec.DecodeError:
         return  # malformed JSON: Litestar's decoding answers it as it always has
