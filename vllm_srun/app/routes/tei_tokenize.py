@@ -100,7 +100,9 @@ async def tokenize(
 
 
 def _id_lists(ids: list[Any]) -> list[list[int]]:
-    batch = ids if ids and isinstance(ids[0], list) else [ids]
+    if not ids:  # documented (minItems), and answered as TEI answers an empty batch
+        raise TeiError("empty", "`ids` cannot be empty")
+    batch = ids if isinstance(ids[0], list) else [ids]
     for i, one in enumerate(batch):
         if not isinstance(one, list) or not all(isinstance(v, int) and v >= 0 for v in one):
             raise TeiError("validation", f"ids[{i}]: expected a list of token ids", status=422)
