@@ -141,3 +141,36 @@ def test_a_bundle_counts_its_inputs_together(server: Server) -> None:
     assert error["param"] == "tasks" and f"9 inputs in all; at most {MAX_INPUTS}" in error["message"]
     two = server.post("/v1/bundle", {"tasks": [{"id": str(i), "embeddings": task} for i in range(2)]})
     assert two.status_code == 200 and [r["status"] for r in two.json()["results"]] == [200, 200]
+
+
+def test_a_large_jsonl_job_is_validated_off_the_loop_in_bounded_memory(server: Server) -> None:
+    """H1: a 1,000,000-line JSONL job was read whole, decoded whole and validated on the event
+    loop (RSS +858 MiB, /health/live 3.2 s on an embedded serve). Now the default cap
+    (--max-job-requests 100,000) refuses one line past it, and a job at the cap is validated
+    line by line in a thread: RSS grows by less than RSS_MARGIN_MIB, /health/live within bound."""
+    from vllm_srun import defaults
+
+    def jsonl(count: int) -> bytes:
+        return b"".join(b'{"input": "good movie %d"}\n' % i for i in range(count))
+
+    headers = {"content-type": "application/x-ndjson"}
+    over = httpx.post(
+        server.url + "/v1/jobs?surface=embeddings",
+        content=jsonl(defaults.MAX_JOB_REQUESTS + 1),
+        headers=headers,
+        timeout=120.0,
+    )
+    assert over.status_code == 413, over.text
+    assert "--max-job-requests" in over.json()["error"]["message"]
+    idle_mib = rss_mib(server.proc.pid)
+    with probing(server) as seen:
+        created = httpx.post(
+            server.url + "/v1/jobs?surface=embeddings",
+            content=jsonl(defaults.MAX_JOB_REQUESTS),
+            headers=headers,
+            timeout=120.0,
+        )
+    assert created.status_code == 202, created.text
+    httpx.post(server.url + f"/v1/jobs/{created.json()['id']}/cancel", timeout=30.0)
+    assert seen["live_s"] < LIVE_BOUND_S, seen
+    assert seen["rss_mib"] - idle_mib < RSS_MARGIN_MIB, (idle_mib, seen)

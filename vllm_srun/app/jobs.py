@@ -13,10 +13,11 @@ streams are capped per replica and per caller (app/streams.py; 429 past either).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -37,6 +38,9 @@ from vllm_srun.queue.bulk import JobStatus, error_body
 OnError = Literal["reject", "record"]
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 MAX_CUSTOM_ID = 256
+# A results page holds at most `limit` results and about this many bytes (at least one
+# result): 100,000 MiniLM results would be ~830 MB built in memory; `has_more` says what is left.
+RESULTS_PAGE_BYTES = 16 * 1024 * 1024
 # A Redis stream id, as the events stream sends them ("1700000000000-0"; the sequence optional).
 EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
 # What msgspec raises on bytes that are not UTF-8, or on JSON nested deeper than it recurses.
@@ -113,32 +117,37 @@ def _owner(runtime: Runtime) -> str | None:
     return caller.id if caller is not None else None
 
 
-def _lines(body: bytes) -> list[tuple[int, Any]]:
-    out = []
+def _lines(body: bytes) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value or the decode error) of each non-blank JSONL line, decoded
+    one at a time as `_validate` asks: a job of a million lines never holds a million decoded
+    objects at once (each is validated and re-encoded to bytes before the next is decoded)."""
     # A UTF-8 byte-order mark (editors on Windows write one) is not part of line 1.
     for number, line in enumerate(body.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            out.append((number, msgspec.json.decode(line)))
+            yield number, msgspec.json.decode(line)
         except BAD_JSON as exc:
-            out.append((number, exc))
-    return out
+            yield number, exc
 
 
 def _validate(
     runtime: Runtime,
     surface: Surface[Any],
     model: str,
-    entries: list[tuple[int, Any]],
+    entries: Iterable[tuple[int, Any]],
     on_error: OnError,
     unit: str,
 ) -> tuple[list[bytes], list[str], dict[int, bytes]]:
-    """(request JSON, custom ids, recorded errors by index); raises on the first bad line to reject."""
+    """(request JSON, custom ids, recorded errors by index); raises on the first bad line to
+    reject, and a RequestTooLarge past --max-job-requests (counted as the entries come)."""
     requests: list[bytes] = []
     custom_ids: list[str] = []
     errors: dict[int, bytes] = {}
+    most = runtime.settings.max_job_requests
     for index, (number, value) in enumerate(entries):
+        if index >= most:
+            raise RequestTooLarge(f"requests: more than {most} per job (--max-job-requests)")
         custom_id = ""
         try:
             if isinstance(value, Exception):
@@ -192,6 +201,7 @@ async def create_job(
     caller = _caller(runtime)
     body = await request.body()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    entries: Iterable[tuple[int, Any]]
     if content_type in NDJSON_TYPES:
         entries, unit = _lines(body), "line"
     else:
@@ -214,11 +224,11 @@ async def create_job(
     name = loaded.info.name
     if surface not in loaded.info.surfaces:
         raise UnsupportedSurface(f"model {name!r} does not serve {surface}")
-    if len(entries) > runtime.settings.max_job_requests:
-        raise RequestTooLarge(
-            f"requests: {len(entries)}; at most {runtime.settings.max_job_requests} per job"
-        )
-    requests, custom_ids, errors = _validate(runtime, described, name, entries, on_error, unit)
+    # Off the event loop: a large job takes seconds to validate, and /health/live and every
+    # other request must keep answering meanwhile (the GIL is handed back between lines).
+    requests, custom_ids, errors = await asyncio.to_thread(
+        _validate, runtime, described, name, entries, on_error, unit
+    )
     # What an Idempotency-Key is bound to: the same key with another request is a 422.
     digest = hashlib.sha256(b"%s\n%s\n%s\n" % (surface.encode(), name.encode(), on_error.encode()))
     digest.update(body)
@@ -263,7 +273,7 @@ async def job_results(
     runtime: Runtime = state.runtime
     owner = _owner(runtime)
     job = await runtime.bulk.get(job_id, owner=owner)
-    lines = await runtime.bulk.results(job_id, offset, limit, owner=owner)
+    lines = await runtime.bulk.results(job_id, offset, limit, owner=owner, max_bytes=RESULTS_PAGE_BYTES)
     accept = request.headers.get("accept", "")
     if any(kind in accept for kind in NDJSON_TYPES):
         return Response(b"".join(line + b"\n" for line in lines), media_type="application/x-ndjson")

@@ -92,6 +92,9 @@ return out
 _PURGE_BATCH = 100
 
 
+# Results read per Redis round trip by `results`.
+RESULTS_SLICE = 256
+
 @dataclass(frozen=True, kw_only=True)
 class BulkQuotas:
     """What bulk jobs may hold in the state Redis (README: Deployment, sizing the state Redis).
@@ -527,18 +530,31 @@ class BulkStore:
         return await self.get(job_id, owner=owner)
 
     @_redis_unavailable
-    async def results(self, job_id: str, offset: int, limit: int, *, owner: str | None = None) -> list[bytes]:
-        """Result lines in input order from `offset`; stops at the first one not yet stored."""
+    async def results(
+        self,
+        job_id: str,
+        offset: int,
+        limit: int,
+        *,
+        owner: str | None = None,
+        max_bytes: int | None = None,
+    ) -> list[bytes]:
+        """Result lines in input order from `offset`; stops at the first one not yet stored,
+        and (with `max_bytes`) once the lines read reach that many bytes (at least one line).
+        Read in slices of RESULTS_SLICE, so a page never fetches more than it returns by
+        much more than one slice."""
         job = await self.get(job_id, owner=owner)
-        indices = [str(i) for i in range(offset, min(offset + limit, job.counts.total))]
-        if not indices:
-            return []
-        stored = await self.redis.hmget(keys.job_results_key(job_id), indices)  # type: ignore[misc]
-        out = []
-        for raw in stored:
-            if raw is None:
-                break
-            out.append(bytes(raw))
+        end = min(offset + limit, job.counts.total)
+        out: list[bytes] = []
+        size = 0
+        for start in range(offset, end, RESULTS_SLICE):
+            indices = [str(i) for i in range(start, min(start + RESULTS_SLICE, end))]
+            stored = await self.redis.hmget(keys.job_results_key(job_id), indices)  # type: ignore[misc]
+            for raw in stored:
+                if raw is None or (max_bytes is not None and out and size + len(raw) > max_bytes):
+                    return out
+                out.append(bytes(raw))
+                size += len(raw)
         return out
 
     async def events(
