@@ -101,7 +101,7 @@ def test_packed_rows_match_transformers(flavour: str, kind: str, tmp_path: Path,
 
 @pytest.mark.parametrize(("flavour", "kind"), cases())
 def test_small_batch_paths_match_packed(flavour: str, kind: str, tmp_path: Path, nt: Any) -> None:
-    hf, native, arch, vocab = build(flavour, kind, tmp_path, nt)
+    _, native, arch, vocab = build(flavour, kind, tmp_path, nt)
     assert native.paths[0] == "packed"
     assert ("dense" in native.paths) == ("dense" in arch.fast_paths)
     rows = rows_for(vocab, nt)[:3]  # a small batch: 5, 23 and 1 tokens (padding masked)
