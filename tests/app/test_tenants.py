@@ -194,3 +194,18 @@ def test_callers_hold_digests_and_salt_only_several_keys(tmp_path: Path) -> None
     (tmp_path / "spaced").write_text("a key\n")
     with pytest.raises(ConfigError, match="spaces"):
         read_key_file(tmp_path / "spaced")
+
+
+def test_health_without_a_key_says_only_the_status(server: Server) -> None:
+    """L2: with keys configured, /health answers anyone (probes carry no key) but shows model
+    names and reasons only to a caller with a valid key."""
+    bare = httpx.get(server.url + "/health", timeout=30)
+    assert bare.status_code == 200
+    body = bare.json()
+    assert body["status"] == "ready" and body["models"] == {}
+    assert body["reason"] is None and body["model"] is None  # present, as the router's probe reads them
+    assert "kw" not in bare.text
+    wrong = httpx.get(server.url + "/health", headers={"authorization": "Bearer nope"}, timeout=30)
+    assert wrong.json()["models"] == {}
+    keyed = call(server, "GET", "/health", ALICE)
+    assert keyed.json()["model"] == "kw" and "kw" in keyed.json()["models"]

@@ -4,7 +4,8 @@ upstream contract's `Health` and `Liveness` shapes (2.3.0).
 A model's `status` is upstream's: `loading`, `warming`, `ready`, `failed`, or `degraded` for a
 model that is loaded but cannot be answered now (a replica's model no worker serves, Redis out
 of reach), with the `reason`. Our own finer states stay under `states` (`no_worker`,
-`redis_unavailable`), and the failures' reasons under `reasons`.
+`redis_unavailable`), and the failures' reasons under `reasons`. Where API keys are configured,
+a request without a valid key gets the status alone (models, reasons and names left empty).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from litestar.openapi import ResponseSpec
 
 from vllm_srun import defaults
 from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.tenants import CALLER
 from vllm_srun.errors import SrunError
 
 Status = Literal["starting", "loading", "warming", "ready", "degraded", "failed"]
@@ -119,6 +121,14 @@ async def health(state: State) -> Response[Health]:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)
     status, reason = overall(states)
+    code = 200 if status == "ready" else 503
+    if runtime.callers and CALLER.get() is None:
+        # Keys are configured and none was given: the status alone, no model names or reasons
+        # (a broken package's reason names its absolute path).
+        return Response(
+            Health(api_version=defaults.API_VERSION, status=status, models={}, reason=None, model=None),
+            status_code=code,
+        )
     body = Health(
         api_version=defaults.API_VERSION,
         status=status,
@@ -130,7 +140,7 @@ async def health(state: State) -> Response[Health]:
         # Ready still with an evicting Redis: the server answers, but may lose queued work.
         redis=runtime.redis_policy.describe() if runtime.redis_policy.evicting else None,
     )
-    return Response(body, status_code=200 if status == "ready" else 503)
+    return Response(body, status_code=code)
 
 
 @get("/health/live", summary="Liveness: the process answers", opt={"public": True})

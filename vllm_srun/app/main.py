@@ -177,11 +177,14 @@ async def _api_key_guard(connection: ASGIConnection[Any, Any, Any, Any], handler
     # The caller is set for every request (None first): a handler never sees another's.
     CALLER.set(None)
     runtime: Runtime | None = getattr(connection.app.state, "runtime", None)
-    if runtime is None or not runtime.callers or handler.opt.get("public"):
+    if runtime is None or not runtime.callers:
         return
     given = connection.headers.get("authorization", "")
     token = given[7:] if given.lower().startswith("bearer ") else connection.headers.get("x-api-key", "")
-    caller = runtime.callers.identify(token)
+    caller = runtime.callers.identify(token) if token else None
+    if handler.opt.get("public"):  # answered without a key; a key given still identifies (/health's detail)
+        CALLER.set(caller)
+        return
     if caller is None:
         raise Unauthorized("a valid API key is required (Authorization: Bearer KEY)")
     CALLER.set(caller)
