@@ -233,6 +233,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         print(f"error: {exc.message} ({exc.code}, HTTP {exc.status})", file=sys.stderr)
     except (httpx.TransportError, httpx.InvalidURL) as exc:
         print(f"error: cannot reach the server at {args.url}: {exc}", file=sys.stderr)
+    except ValueError as exc:  # the client refuses an endpoint that is no http(s):// or unix:// URL
+        print(f"error: cannot reach the server at {args.url}: {exc}", file=sys.stderr)
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
     return 2

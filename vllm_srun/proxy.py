@@ -207,6 +207,10 @@ class Proxy:
         if scope.get("query_string"):
             path += b"?" + scope["query_string"]
         body = _Body(receive)
+        # Only a request that has a body is sent with one: a streamed content would go out
+        # chunked on every GET, and the app refuses a body without a content type (415).
+        given = dict(scope["headers"])
+        has_body = b"transfer-encoding" in given or given.get(b"content-length", b"0").strip() not in (b"", b"0")
         tried: set[str] = set()
         while True:
             target = self.upstreams.pick(tried)
@@ -218,7 +222,7 @@ class Proxy:
                 scope["method"],
                 target.url + path.decode("latin-1"),
                 headers=[*headers, (b"host", target.host_header.encode())],
-                content=body.stream(),
+                content=body.stream() if has_body else None,
             )
             try:
                 response = await self.client.send(request, stream=True)

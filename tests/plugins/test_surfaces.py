@@ -126,9 +126,11 @@ def test_text_chars_counts_all_the_text_a_request_carries() -> None:
     assert DECISIONS.text_chars(DECISIONS.decode(body)) == 4 + len(msgspec.json.encode(state))
 
 
-def test_decode_is_as_lax_as_the_routes() -> None:
-    request = EMBEDDINGS.decode({"input": "x", "dimensions": "4"})
-    assert request.dimensions == 4
+def test_decode_is_as_strict_as_the_routes() -> None:
+    """Job lines and bundle tasks decode as the routes do: the document's types, strictly."""
+    assert EMBEDDINGS.decode({"input": "x", "dimensions": 4}).dimensions == 4
+    with pytest.raises(msgspec.ValidationError, match="dimensions"):
+        EMBEDDINGS.decode({"input": "x", "dimensions": "4"})
     with pytest.raises(msgspec.ValidationError, match="inptu"):
         CLASSIFY.decode({"inptu": "x"})
 
