@@ -28,7 +28,6 @@ from vllm_srun.app.health import health, live
 from vllm_srun.app.jobs import job_routes
 from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
-from vllm_srun.app.openapi import openapi_yaml_text
 from vllm_srun.app.responses import TIMING_KEY
 from vllm_srun.app.routes.bundle import bundle
 from vllm_srun.app.routes.tei_info import info as tei_info
@@ -41,6 +40,7 @@ from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.serving import Timing
 from vllm_srun.app.strict import strict_body
 from vllm_srun.app.tenants import CALLER
+from vllm_srun.app.yaml_document import openapi_yaml_text
 from vllm_srun.errors import SrunError, Unauthorized
 from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
