@@ -117,12 +117,14 @@ def _owner(runtime: Runtime) -> str | None:
     return caller.id if caller is not None else None
 
 
-def _lines(body: bytes) -> Iterator[tuple[int, Any]]:
-    """(line number, decoded value or the decode error) of each non-blank JSONL line, decoded
-    one at a time as `_validate` asks: a job of a million lines never holds a million decoded
-    objects at once (each is validated and re-encoded to bytes before the next is decoded)."""
-    # A UTF-8 byte-order mark (editors on Windows write one) is not part of line 1.
-    for number, line in enumerate(body.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+# JSONL lines handed to the validating thread at a time: large enough that the hand-off costs
+# nothing beside the work, small enough that a job's lines never pile up undecoded.
+LINES_PER_BATCH = 4096
+
+
+def _decoded(numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded value or the decode error) of each non-blank line, one at a time."""
+    for number, line in numbered:
         if not line.strip():
             continue
         try:
@@ -131,58 +133,93 @@ def _lines(body: bytes) -> Iterator[tuple[int, Any]]:
             yield number, exc
 
 
-def _validate(
-    runtime: Runtime,
-    surface: Surface[Any],
-    model: str,
-    entries: Iterable[tuple[int, Any]],
-    on_error: OnError,
-    unit: str,
-) -> tuple[list[bytes], list[str], dict[int, bytes]]:
-    """(request JSON, custom ids, recorded errors by index); raises on the first bad line to
-    reject, and a RequestTooLarge past --max-job-requests (counted as the entries come)."""
-    requests: list[bytes] = []
-    custom_ids: list[str] = []
-    errors: dict[int, bytes] = {}
-    most = runtime.settings.max_job_requests
-    for index, (number, value) in enumerate(entries):
-        if index >= most:
-            raise RequestTooLarge(f"requests: more than {most} per job (--max-job-requests)")
-        custom_id = ""
-        try:
-            if isinstance(value, Exception):
-                raise InvalidRequest(f"not JSON: {value}")
-            if not isinstance(value, dict):
-                raise InvalidRequest("must be a JSON object (a surface request)")
-            custom_id = value.pop("custom_id", None)
-            if custom_id is None:
-                custom_id = ""
-            if not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID:
-                custom_id = ""
-                raise InvalidRequest(f"custom_id: a string of at most {MAX_CUSTOM_ID} characters")
-            if value.get("model") not in (None, model):
-                raise InvalidRequest(f"model: {value['model']!r} differs from the job's model {model!r}")
-            # Lax, as the surface endpoints decode their bodies: "4" for an int is accepted there,
-            # so a job line must not be refused for it.
-            request = surface.decode(value)
-            surface.check_options(request.options)
-            count, field = surface.count(request), surface.counted_field
-            if count == 0:
-                raise InvalidRequest(f"{field}: must not be empty")
-            if count > runtime.settings.max_inputs:
-                raise InvalidRequest(
-                    f"{field}: more than {runtime.settings.max_inputs} {field} (--max-inputs)"
-                )
-            value = request  # stored as decoded: "4" is 4 from here on
-        except (InvalidRequest, msgspec.ValidationError) as exc:
-            message = f"{unit} {number}: {_field_first(exc)}"
-            if on_error == "reject":
-                raise InvalidRequest(message) from exc
-            errors[index] = error_body("invalid_request", message)
-            value = {}
-        requests.append(msgspec.json.encode(value))
-        custom_ids.append(custom_id)
-    return requests, custom_ids, errors
+async def _jsonl_job(request: Request[Any, Any, Any], digest: Any, validator: _Validator) -> None:
+    """Read a JSONL body as it arrives, never whole: complete lines go to `validator` in batches
+    on a thread (so the event loop keeps answering), each line decoded, validated and kept as
+    bytes before the next; the body's bytes go into `digest`. The route's body limit is enforced
+    on the bytes read (413)."""
+    pending = b""
+    number = 0
+    batch: list[tuple[int, bytes]] = []
+    first = True
+    async for chunk in request.stream():
+        digest.update(chunk)
+        if first and chunk:
+            # A UTF-8 byte-order mark (editors on Windows write one) is not part of line 1.
+            chunk, first = chunk.removeprefix(b"\xef\xbb\xbf"), False
+        pending += chunk
+        cut = pending.rfind(b"\n")
+        if cut < 0:
+            continue
+        complete, pending = pending[: cut + 1], pending[cut + 1 :]
+        for line in complete.splitlines():
+            number += 1
+            batch.append((number, line))
+        if len(batch) >= LINES_PER_BATCH:
+            await asyncio.to_thread(validator.feed, _decoded(batch))
+            batch = []
+    for line in pending.splitlines():
+        number += 1
+        batch.append((number, line))
+    if batch:
+        await asyncio.to_thread(validator.feed, _decoded(batch))
+
+
+class _Validator:
+    """Validates a job's entries as they come, keeping each as the bytes it is stored as
+    (request JSON, custom ids, recorded errors by index): a bad entry raises under
+    on_error=reject, and one past --max-job-requests is a RequestTooLarge."""
+
+    def __init__(
+        self, runtime: Runtime, surface: Surface[Any], model: str, on_error: OnError, unit: str
+    ) -> None:
+        self.runtime, self.surface, self.model = runtime, surface, model
+        self.on_error, self.unit = on_error, unit
+        self.requests: list[bytes] = []
+        self.custom_ids: list[str] = []
+        self.errors: dict[int, bytes] = {}
+
+    def feed(self, entries: Iterable[tuple[int, Any]]) -> None:
+        runtime, surface, model, errors = self.runtime, self.surface, self.model, self.errors
+        on_error, unit = self.on_error, self.unit
+        most = runtime.settings.max_job_requests
+        for number, value in entries:
+            index = len(self.requests)
+            if index >= most:
+                raise RequestTooLarge(f"requests: more than {most} per job (--max-job-requests)")
+            custom_id = ""
+            try:
+                if isinstance(value, Exception):
+                    raise InvalidRequest(f"not JSON: {value}")
+                if not isinstance(value, dict):
+                    raise InvalidRequest("must be a JSON object (a surface request)")
+                custom_id = value.pop("custom_id", None)
+                if custom_id is None:
+                    custom_id = ""
+                if not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID:
+                    custom_id = ""
+                    raise InvalidRequest(f"custom_id: a string of at most {MAX_CUSTOM_ID} characters")
+                if value.get("model") not in (None, model):
+                    raise InvalidRequest(f"model: {value['model']!r} differs from the job's model {model!r}")
+                # As strictly as the surface endpoints decode their bodies: the document's types.
+                request = surface.decode(value)
+                surface.check_options(request.options)
+                count, field = surface.count(request), surface.counted_field
+                if count == 0:
+                    raise InvalidRequest(f"{field}: must not be empty")
+                if count > runtime.settings.max_inputs:
+                    raise InvalidRequest(
+                        f"{field}: more than {runtime.settings.max_inputs} {field} (--max-inputs)"
+                    )
+                value = request  # stored as decoded
+            except (InvalidRequest, msgspec.ValidationError) as exc:
+                message = f"{unit} {number}: {_field_first(exc)}"
+                if on_error == "reject":
+                    raise InvalidRequest(message) from exc
+                errors[index] = error_body("invalid_request", message)
+                value = {}
+            self.requests.append(msgspec.json.encode(value))
+            self.custom_ids.append(custom_id)
 
 
 async def create_job(
@@ -199,12 +236,12 @@ async def create_job(
     if surface is not None:
         REGISTRY.for_jobs(surface)  # as documented, even where a JSON body names its own
     caller = _caller(runtime)
-    body = await request.body()
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    entries: Iterable[tuple[int, Any]]
-    if content_type in NDJSON_TYPES:
-        entries, unit = _lines(body), "line"
-    else:
+    jsonl = content_type in NDJSON_TYPES
+    job: JobRequest | None = None
+    body = b""
+    if not jsonl:
+        body = await request.body()
         try:
             job = msgspec.json.decode(body, type=JobRequest)
         except msgspec.ValidationError as exc:
@@ -215,7 +252,6 @@ async def create_job(
         except BAD_JSON as exc:
             raise InvalidRequest(f"body: not JSON: {exc}") from exc
         surface, model, on_error = job.surface, job.model, job.on_error or on_error
-        entries, unit = list(enumerate(job.requests)), "requests item"
     if surface is None:
         raise InvalidRequest("surface: required (a query parameter for JSONL bodies)")
     # An unknown surface, or one bulk jobs do not take, is a bad request whatever the model serves.
@@ -224,14 +260,18 @@ async def create_job(
     name = loaded.info.name
     if surface not in loaded.info.surfaces:
         raise UnsupportedSurface(f"model {name!r} does not serve {surface}")
-    # Off the event loop: a large job takes seconds to validate, and /health/live and every
-    # other request must keep answering meanwhile (the GIL is handed back between lines).
-    requests, custom_ids, errors = await asyncio.to_thread(
-        _validate, runtime, described, name, entries, on_error, unit
-    )
     # What an Idempotency-Key is bound to: the same key with another request is a 422.
     digest = hashlib.sha256(b"%s\n%s\n%s\n" % (surface.encode(), name.encode(), on_error.encode()))
-    digest.update(body)
+    validator = _Validator(runtime, described, name, on_error, "line" if jsonl else "requests item")
+    # Off the event loop: a large job takes seconds to validate, and /health/live and every
+    # other request must keep answering meanwhile (the GIL is handed back between lines).
+    if jsonl:
+        await _jsonl_job(request, digest, validator)
+    else:
+        assert job is not None
+        digest.update(body)
+        await asyncio.to_thread(validator.feed, enumerate(job.requests))
+    requests, custom_ids, errors = validator.requests, validator.custom_ids, validator.errors
     status, created = await runtime.bulk.create(
         deployment=name,
         surface=surface,
