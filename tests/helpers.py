@@ -223,3 +223,22 @@ def submit_job(url: str, lines: list[dict], *, timeout_s: float = 120.0) -> str:
     )
     assert r.status_code == 202, r.text
     return str(r.json()["id"])
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
+    """Everything the server sends until it closes the connection, and how long that took;
+    an AssertionError when it is still open after `timeout_s`."""
+    started = time.monotonic()
+    sock.settimeout(timeout_s)
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            raise AssertionError(f"still open after {timeout_s} s; got {got!r}") from None
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    return got, time.monotonic() - started

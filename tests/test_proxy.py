@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from helpers import Proc, free_port
+from helpers import Proc, free_port, read_until_closed
 
 # The upstreams here are toy ASGI apps, not vllm-srun: upstream's contract does not apply to them.
 pytestmark = pytest.mark.contract_exempt("toy upstreams behind the proxy")
@@ -200,24 +200,6 @@ def connect(url: str) -> socket.socket:
     host, port = url.removeprefix("http://").split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
     return sock
-
-
-def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed it."""
-    started = time.monotonic()
-    sock.settimeout(timeout_s)
-    got = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            raise AssertionError(f"still open after {timeout_s} s; got {got!r}") from None
-        except ConnectionResetError:
-            break
-        if not chunk:
-            break
-        got += chunk
-    return got, time.monotonic() - started
 
 
 @pytest.fixture

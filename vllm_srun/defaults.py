@@ -59,8 +59,7 @@ LOCAL_CACHE_MB = 64
 JOB_TIMEOUT_S = 300.0
 JOB_TTL_S = 86400
 # Sized so that one job's worst case fits an app replica's memory request: its lines are
-# validated one at a time and kept as bytes (about 0.5 KB each in flight), so 100,000 lines
-# add ~55 MiB to the replica while it creates the job; a million took ~500 MiB.
+# validated one at a time and kept as bytes (README: Bulk jobs gives the measured cost).
 MAX_JOB_REQUESTS = 100_000
 MAX_JOB_BYTES = 64 * 1024 * 1024
 BULK_CHUNK_SIZE = 256

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from helpers import Server, write_keywords
+from helpers import Server, read_until_closed, write_keywords
 
 HEADER_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 60
@@ -41,21 +41,6 @@ def connect(server: Server) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
 
 
-def read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
-    sock.settimeout(timeout_s)
-    got = b""
-    while True:
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            raise AssertionError(f"still open after {timeout_s} s; got {got!r}") from None
-        except ConnectionResetError:
-            return got
-        if not chunk:
-            return got
-        got += chunk
-
-
 def live_latency_s(server: Server) -> float:
     started = time.monotonic()
     assert httpx.get(server.url + "/health/live", timeout=5).status_code == 200
@@ -75,7 +60,7 @@ def test_silent_and_half_sent_connections_are_closed_and_the_server_answers(serv
     assert live_latency_s(server) < 1.0
     started = time.monotonic()
     for sock in socks:
-        got = read_until_closed(sock, 5)
+        got, _ = read_until_closed(sock, 5)
         assert got.startswith(b"HTTP/1.1 408"), got
     read_until_closed(body, 5)
     assert time.monotonic() - started < HEADER_TIMEOUT_S + 2
@@ -90,7 +75,7 @@ def test_a_header_trickle_does_not_extend_the_deadline(server: Server) -> None:
         except (BrokenPipeError, ConnectionResetError):
             break
         time.sleep(0.1)
-    got = read_until_closed(sock, 5)
+    got, _ = read_until_closed(sock, 5)
     assert got.startswith(b"HTTP/1.1 408") and time.monotonic() - started < HEADER_TIMEOUT_S + 2
 
 
@@ -106,7 +91,7 @@ def test_past_the_connection_cap_a_new_connection_gets_503(server: Server) -> No
     held = [connect(server) for _ in range(MAX_CONNECTIONS)]
     time.sleep(0.3)
     try:
-        got = read_until_closed(connect(server), 3)
+        got, _ = read_until_closed(connect(server), 3)
         assert got.startswith(b"HTTP/1.1 503") and b"too many open connections" in got
     finally:
         for sock in held:
@@ -125,7 +110,7 @@ def test_past_the_connection_cap_a_new_connection_gets_503(server: Server) -> No
 def test_an_asterisk_target_is_400_not_500(server: Server, request_line: bytes) -> None:
     sock = connect(server)
     sock.sendall(request_line + b"\r\nHost: 127.0.0.1\r\n\r\n")
-    got = read_until_closed(sock, 5)
+    got, _ = read_until_closed(sock, 5)
     assert got.startswith(b"HTTP/1.1 400") and b"request target" in got, got
 
 

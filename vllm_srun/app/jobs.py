@@ -39,7 +39,7 @@ OnError = Literal["reject", "record"]
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")
 MAX_CUSTOM_ID = 256
 # A results page holds at most `limit` results and about this many bytes (at least one
-# result): 100,000 MiniLM results would be ~830 MB built in memory; `has_more` says what is left.
+# result), so a page's size is bounded whatever `limit` asks; `has_more` says what is left.
 RESULTS_PAGE_BYTES = 16 * 1024 * 1024
 # A Redis stream id, as the events stream sends them ("1700000000000-0"; the sequence optional).
 EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")

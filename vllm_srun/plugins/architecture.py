@@ -15,14 +15,6 @@ from typing import Any
 # What a class's head makes of a package: a bare encoder ("model": embeddings with a
 # sentence-transformers configuration), a sequence classifier or a token tagger.
 KINDS = ("model", "sequence", "token")
-# The standard config keys the runtime reads, which some configs spell their own way.
-STANDARD_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,11 +82,6 @@ class Architecture:
         return out
 
 
-def classes_of(prefixes: tuple[str, ...], heads: Mapping[str, tuple[str, str | None]]) -> dict[str, Any]:
-    """Every prefix with every class-name suffix: {"BertModel": (kind, head), ...}."""
-    return {prefix + suffix: entry for prefix in prefixes for suffix, entry in heads.items()}
-
-
 def encoder_classes(
     prefixes: tuple[str, ...], sequence: str, token: str = "token", *, extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -105,4 +92,4 @@ def encoder_classes(
     heads: dict[str, tuple[str, str | None]] = {suffix: ("model", None) for suffix in bare}
     heads["ForSequenceClassification"] = ("sequence", sequence)
     heads["ForTokenClassification"] = ("token", token)
-    return classes_of(prefixes, heads)
+    return {prefix + suffix: entry for prefix in prefixes for suffix, entry in heads.items()}

@@ -18,11 +18,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_srun.errors import ConfigError
-from vllm_srun.plugins.architecture import KINDS, STANDARD_KEYS, Architecture, Fixture
+from vllm_srun.plugins.architecture import KINDS, Architecture, Fixture
 from vllm_srun.plugins.builtin_architectures import BUILTIN
 
 # Re-exported: a plugin declares its row with these.
-__all__ = ["BUILTIN", "KINDS", "STANDARD_KEYS", "Architecture", "Fixture"]
+__all__ = ["BUILTIN", "KINDS", "Architecture", "Fixture"]
 
 
 _ARCHITECTURES: dict[str, Architecture] = {}

@@ -16,7 +16,7 @@ families serve its model types and the native engine imports its class when firs
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -151,31 +151,38 @@ def _sole(group: str, name: str, eps: list[EntryPoint]) -> EntryPoint:
     return eps[0]
 
 
+def _entries(group: str, ep_group: str, allow: set[str] | None) -> Iterator[tuple[str, EntryPoint, str, str]]:
+    """(name, entry point, distribution, version) of each allowed plugin of `ep_group`, by name;
+    PluginConflict when two distributions claim one name."""
+    for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
+        if allow is None or name in allow:
+            ep = _sole(group, name, eps)
+            yield (name, ep, *_distribution(ep))
+
+
+def _skip(out: Plugins, group: str, name: str, dist: str, reason: str, *, refused: bool = False) -> None:
+    """Log a plugin left out (a warning; an error when `refused`: it is not what its group loads)."""
+    emit = log.error if refused else log.warning
+    emit("plugin_refused" if refused else "plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
+    out.refused.append(RefusedPlugin(group, name, dist, reason))
+
+
 def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] | None, out: Plugins) -> None:
     entries: dict[str, PluginEntry] = {}
-    for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
-        if allow is not None and name not in allow:
-            continue
-        ep = _sole(group, name, eps)
-        dist, version = _distribution(ep)
+    for name, ep, dist, version in _entries(group, ep_group, allow):
         try:
             cls = ep.load()
         except Exception as exc:  # a broken plugin must not stop the others
-            reason = f"import failed: {type(exc).__name__}: {exc}"
-            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
-            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            _skip(out, group, name, dist, f"import failed: {type(exc).__name__}: {exc}")
             continue
         if not (isinstance(cls, type) and issubclass(cls, base)):
             reason = f"{ep.value} is not a subclass of {base.__module__}.{base.__name__}"
-            log.error("plugin_refused", group=group, plugin=name, distribution=dist, reason=reason)
-            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            _skip(out, group, name, dist, reason, refused=True)
             continue
         try:
             plugin = cls()
         except Exception as exc:
-            reason = f"construction failed: {type(exc).__name__}: {exc}"
-            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
-            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            _skip(out, group, name, dist, f"construction failed: {type(exc).__name__}: {exc}")
             continue
         plugin.name = name  # type: ignore[misc]  # the registered name wins over the class default
         entries[name] = PluginEntry(group, name, ep.value, dist, version, plugin)
@@ -185,20 +192,14 @@ def _load_group(group: str, ep_group: str, base: type[Plugin], allow: set[str] |
 def _load_architectures(allow: set[str] | None, out: Plugins) -> None:
     group, ep_group = ARCHITECTURES
     entries: dict[str, PluginEntry] = {}
-    for name, eps in sorted(_unique(entry_points(group=ep_group)).items()):
-        if allow is not None and name not in allow:
-            continue
-        ep = _sole(group, name, eps)
-        dist, version = _distribution(ep)
+    for name, ep, dist, version in _entries(group, ep_group, allow):
         try:
             row = ep.load()
             if not isinstance(row, Architecture):
                 raise TypeError(f"{ep.value} is not a vllm_srun.plugins.architectures.Architecture")
             register_architecture(row)  # idempotent: loading twice registers the same row
         except Exception as exc:  # a broken plugin must not stop the others
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("plugin_skipped", group=group, plugin=name, distribution=dist, reason=reason)
-            out.refused.append(RefusedPlugin(group, name, dist, reason))
+            _skip(out, group, name, dist, f"{type(exc).__name__}: {exc}")
             continue
         entries[name] = PluginEntry(group, name, ep.value, dist, version, row)
     out.groups[group] = entries

@@ -265,15 +265,6 @@ class Segments:
         return groups, torch.as_tensor(np.concatenate(tokens), device=device)
 
 
-def packed_attention(qkv: torch.Tensor, segments: Segments, *, window: int | None = None) -> torch.Tensor:
-    """Scaled dot-product attention over packed fused `qkv` ([tokens, 3, heads, head_dim]).
-
-    Each row attends only to its own tokens; with `window`, a query sees only keys at most
-    `window` positions away (bidirectional sliding window). Returns [tokens, heads * head_dim].
-    """
-    return segments.attend(qkv, window=window)
-
-
 class Block:
     """Rows laid out as one right-padded [rows, width] block, flattened to [rows * width]
     tokens: the small-batch layout. Layers run on it exactly as on `Segments`; attention is one

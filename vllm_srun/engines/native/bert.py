@@ -78,7 +78,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(hidden, heads)
         self.output = BertAddNorm(hidden, hidden, eps)
 
-    def forward(self, x: torch.Tensor, layout: Layout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: Layout, context: Any = None) -> torch.Tensor:
         return self.output(self.self(x, layout), x)
 
 
@@ -93,17 +93,21 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    """Attention, then the intermediate and output blocks. A variant whose attention block is
+    its own (MPNet's `attention.attn` and `attention.LayerNorm`) passes it as `attention`; it is
+    called as `attention(x, layout, context)` with the batch's context."""
+
+    def __init__(self, config: Mapping[str, Any], attention: nn.Module | None = None) -> None:
         super().__init__()
         hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
-        self.attention = BertAttention(hidden, config["num_attention_heads"], eps)
+        self.attention = attention or BertAttention(hidden, config["num_attention_heads"], eps)
         self.intermediate = BertIntermediate(
             hidden, config["intermediate_size"], config.get("hidden_act", "gelu")
         )
         self.output = BertAddNorm(config["intermediate_size"], hidden, eps)
 
     def forward(self, x: torch.Tensor, layout: Layout, context: Any = None) -> torch.Tensor:
-        x = self.attention(x, layout)
+        x = self.attention(x, layout, context)
         return self.output(self.intermediate(x), x)
 
 

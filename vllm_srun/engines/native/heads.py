@@ -9,7 +9,7 @@ time (int8 quantisation swaps linears in place). A sequence head pools each aske
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -103,11 +103,11 @@ class DenseHead(Head):
     """`classifier.dense` → activation → `classifier.out_proj` on the first token."""
 
     kind = "sequence"
-    act: ClassVar[Callable[[Mapping[str, Any]], str]] = staticmethod(lambda config: "tanh")
+    act: ClassVar[str] = "tanh"
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act(config))))
+        _install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act)))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -118,7 +118,7 @@ class DenseHead(Head):
 class GeluDenseHead(DenseHead):
     """ELECTRA's: the same shape with gelu (its authors' choice, as Transformers keeps it)."""
 
-    act = staticmethod(lambda config: "gelu")
+    act = "gelu"
 
 
 class PreClassifierHead(Head):

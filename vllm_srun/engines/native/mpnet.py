@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from vllm_srun.engines.native.attention import Layout
-from vllm_srun.engines.native.bert import BertAddNorm, BertIntermediate
+from vllm_srun.engines.native.bert import BertLayer
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
@@ -118,25 +118,15 @@ class MPNetAttention(nn.Module):
         return self.LayerNorm(self.attn(x, layout, bias).add_(x))  # type: ignore[no-any-return]
 
 
-class MPNetLayer(nn.Module):
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__()
-        hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
-        self.attention = MPNetAttention(hidden, config["num_attention_heads"], eps)
-        self.intermediate = BertIntermediate(
-            hidden, config["intermediate_size"], config.get("hidden_act", "gelu")
-        )
-        self.output = BertAddNorm(config["intermediate_size"], hidden, eps)
-
-    def forward(self, x: torch.Tensor, layout: Layout, context: RelativeBias) -> torch.Tensor:
-        x = self.attention(x, layout, context)
-        return self.output(self.intermediate(x), x)  # type: ignore[no-any-return]
-
-
 class MPNetEncoder(nn.Module):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(MPNetLayer(config) for _ in range(config["num_hidden_layers"]))
+        hidden, heads = config["hidden_size"], config["num_attention_heads"]
+        eps = config.get("layer_norm_eps", 1e-12)
+        self.layer = nn.ModuleList(
+            BertLayer(config, attention=MPNetAttention(hidden, heads, eps))
+            for _ in range(config["num_hidden_layers"])
+        )
         buckets = int(config.get("relative_attention_num_buckets", NUM_BUCKETS))
         if buckets < NUM_BUCKETS:
             raise ConfigError(

@@ -18,8 +18,7 @@ piece keeps its special tokens and every token keeps its offsets into the origin
 
 Before any of that, an input's characters are bounded (`bound_chars`), so that a text a
 client sends is never tokenized whole just to learn it is too long: tokenizing costs memory
-and time in proportion to the text (a 3.4 MB text took over 300 MB and seconds), whatever the
-policy does with the tokens afterwards. Under `reject` an input past the bound is tokenized only
+and time in proportion to the text, whatever the policy does with the tokens afterwards. Under `reject` an input past the bound is tokenized only
 up to it and answered `max_length_exceeded` as any overlong input is (its `tokens` a lower
 bound, `tokens_lower_bound` true); under `truncate` and `window`, whose bound is far larger,
 the request is refused (413) naming the field.
