@@ -178,8 +178,11 @@ def test_crafted_job_ids_and_event_ids(server: Server) -> None:
             assert r.status_code == 404 and r.json()["error"]["code"] == "job_not_found", (suffix, path)
         assert httpx.post(f"{server.url}/v1/jobs/{job_id}{suffix}/cancel").status_code == 404
     # A malformed Last-Event-ID is refused before the stream starts, naming the header.
-    r = server.get(f"/v1/jobs/{job_id}/events", headers={"last-event-id": "garbage"})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("Last-Event-ID:")
+    for malformed in ("garbage", "20000000000000000000", "1-20000000000000000000"):
+        r = server.get(f"/v1/jobs/{job_id}/events", headers={"last-event-id": malformed})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("Last-Event-ID:"), malformed
+    # The largest id the header admits is one Redis reads: the stream ends with the status.
+    assert sse(server, job_id, "9999999999999999999-9999999999999999999")[-1][1] == "status"
     # Resumed at the final event: the stream still ends with the status, so clients stop.
     events = sse(server, job_id)
     assert [e for _, e in events if e != "progress"] == ["result", "result", "status"]

@@ -32,7 +32,7 @@ CONFIG = """
 # because the document does not yet say all the server checks (the aim is 422 and 424 only):
 # the shared `options` object lists options a surface refuses (options.threshold on
 # embeddings), options.profile takes any name while a model serves one, a bundle's or a job's
-# requests are decoded late, and Last-Event-ID's format is not in the document.
+# requests are decoded late.
 # TEI's empty batches, a bundle task's one surface and the event stream's type are documented.
 expected-statuses = ["2xx", "400", "401", "404", "409", "413", "422", "424", "429"]
 

@@ -42,7 +42,9 @@ MAX_CUSTOM_ID = 256
 # result), so a page's size is bounded whatever `limit` asks; `has_more` says what is left.
 RESULTS_PAGE_BYTES = 16 * 1024 * 1024
 # A Redis stream id, as the events stream sends them ("1700000000000-0"; the sequence optional).
-EVENT_ID = re.compile(r"[0-9]{1,20}(-[0-9]{1,20})?")
+# A Redis stream id is two unsigned 64-bit numbers: 19 digits always fit (20 may not, and
+# Redis would refuse it once the stream has begun).
+EVENT_ID = re.compile(r"[0-9]{1,19}(-[0-9]{1,19})?")
 # What msgspec raises on bytes that are not UTF-8, or on JSON nested deeper than it recurses.
 BAD_JSON = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
