@@ -117,8 +117,15 @@ def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]]) -> N
             del os.environ["VLLM_SRUN_REDIS_PASSWORD"]
         assert parsed.redis == "redis://:p%40ss@state-redis:6379/0"
         assert parsed.cache_redis == "redis://:p%40ss@cache-redis:6379/0"
-    app_env = {e["name"]: e for e in container(find(objects, "Deployment", "app"))["env"]}
-    assert app_env["VLLM_SRUN_API_KEY"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["api-key"]
+    # The app's key file is named through the environment too, and the CLI takes it from there.
+    app = container(find(objects, "Deployment", "app"))
+    key_file = {e["name"]: e for e in app["env"]}["VLLM_SRUN_API_KEY_FILE"]["value"]
+    os.environ["VLLM_SRUN_API_KEY_FILE"] = key_file
+    try:
+        parsed = build_parser().parse_args([app["args"][0], "/models/default", *app["args"][1:]])
+    finally:
+        del os.environ["VLLM_SRUN_API_KEY_FILE"]
+    assert str(parsed.api_key_file) == key_file and parsed.api_key is None
 
 
 def test_workers_scale_on_the_queue_depth_the_runtime_exports(objects: list[dict[str, Any]]) -> None:
@@ -153,7 +160,7 @@ def test_memory_requests_cover_the_bench_measured_rss(objects: list[dict[str, An
 
 # The Secret the manifests read, created by the operator (kustomization.yaml says how): no value
 # of it is in any file here.
-SECRET_KEYS = {key: {"name": "vllm-srun", "key": key} for key in ("redis-password", "api-key")}
+SECRET_KEYS = {key: {"name": "vllm-srun", "key": key} for key in ("redis-password", "api-keys")}
 REDIS = ("state-redis", "cache-redis")
 
 
@@ -171,10 +178,47 @@ def test_no_secret_value_is_in_the_manifests_and_the_secret_is_documented(
         for e in container(w).get("env", [])
         if "valueFrom" in e
     ]
-    assert refs and all(ref in SECRET_KEYS.values() for ref in refs)
+    volumes = [
+        {"name": v["secret"]["secretName"], "key": item["key"]}
+        for w in workloads(objects)
+        for v in w["spec"]["template"]["spec"].get("volumes", [])
+        if "secret" in v
+        for item in v["secret"]["items"]
+    ]
+    assert refs and volumes and all(ref in SECRET_KEYS.values() for ref in refs + volumes)
     for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "README.md").read_text()):
         assert "create secret generic vllm-srun" in text
         assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS)
+
+
+def test_the_apps_keys_are_the_secrets_key_file_readable_by_its_user_alone(
+    objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    from vllm_srun.app.tenants import read_key_file
+    from vllm_srun.cli import API_KEY_ENV, API_KEY_FILE_ENV
+
+    app = find(objects, "Deployment", "app")
+    pod = app["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in container(app)["env"]}
+    assert API_KEY_ENV not in env  # one key in the env would bypass the file's callers
+    path = Path(env[API_KEY_FILE_ENV]["value"])
+    mount = next(m for m in container(app)["volumeMounts"] if path.is_relative_to(m["mountPath"]))
+    assert mount.get("readOnly") is True
+    secret = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
+    assert secret["secretName"] == "vllm-srun"
+    (item,) = secret["items"]
+    assert item["key"] == "api-keys" and Path(mount["mountPath"]) / item["path"] == path
+    # The kubelet writes the file root-owned with the pod's fsGroup: the non-root user reads it
+    # through the group, and no one else can.
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+    assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007
+    # What `--from-file=api-keys=keys.txt` and `--from-literal=api-keys=KEY` put there is a file
+    # the server reads as its callers.
+    written = tmp_path / item["path"]
+    written.write_text("k1-" + "a" * 32 + "\nk2-" + "b" * 32 + "\n")
+    assert len(read_key_file(written)) == 2
+    written.write_text("k1-" + "a" * 32)  # --from-literal has no newline
+    assert len(read_key_file(written)) == 1
 
 
 @pytest.mark.parametrize("name", REDIS)
@@ -268,7 +312,14 @@ def test_every_pod_runs_the_restricted_profile(objects: list[dict[str, Any]]) ->
                 written.append(c["args"][c["args"].index("--dir") + 1])
             assert written and all(path in mounts for path in written), (name, written, mounts)
         claims = {t["metadata"]["name"] for t in workload["spec"].get("volumeClaimTemplates", [])}
+        # Volumes are bounded emptyDirs, or the Secret mounted read-only (its keys, nothing written).
+        read_only = {
+            m["name"] for c in pod["containers"] for m in c.get("volumeMounts", []) if m.get("readOnly")
+        }
         for volume in pod.get("volumes", []):
+            if "secret" in volume:
+                assert volume["name"] in read_only, (name, volume)
+                continue
             assert "emptyDir" in volume and volume["emptyDir"].get("sizeLimit"), (name, volume)
         assert claims <= {"data"}
 
