@@ -47,6 +47,9 @@ class Architecture:
     # Positions start at pad_token_id + 1 (RoBERTa's family): the table holds that many fewer.
     position_offset: bool = False
     fixtures: Mapping[str, Fixture] = field(default_factory=dict)  # flavour -> how to write one
+    # The output head (engines/native/outputs.py) that reads the row's *ForMaskedLM head as
+    # SPLADE: such a package without modules.json is a sparse embedder. None: not served so.
+    sparse_head: str | None = None
 
     def descriptor(self) -> dict[str, Any]:
         """What /v1/models, `vllm-srun plugins` and `models --architectures` show of the row."""

@@ -17,6 +17,7 @@ from vllm_srun.errors import UnsupportedSurface
 
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]
+OutputKind = Literal["dense", "sparse", "multi_vector", "tokens"]
 
 
 class WindowOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -41,7 +42,11 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     included (default and ceiling: the model's limit); an input over it meets `overflow`.
     `profile` names the numerics a request expects: the model's own (`exact` for float32), else
     a 422 naming `options.profile` (which profiles a model serves is the model's, not the
-    document's, to say). `head` picks a model's head by name (on classify the
+    document's, to say). `output` (embeddings, rerank) is the kind of embedding: `dense` (one
+    pooled vector; the default where the model has one), `sparse` (SPLADE or bge-m3 lexical
+    weights, `{indices, values}`), `multi_vector` (ColBERT's per-token vectors where the
+    package has a projection, else every token's state) or `tokens` (every token's last hidden
+    state, TEI's /embed_all); rerank takes `dense` or `multi_vector` (MaxSim). `head` picks a model's head by name (on classify the
     request's top-level `head` is upstream's field for it, and this one its alias).
     """
 
@@ -57,6 +62,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     return_logits: bool = False
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     profile: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]*$")] | None = None
+    output: OutputKind | None = None
 
     @property
     def overflow_mode(self) -> Overflow:

@@ -18,6 +18,7 @@ BUILTIN: tuple[Architecture, ...] = (
         classes=encoder_classes(("Bert",), "pooler", extra=("ForPreTraining",)),
         type_ids=True,
         fixtures={"bert": Fixture(config_class="BertConfig", class_prefix="Bert", tokenizer="wordpiece")},
+        sparse_head="bert_mlm",
     ),
     Architecture(
         name="modernbert",
@@ -85,6 +86,7 @@ BUILTIN: tuple[Architecture, ...] = (
         model_types=("distilbert",),
         target=f"{_NATIVE}.distilbert:DistilBert",
         classes=encoder_classes(("DistilBert",), "pre_classifier"),
+        sparse_head="distilbert_mlm",
         config_keys={
             "hidden_size": "dim",
             "num_hidden_layers": "n_layers",

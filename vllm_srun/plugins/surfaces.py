@@ -41,8 +41,8 @@ from vllm_srun.plugins.decision_surface import (
 _COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
 _INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
 CLASSIFY_OPTIONS = _INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"}
-EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize"}
-RERANK_OPTIONS = _INPUT_OPTIONS
+EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize", "output"}
+RERANK_OPTIONS = _INPUT_OPTIONS | {"output"}
 
 if TYPE_CHECKING:
     ClassifyOptions = Options
@@ -276,11 +276,21 @@ class ClassifyResponse(msgspec.Struct, omit_defaults=True):
 
 
 class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """One input's vector; `object` is always "embedding" (OpenAI's, and required upstream)."""
+class SparseEmbedding(msgspec.Struct):
+    """A sparse embedding (`options.output: "sparse"`): vocabulary ids, ascending, and their
+    weights; ids left out weigh 0."""
+
+    indices: list[int]
+    values: list[float]
+
+
+    """One input's embedding; `object` is always "embedding" (OpenAI's, and required upstream).
+    `embedding` is a vector (floats, or base64 of float32), a `SparseEmbedding`
+    (`options.output: "sparse"`) or a list of vectors, one per token (`multi_vector`, `tokens`)."""
 
     index: int
     object: str
-    embedding: list[float] | str | None = None
+    embedding: list[float | list[float]] | str | SparseEmbedding | None = None
     input: InputUsage | None = None
     error: ItemErrorCode | None = None
     message: str | None = None
