@@ -53,21 +53,23 @@ class ModelPackage:
     def __repr__(self) -> str:
         return f"ModelPackage({str(self.root)!r})"
 
-    def path(self, relative: str) -> Path:
-        """The resolved path of `relative`; refused if it resolves outside the package."""
+    def path(self, relative: str, *, state_dict: bool = False) -> Path:
+        """The resolved path of `relative`; refused if it resolves outside the package, or if
+        it is a pickle, unless `state_dict`: a tensor-only PyTorch file that the one reader
+        of it loads with `torch.load(weights_only=True)` (bge-m3's extra heads)."""
         candidate = (self.root / relative).resolve()
         if candidate != self.root and self.root not in candidate.parents:
             raise PackageError(f"{relative!r} leaves the model package {str(self.root)!r}")
-        if relative.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")):
+        if not state_dict and relative.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt")):
             raise PackageError(
                 f"{relative!r} is a pickled checkpoint; the runtime loads safetensors only "
                 "(convert it with `safetensors.torch.save_file`)"
             )
         return candidate
 
-    def exists(self, relative: str) -> bool:
+    def exists(self, relative: str, *, state_dict: bool = False) -> bool:
         try:
-            return self.path(relative).is_file()
+            return self.path(relative, state_dict=state_dict).is_file()
         except PackageError:
             return False
 
@@ -83,11 +85,12 @@ class ModelPackage:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise PackageError(f"{relative!r} in {str(self.root)!r} is not valid JSON: {exc}") from exc
 
-    def digests(self, relatives: list[str]) -> dict[str, str]:
-        """SHA-256 of each named file, refusing any that is missing or leaves the package."""
+    def digests(self, relatives: list[str], *, state_dicts: Sequence[str] = ()) -> dict[str, str]:
+        """SHA-256 of each named file (and of the tensor-only `state_dicts`, see `path`),
+        refusing any that is missing or leaves the package."""
         out: dict[str, str] = {}
-        for relative in relatives:
-            path = self.path(relative)
+        for relative in [*relatives, *state_dicts]:
+            path = self.path(relative, state_dict=relative in state_dicts)
             if not path.is_file():
                 raise PackageError(f"model package {str(self.root)!r} has no file {relative!r}")
             out[relative] = sha256_file(path)

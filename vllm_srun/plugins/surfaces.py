@@ -275,7 +275,6 @@ class ClassifyResponse(msgspec.Struct, omit_defaults=True):
     meta: ResponseMeta | None = None
 
 
-class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
 class SparseEmbedding(msgspec.Struct):
     """A sparse embedding (`options.output: "sparse"`): vocabulary ids, ascending, and their
     weights; ids left out weigh 0."""
@@ -284,6 +283,7 @@ class SparseEmbedding(msgspec.Struct):
     values: list[float]
 
 
+class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One input's embedding; `object` is always "embedding" (OpenAI's, and required upstream).
     `embedding` is a vector (floats, or base64 of float32), a `SparseEmbedding`
     (`options.output: "sparse"`) or a list of vectors, one per token (`multi_vector`, `tokens`)."""

@@ -44,7 +44,18 @@ LABELS = {
     "language": ["en", "de", "fr", "other"],
 }
 
-HEADS = {"sequence": "sequence", "multilabel": "sequence", "token": "token", "embedding": "model", "reranker": "sequence"}
+HEADS = {
+    "sequence": "sequence",
+    "multilabel": "sequence",
+    "token": "token",
+    "embedding": "model",
+    "reranker": "sequence",
+}
+# The extra variants' heads (see `_variants`): not generated per row from HEADS.
+_EXTRA_HEADS = {"splade": "masked_lm", "bge-m3": "model"}
+# bge-m3's ColBERT width differs from its hidden size here (FlagEmbedding's colbert_dim), so a
+# reader that assumed the hidden size would fail.
+COLBERT_DIM = 24
 # Labels and pooling of the variants whose defaults do not fit (the defaults: a variant's head
 # name is its labels key; embedders pool by mean).
 _LABELS_OF = {"modernbert-sequence": "binary", "mmbert-sequence": "language"}
@@ -74,6 +85,22 @@ def _variants() -> dict[str, tuple[str, str, str | None, str | None]]:
     return out
 
 
+def _output_variants() -> dict[str, tuple[str, str, str | None, str | None]]:
+    """Sparse and multi-vector packages, as `_variants`: `<flavour>-splade` (a *ForMaskedLM)
+    where the row reads one as SPLADE, and `xlm-roberta-bge-m3` (an XLM-RoBERTa embedder with
+    bge-m3's two extra heads)."""
+    from vllm_srun.plugins.architectures import architectures
+
+    out: dict[str, tuple[str, str, str | None, str | None]] = {}
+    for arch in architectures():
+        for flavour in arch.fixtures:
+            if arch.sparse_head is not None:
+                out[f"{flavour}-splade"] = (flavour, "splade", None, None)
+            if flavour == "xlm-roberta":
+                out[f"{flavour}-bge-m3"] = (flavour, "bge-m3", None, "cls")
+    return out
+
+
 def fixture_of(flavour: str) -> tuple[Any, Any]:
     """(table row, Fixture) of a fixture flavour ("bert", "xlm-roberta", ...)."""
     from vllm_srun.plugins.architectures import architectures
@@ -86,6 +113,7 @@ def fixture_of(flavour: str) -> tuple[Any, Any]:
 
 _VARIANTS = _variants()
 VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
+OUTPUT_VARIANTS: tuple[str, ...] = tuple(_output_variants())
 
 MAX_POSITIONS = 128
 SEED = 1234
@@ -247,7 +275,11 @@ def _name_head(flavour: str, head: str, labels: list[str] | None, config: Any, m
         config.num_labels = len(labels)
     if multilabel:
         config.problem_type = "multi_label_classification"
-    suffix = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}.get(head, "Model")
+    suffix = {
+        "sequence": "ForSequenceClassification",
+        "token": "ForTokenClassification",
+        "masked_lm": "ForMaskedLM",
+    }.get(head, "Model")
     config.architectures = [fixture.class_prefix + suffix]
     return fixture.class_prefix + suffix
 
@@ -319,14 +351,14 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
     """Write the package `variant` (one of `VARIANTS`) into `out` and return `out`.
 
     `weights=False` needs no torch and writes a weights file without tensors (see above)."""
-    variants = _variants()  # rows a plugin registered since import count too
+    variants = _variants() | _output_variants()  # rows a plugin registered since import count too
     if variant not in variants:
         raise ValueError(f"unknown variant {variant!r}; variants: {', '.join(variants)}")
     if onnx and not weights:
         raise ValueError("an ONNX graph is exported from the weights: onnx=True needs weights=True")
     flavour, head_name, labels_key, pooling = variants[variant]
     arch, fixture = fixture_of(flavour)
-    head = HEADS[head_name]
+    head = HEADS.get(head_name) or _EXTRA_HEADS[head_name]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok, vocab_size, ids = TOKENIZERS[fixture.tokenizer]()
@@ -375,10 +407,43 @@ def write_fixture(out: Path, *, variant: str, onnx: bool = False, weights: bool 
             "pooling_mode_lasttoken": pooling == "last",
         }
         (out / "1_Pooling" / "config.json").write_text(json.dumps(pool, indent=2))
+    if head_name == "bge-m3":
+        _add_bge_m3_heads(out, config.hidden_size, weights=weights)
     if model is not None and onnx:
         types = arch.uses_type_ids(config.to_dict())
         _export_onnx(model, out / "onnx" / "model.onnx", bert=types, hidden=head == "model")
     return out
+
+
+def _add_bge_m3_heads(out: Path, hidden: int, *, weights: bool) -> None:
+    """bge-m3's `sparse_linear.pt` (Linear(hidden, 1)) and `colbert_linear.pt`
+    (Linear(hidden, COLBERT_DIM)) as FlagEmbedding saves them: torch.save of a state dict; and
+    the special tokens its tokenizer_config.json names (lexical weights leave them out)."""
+    config_path = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config.update(
+        tokenizer_class="PreTrainedTokenizerFast",
+        bos_token="<bos>",
+        cls_token="<bos>",
+        eos_token="<eos>",
+        sep_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+    config_path.write_text(json.dumps(tokenizer_config, indent=2))
+    if not weights:
+        return
+    import torch
+
+    torch.manual_seed(SEED + 1)
+    sparse = torch.nn.Linear(hidden, 1)
+    # Wide weights and no bias, so that about half the tokens weigh more than 0 (the default
+    # init leaves the weights of a random encoder's similar token states all on one side).
+    torch.nn.init.normal_(sparse.weight, std=1.0)
+    torch.nn.init.zeros_(sparse.bias)
+    torch.save(sparse.state_dict(), out / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(hidden, COLBERT_DIM).state_dict(), out / "colbert_linear.pt")
 
 
 def add_sentence_transformers(

@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from vllm_srun.engines.native.encoder import EncoderModel
 
 POOLED = ("mean", "cls", "last")
-OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED)
+# What the output heads (outputs.py) answer, where the family installed them (spec.extra).
+HEAD_OUTPUTS = ("splade", "lexical", "colbert")
+OUTPUTS = ("default", "logits", "token_logits", "hidden", *POOLED, *HEAD_OUTPUTS)
 # The outputs an earlier layer can give (the heads read the last layer only), and the separator
 # of an output's exit layer.
 EXIT_OUTPUTS = ("hidden", *POOLED)
@@ -105,7 +107,18 @@ class NativeEngine(Engine):
         from vllm_srun.engines.native.weights import read_safetensors
 
         # int8 quantises float32 weights after loading them.
-        return read_safetensors(spec.weight_files, "float32" if dtype == "int8" else dtype)
+        tensors = read_safetensors(spec.weight_files, "float32" if dtype == "int8" else dtype)
+        state_dicts = spec.extra.get("state_dicts") or {}
+        if state_dicts:
+            from vllm_srun.engines.native.outputs import read_state_dicts
+            from vllm_srun.engines.native.weights import torch_dtype
+
+            extra = read_state_dicts(state_dicts, torch_dtype("float32" if dtype == "int8" else dtype))
+            clash = sorted(set(extra) & set(tensors))
+            if clash:
+                raise PackageError(f"tensor {clash[0]!r} is in the safetensors and in a state dict")
+            tensors.update(extra)
+        return tensors
 
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> NativeModel:
         import torch
@@ -122,7 +135,13 @@ class NativeEngine(Engine):
         # Built on the meta device: no time spent on random init that the weights overwrite.
         try:
             with torch.device("meta"):
-                module = cls(row.standard_config(spec.config), head=row.head_of(spec.architecture))
+                config = row.standard_config(spec.config)
+                module = cls(config, head=row.head_of(spec.architecture))
+                if spec.extra.get("outputs"):
+                    from vllm_srun.engines.native.outputs import install_outputs
+
+                    # Plain attribute: the heads read their modules from the model at call time.
+                    module.output_heads = install_outputs(module, tuple(spec.extra["outputs"]), config, tensors)
         except ConfigError:
             raise
         except KeyError as exc:
@@ -211,6 +230,8 @@ class NativeModel(EngineModel):
             return {"sequence": "logits", "token": "token_logits"}.get(head or "", "mean")
         if output not in OUTPUTS:
             raise ValueError(f"unknown output {output!r} (known: {', '.join(OUTPUTS)})")
+        if output in HEAD_OUTPUTS and output not in getattr(self.module, "output_heads", {}):
+            raise ValueError(f"output {output!r} needs an output head this package does not ship")
         needs = {"logits": "sequence", "token_logits": "token"}.get(output)
         if needs is not None and head != needs:
             raise ValueError(f"output {output!r} needs a {needs} classification head; this model has none")
@@ -408,6 +429,9 @@ class NativeModel(EngineModel):
                 per_row(rows, host(hidden[[spans[r][1] - 1 for r in rows]]))
             elif kind == "logits":
                 per_row(rows, host(self.module.sequence_logits(hidden, segments, rows)))
+            elif kind in HEAD_OUTPUTS:
+                head = self.module.output_heads[kind]
+                per_row(rows, [host(head.rows(self.module, hidden[spans[r][0] : spans[r][1]])) for r in rows])
             else:  # "hidden" and "token_logits": one [T, ...] array per row
                 tokens = torch.cat([hidden[spans[r][0] : spans[r][1]] for r in rows])
                 values = host(self.module.token_logits(tokens) if kind == "token_logits" else tokens)

@@ -8,12 +8,14 @@ replica plans and finishes with the tokenizer alone.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.families.task_heads.outputs import output_kinds
 from vllm_srun.families.task_heads.sentence import declared_layers, load_post_pooling
 from vllm_srun.families.task_heads.tokenize import TextEncoder
 from vllm_srun.plugins.architectures import supported_model_types, uses_type_ids
@@ -60,12 +62,22 @@ class TaskHeadsFamily(ModelFamily):
 
     def verify(self, package: ModelPackage) -> Verification:
         layout = read_layout(package)
-        files = package.digests(layout.files())
+        files = package.digests(layout.files(), state_dicts=list(layout.state_dicts.values()))
         return Verification(model_sha256=combined_sha256(files), files=files, max_tokens=layout.max_tokens)
 
     def describe(self, package: ModelPackage) -> ModelSpec:
         layout = read_layout(package)
-        return checkpoint_spec(self.name, package, layout.config, layout.weight_files, layout.onnx)
+        spec = checkpoint_spec(self.name, package, layout.config, layout.weight_files, layout.onnx)
+        if not layout.output_heads:
+            return spec
+        extra = {
+            **spec.extra,
+            "outputs": layout.output_heads,
+            "state_dicts": {
+                prefix: package.path(name, state_dict=True) for prefix, name in layout.state_dicts.items()
+            },
+        }
+        return dataclasses.replace(spec, extra=extra)
 
     def load(
         self,
@@ -79,7 +91,7 @@ class TaskHeadsFamily(ModelFamily):
     ) -> TaskHeadsModel:
         layout = read_layout(package)
         labels = labels_of(layout.config)
-        if layout.kind != "embedding" and not labels:
+        if layout.kind not in ("embedding", "sparse") and not labels:
             raise PackageError(f"config.json of {package.name!r} names no labels (id2label/num_labels)")
         heads = heads_for(layout.kind, labels, layout.config.get("problem_type"))
         embedding = (
@@ -119,6 +131,7 @@ class TaskHeadsFamily(ModelFamily):
             sentence=sentence,
             post_pooling=load_post_pooling(package, sentence),
             num_layers=int(layout.config.get("num_hidden_layers") or 0),
+            outputs=output_kinds(layout, encoder, package),
         )
 
     def descriptor(self) -> dict[str, Any]:
@@ -126,7 +139,7 @@ class TaskHeadsFamily(ModelFamily):
             "name": self.name,
             "surfaces": list(self.surfaces),
             "model_types": supported_model_types(),
-            "heads": ["sequence", "scores", "token", "pooled", "relevance"],
+            "heads": ["sequence", "scores", "token", "pooled", "relevance", "sparse"],
         }
 
 

@@ -4,11 +4,11 @@ is answered with that error in its own `error` field; its siblings are answered 
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vllm_srun.families.task_heads import heads
+from vllm_srun.families.task_heads import heads, outputs
 from vllm_srun.families.task_heads.spans import token_readout
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.bodies import Representation, ResponseMeta, item_error_code, served_profile
@@ -22,6 +22,7 @@ from vllm_srun.plugins.surfaces import (
     EmbeddingsUsage,
     RerankResponse,
     RerankResult,
+    SparseEmbedding,
     Usage,
 )
 
@@ -134,7 +135,21 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
     )
 
 
+def _other_output(
+    model: TaskHeadsModel, state: PlanState, planned: PlannedInput, rows: list[np.ndarray]
+) -> Any:
+    """A non-dense embedding (outputs.py) of one input read as one piece."""
+    kind = state.extra.get("output", outputs.DENSE)
+    (row,) = rows
+    if kind == outputs.SPARSE:
+        indices, values = outputs.sparse(model.outputs, row, planned.enc.ids[planned.split.pieces[0]])
+        return SparseEmbedding(indices=indices, values=values)
+    return outputs.multi_vectors(model.outputs, kind, row).tolist()
+
+
 def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
+    if state.extra.get("output", outputs.DENSE) != outputs.DENSE:
+        return _other_embeddings(model, state, all_rows)
     dimensions: int | None = state.extra.get("dimensions")
     as_base64 = state.extra.get("encoding_format") == "base64"
     data: list[Embedding] = []
@@ -171,13 +186,35 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
     return response
 
 
+def _other_embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
+    data: list[Embedding] = []
+    for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
+        item = Embedding(index=index, object="embedding", input=planned.split.info)
+        if isinstance(rows, ItemError):
+            _fail(item, rows)
+        else:
+            item.embedding = _other_output(model, state, planned, rows)
+        data.append(item)
+    tokens = _tokens(state.inputs)
+    usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
+    return EmbeddingsResponse(
+        data=data, model=model.info.name, usage=usage, object="list", meta=_meta(model, state)
+    )
+
+
 def rerank(
     model: TaskHeadsModel, state: PlanState, all_rows: list[Rows], query: Rows | None
 ) -> RerankResponse:
     scored: list[tuple[float, RerankResult]] = []
     failed: list[RerankResult] = []
     query_vector = None
-    if isinstance(query, list):
+    late = state.extra.get("output") == outputs.MULTI_VECTOR
+    query_vectors = (
+        outputs.multi_vectors(model.outputs, outputs.MULTI_VECTOR, query[0])
+        if late and isinstance(query, list)
+        else None
+    )
+    if isinstance(query, list) and not late:
         # Cosine of the embeddings, whatever the model's own normalisation.
         assert state.query is not None
         vectors = model.embedding_rows(state, state.query, query)
@@ -192,7 +229,10 @@ def rerank(
             failed.append(result)
             continue
         assert isinstance(rows, list)
-        if query_vector is not None:
+        if query_vectors is not None:
+            vectors = outputs.multi_vectors(model.outputs, outputs.MULTI_VECTOR, rows[0])
+            result.relevance_score = result.logit = outputs.maxsim(query_vectors, vectors)
+        elif query_vector is not None:
             vectors = model.embedding_rows(state, planned, rows)
             vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
             # A bi-encoder's logit is the score it ranks by: the cosine.

@@ -23,6 +23,7 @@ import numpy as np
 from vllm_srun.plugins.base import HeadInfo
 
 SEQUENCE, SCORES, TOKEN, POOLED, RELEVANCE = "sequence", "scores", "token", "pooled", "relevance"
+SPARSE = "sparse"  # a SPLADE model: sparse embeddings (and every token's state), no pooled vector
 
 # Which surfaces each head kind answers.
 SURFACES_OF: dict[str, tuple[str, ...]] = {
@@ -31,6 +32,7 @@ SURFACES_OF: dict[str, tuple[str, ...]] = {
     TOKEN: ("classify",),
     RELEVANCE: ("rerank", "classify"),
     POOLED: ("embeddings", "rerank"),
+    SPARSE: ("embeddings",),
 }
 DEFAULT_THRESHOLD = 0.5
 
@@ -61,6 +63,8 @@ def heads_for(kind: str, labels: list[str], problem_type: str | None) -> list[He
         return [_classify_head(TOKEN, TOKEN, labels)]
     if kind == "embedding":
         return [HeadInfo(name=POOLED, kind=POOLED)]
+    if kind == SPARSE:
+        return [HeadInfo(name=SPARSE, kind=SPARSE)]
     if problem_type == "multi_label_classification":
         return [_classify_head(SCORES, SCORES, labels, DEFAULT_THRESHOLD)]
     if len(labels) == 1:

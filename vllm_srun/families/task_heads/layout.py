@@ -8,7 +8,7 @@ ONNX graph, and for sentence-transformers embedders their configuration and modu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_srun import defaults
@@ -30,6 +30,12 @@ class Layout:
     tokenizer_config: str | None
     sentence: SentenceConfig | None = None  # a sentence-transformers embedder's configuration
     max_tokens: int = defaults.FALLBACK_MAX_TOKENS
+    # Output heads (engines/native/outputs.py) beyond the class's own: a SPLADE package's
+    # masked-LM head, bge-m3's sparse and ColBERT linears; and the PyTorch state dicts that
+    # hold the latter, by the prefix their tensors load under (hashed with `files()`, read by
+    # the engine alone, with torch.load(weights_only=True)).
+    output_heads: tuple[str, ...] = ()
+    state_dicts: dict[str, str] = field(default_factory=dict)
 
     @property
     def pooling(self) -> str | None:
@@ -57,10 +63,33 @@ def kind_of(config: dict[str, Any], package: ModelPackage) -> str | None:
     found = served_kind(config, has_onnx=any(package.exists(p) for p in ONNX_PATHS))
     if found is None:
         return None
-    kind = found[0]
+    kind, arch = found
     if kind == "model":
-        return "embedding" if package.exists("modules.json") else None
+        if package.exists("modules.json"):
+            return "embedding"
+        # A *ForMaskedLM checkpoint alone is SPLADE's form (naver/splade-*), where the row reads it.
+        architecture = str(config["architectures"][0])
+        sparse = arch is not None and arch.sparse_head is not None and architecture.endswith("ForMaskedLM")
+        return "sparse" if sparse else None
     return kind
+
+
+# bge-m3's extra heads (FlagEmbedding's BGEM3 saves them beside the checkpoint): file -> the
+# output head that reads it, which is also the prefix its tensors load under.
+STATE_DICTS = {"sparse_linear.pt": "sparse_linear", "colbert_linear.pt": "colbert_linear"}
+
+
+def _output_heads(
+    kind: str, config: dict[str, Any], package: ModelPackage
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    if kind == "sparse":
+        found = served_kind(config, has_onnx=False)
+        assert found is not None and found[1] is not None and found[1].sparse_head is not None
+        return (found[1].sparse_head,), {}
+    if kind != "embedding":
+        return (), {}
+    files = {head: name for name, head in STATE_DICTS.items() if package.exists(name, state_dict=True)}
+    return tuple(files), files
 
 
 def read_layout(package: ModelPackage) -> Layout:
@@ -84,7 +113,14 @@ def read_layout(package: ModelPackage) -> Layout:
         # the positions the checkpoint has.
         positions = usable_positions(config) if "max_position_embeddings" in config else sentence.max_seq_length
         max_tokens = min(sentence.max_seq_length, positions)
+    output_heads, state_dicts = _output_heads(kind, config, package)
+    if output_heads and onnx is not None and not weights:
+        raise PackageError(
+            f"{package.name!r}: its {', '.join(output_heads)} output needs safetensors weights"
+        )
     return Layout(
+        output_heads=output_heads,
+        state_dicts=state_dicts,
         config=config,
         architecture=config["architectures"][0],
         kind=kind,

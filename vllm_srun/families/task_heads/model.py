@@ -16,8 +16,9 @@ from tokenizers import Tokenizer
 
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
-from vllm_srun.families.task_heads import finish
+from vllm_srun.families.task_heads import finish, outputs
 from vllm_srun.families.task_heads.heads import POOLED, SCORES, SURFACES_OF, TOKEN, pool_tokens
+from vllm_srun.families.task_heads.outputs import OutputKinds
 from vllm_srun.families.task_heads.sentence import (
     PostPooling,
     SentenceConfig,
@@ -69,6 +70,7 @@ class SurfaceOptions(TypedDict, total=False):
     top_n: int | None
     return_documents: bool
     layer: int | None
+    output: str  # options.output in force (outputs.py): absent means dense
 
 
 @dataclass(eq=False)
@@ -104,6 +106,12 @@ def _refuse_unread(head: HeadInfo, options: Options) -> None:
             )
 
 
+def _fits(shape: tuple[int, ...], expected: tuple[int | None, ...]) -> bool:
+    return len(shape) == len(expected) and all(
+        e is None or s == e for s, e in zip(shape, expected, strict=True)
+    )
+
+
 def _type_runs(types: np.ndarray) -> str:
     """Run lengths of the token type ids, e.g. "0x5,1x3": they change the result, so they
     belong in the cache key next to the token ids."""
@@ -137,6 +145,7 @@ class TaskHeadsModel(LoadedModel):
         sentence: SentenceConfig | None = None,
         post_pooling: PostPooling | None = None,
         num_layers: int = 0,
+        outputs: OutputKinds | None = None,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -150,6 +159,7 @@ class TaskHeadsModel(LoadedModel):
         self.max_tokens = info.max_tokens or FALLBACK_MAX_TOKENS
         self.heads = {head.name: head for head in info.heads}
         self.num_layers = num_layers  # encoder layers: the last is the exit every surface serves
+        self.outputs = outputs or OutputKinds()
 
     def tokenizer(self) -> Tokenizer:
         return self.encoder.tokenizer
@@ -192,6 +202,10 @@ class TaskHeadsModel(LoadedModel):
         inputs = request.inputs()
         if not inputs:
             raise InvalidRequest("input: must not be empty", param="input")
+        kind = request.options.output or self.outputs.default
+        self.outputs.check(kind, model=self.info.name)
+        if kind != outputs.DENSE:
+            return self._plan_other_output(request, head, inputs, kind)
         dimension = self.info.embedding.dimension if self.info.embedding else 0
         if request.dimensions is not None and request.dimensions > dimension:
             raise InvalidRequest(
@@ -243,6 +257,52 @@ class TaskHeadsModel(LoadedModel):
         )
         return plan
 
+    def _plan_other_output(
+        self, request: EmbeddingsRequest, head: HeadInfo, inputs: list[str | list[int]], kind: str
+    ) -> Plan:
+        """Sparse, multi-vector or token embeddings: one engine row per input, read whole or
+        truncated (windows would need a rule to join them that no reference has)."""
+        outputs.refuse_with(
+            kind,
+            {
+                "dimensions": request.dimensions,
+                "layer": request.layer,
+                "options.normalize": request.options.normalize,
+                "encoding_format": "base64" if request.encoding_format == "base64" else None,
+                "options.overflow": "window" if request.options.overflow == "window" else None,
+            },
+        )
+        single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
+        prompt = select_prompt(
+            self.sentence,
+            model=self.info.name,
+            prompt=request.prompt,
+            prompt_name=request.prompt_name,
+            input_type=request.input_type,
+            token_ids=any(isinstance(i, list) for i in inputs),
+        )
+        params = ["input" if single else f"input[{i}]" for i, v in enumerate(inputs) if isinstance(v, str)]
+        texts = [prompt + t for t in inputs if isinstance(t, str)]
+        encoded = iter(self._encode_bounded([(t, None) for t in texts], request.options, params))
+        encs: list[Encoded] = []
+        for index, value in enumerate(inputs):
+            enc = next(encoded) if isinstance(value, str) else self.encoder.ids_input(value)
+            if isinstance(enc, int):
+                param = "input" if single else f"input[{index}]"
+                raise UnsupportedOption(  # the vocabulary is the model's: 422
+                    f"{param}: token id {value[enc]} (at {enc}) is not in the model's vocabulary of "
+                    f"{self.encoder.vocab_size}",
+                    param=param,
+                )
+            encs.append(enc)
+        names = [i if isinstance(i, str) else "" for i in inputs]
+        engine_output = self.outputs.engine_output(kind)
+        plan = self._plan_encoded("embeddings", head, request.options, names, encs, output=engine_output)
+        if request.options.overflow is None:
+            self._refuse_overlong(plan.state, single=single)
+        plan.state.extra = SurfaceOptions(encoding_format=request.encoding_format, output=kind)
+        return plan
+
     def _refuse_overlong(self, state: PlanState, *, single: bool) -> None:
         """OpenAI's contract: an over-long input fails the request, never a 200 with a null
         vector, unless the request or the server asks for truncation."""
@@ -266,11 +326,30 @@ class TaskHeadsModel(LoadedModel):
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
             raise InvalidRequest("documents: must not be empty")
+        kind = request.options.output or outputs.DENSE
+        if kind not in (outputs.DENSE, outputs.MULTI_VECTOR):
+            raise InvalidRequest(
+                f"options.output: rerank scores by 'dense' or 'multi_vector' (MaxSim), not {kind!r}",
+                param="options.output",
+            )
+        if kind == outputs.MULTI_VECTOR:
+            if head.kind != POOLED:
+                raise UnsupportedOption(
+                    f"options.output: 'multi_vector' reranks with an embedder's token vectors; the "
+                    f"{head.kind} head {head.name!r} scores pairs",
+                    param="options.output",
+                )
+            if request.options.overflow == "window":
+                raise InvalidRequest(
+                    "options.overflow: 'window' does not apply to multi_vector rerank",
+                    param="options.overflow",
+                )
         if head.kind == POOLED:
             # Bi-encoder: the query is embedded once, as an extra input planned first.
             params = ["query"] + [f"documents[{i}]" for i in range(len(documents))]
             pairs: list[tuple[str, str | None]] = [(request.query, None)] + [(d, None) for d in documents]
-            plan = self._plan("rerank", head, request.options, pairs, params)
+            output = self.outputs.engine_output(kind) if kind != outputs.DENSE else None
+            plan = self._plan("rerank", head, request.options, pairs, params, output=output)
             plan.state.query = plan.state.inputs.pop(0)
         else:
             bound_chars([len(request.query)], self._policy(request.options), ["query"])
@@ -280,7 +359,9 @@ class TaskHeadsModel(LoadedModel):
             )
             for planned, document in zip(plan.state.inputs, documents, strict=True):
                 planned.text = document
-        plan.state.extra = SurfaceOptions(top_n=request.top_n, return_documents=request.return_documents)
+        plan.state.extra = SurfaceOptions(
+            top_n=request.top_n, return_documents=request.return_documents, output=kind
+        )
         return plan
 
     def _head(self, surface: str, name: str | None, field: str = "options.head") -> HeadInfo:
@@ -373,12 +454,15 @@ class TaskHeadsModel(LoadedModel):
         options: Options,
         pairs: Sequence[tuple[str, str | None]],
         params: Sequence[str] | None = None,
+        *,
+        output: str | None = None,
     ) -> Plan:
         """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
         fields; by default input[i])."""
         params = params or [f"input[{i}]" for i in range(len(pairs))]
         texts = [text for text, _ in pairs]
-        return self._plan_encoded(surface, head, options, texts, self._encode_bounded(pairs, options, params))
+        encs = self._encode_bounded(pairs, options, params)
+        return self._plan_encoded(surface, head, options, texts, encs, output=output)
 
     def _encode_bounded(
         self, pairs: Sequence[tuple[str, str | None]], options: Options, params: Sequence[str]
@@ -405,7 +489,9 @@ class TaskHeadsModel(LoadedModel):
         encs: Sequence[Encoded],
         *,
         skip: int = 0,
+        output: str | None = None,
     ) -> Plan:
+        """Work items for `encs`; `output` (an engine output) overrides the head's own."""
         policy = self._policy(options)
         if policy.mode == "window" and head.kind == POOLED and self.pooling == "last":
             # A window's last token has read only that window (and in a decoder, only what came
@@ -416,7 +502,7 @@ class TaskHeadsModel(LoadedModel):
                 "alone; use 'truncate' or 'reject'",
                 param="options.overflow",
             )
-        output = self._output(head, skip=skip)
+        output = output or self._output(head, skip=skip)
         items: list[WorkItem] = []
         inputs: list[PlannedInput] = []
         for text, enc in zip(texts, encs, strict=True):
@@ -467,7 +553,7 @@ class TaskHeadsModel(LoadedModel):
             if isinstance(result, ItemError):
                 return result
             expected = self._shape(output, len(piece))
-            if tuple(result.shape) != expected:
+            if not _fits(tuple(result.shape), expected):
                 return ItemError(
                     "invalid_model_output",
                     f"engine returned shape {tuple(result.shape)} for {output!r}, expected {expected}",
@@ -475,7 +561,15 @@ class TaskHeadsModel(LoadedModel):
             rows.append(result)
         return rows
 
-    def _shape(self, output: str, tokens: int) -> tuple[int, ...]:
+    def _shape(self, output: str, tokens: int) -> tuple[int | None, ...]:
+        """The shape a row of `output` has; None where any size is right (a sparse row's
+        active ids, a projection's width)."""
+        if output == "splade":
+            return (None, 2)
+        if output == "lexical":
+            return (tokens,)
+        if output == "colbert":
+            return (tokens, None)
         if output == "logits":
             return (len(self.labels),)
         if output == "token_logits":

@@ -1,0 +1,212 @@
+"""Sparse and multi-vector outputs (outputs.py; `options.output`) against their reference
+formulas computed straight from Transformers, at ATOL = 1e-5:
+
+- SPLADE (BertForMaskedLM, DistilBertForMaskedLM): per vocabulary id, the max over the
+  attention-masked tokens of log(1 + relu(logits));
+- bge-m3 (XLMRobertaModel + sparse_linear.pt + colbert_linear.pt): lexical weights relu(linear(h))
+  per token, max per id, the tokenizer's cls/eos/pad/unk ids (special_tokens_map) and zero
+  weights left out; ColBERT vectors colbert_linear(h[1:]), L2-normalised; MaxSim rerank;
+- every token's last hidden state (`tokens`).
+
+The reference runs the texts as one right-padded batch, so the mask is the attention mask.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+from families.task_heads.harness import Harness
+
+from vllm_srun.errors import InvalidRequest
+from vllm_srun.families.task_heads import outputs
+from vllm_srun.families.task_heads.model import TaskHeadsModel
+from vllm_srun.plugins.bodies import UnsupportedOption
+from vllm_srun.plugins.surfaces import EmbeddingsRequest, RerankRequest, SparseEmbedding
+
+ATOL = 1e-5
+TEXTS = [
+    "good",
+    "John Smith lives in Paris and works at Google.",
+    "what a terrible movie , i hate it the the movie",  # repeated ids: lexical keeps the max
+    "Mary visited London, Berlin and New York City last year with her dog and cat",
+]
+SPLADE = ("bert-splade", "distilbert-splade")
+BGE_M3 = "xlm-roberta-bge-m3"
+
+pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    root = tmp_path_factory.mktemp("outputs")
+    return {v: write_fixture(root / v, variant=v) for v in (*SPLADE, BGE_M3)}
+
+
+@pytest.fixture(scope="module")
+def models(packages: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, TaskHeadsModel]:
+    harness = Harness(tmp_path_factory.mktemp("unused"))
+    return {v: harness.load_path(path, "native", name=v) for v, path in packages.items()}
+
+
+def _embed(model: TaskHeadsModel, body: dict[str, Any]) -> Any:
+    return Harness.roundtrip(model, "embeddings", msgspec.convert(body, EmbeddingsRequest))
+
+
+def _batch(path: Path, texts: list[str]) -> tuple[Any, Any, Any]:
+    """Transformers' tokenizer and model of the package, and its padded batch of `texts`."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    cls = getattr(transformers, config.architectures[0])
+    model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32).eval()
+    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    if "token_type_ids" in batch and config.model_type == "distilbert":
+        del batch["token_type_ids"]
+    return tokenizer, model, batch
+
+
+def _splade_reference(path: Path, texts: list[str]) -> list[dict[int, float]]:
+    import torch
+
+    _, model, batch = _batch(path, texts)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    weights = torch.log1p(torch.relu(logits)) * batch["attention_mask"].unsqueeze(-1)
+    pooled = weights.max(dim=1).values
+    return [{int(i): float(pooled[r, i]) for i in torch.nonzero(pooled[r]).reshape(-1)} for r in range(len(texts))]
+
+
+def _as_dict(embedding: Any) -> dict[int, float]:
+    assert isinstance(embedding, SparseEmbedding)
+    assert embedding.indices == sorted(embedding.indices)
+    return dict(zip(embedding.indices, embedding.values, strict=True))
+
+
+def _close(ours: dict[int, float], reference: dict[int, float]) -> float:
+    """The largest difference of two sparse vectors; their ids must be the same."""
+    assert set(ours) == set(reference)
+    return max((abs(ours[i] - reference[i]) for i in reference), default=0.0)
+
+
+@pytest.mark.parametrize("variant", SPLADE)
+def test_splade_matches_the_masked_lm_formula(models: dict[str, TaskHeadsModel], packages: dict[str, Path], variant: str) -> None:
+    model = models[variant]
+    assert model.info.surfaces == ["embeddings"]
+    assert model.outputs.served() == ["sparse", "tokens"]
+    # Sparse is a SPLADE model's default output: no option needed.
+    body = _embed(model, {"input": TEXTS})
+    reference = _splade_reference(packages[variant], TEXTS)
+    worst = max(_close(_as_dict(item.embedding), ref) for item, ref in zip(body.data, reference, strict=True))
+    assert worst < ATOL
+    assert all(len(ref) > 10 for ref in reference)  # a formula that dropped ids would differ
+
+
+def _bge_m3_reference(path: Path, texts: list[str]) -> tuple[list[np.ndarray], list[dict[int, float]], list[np.ndarray], list[np.ndarray]]:
+    """(dense, lexical weights, ColBERT vectors, token states) as FlagEmbedding's BGEM3 computes
+    them from Transformers' last hidden states."""
+    import torch
+
+    tokenizer, model, batch = _batch(path, texts)
+    hidden_size = model.config.hidden_size
+    sparse = torch.nn.Linear(hidden_size, 1)
+    sparse.load_state_dict(torch.load(path / "sparse_linear.pt", weights_only=True))
+    state = torch.load(path / "colbert_linear.pt", weights_only=True)
+    colbert = torch.nn.Linear(hidden_size, state["weight"].shape[0])
+    colbert.load_state_dict(state)
+    unused = {tokenizer.convert_tokens_to_ids(tokenizer.special_tokens_map[t]) for t in ("cls_token", "eos_token", "pad_token", "unk_token")}
+    mask = batch["attention_mask"]
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
+        token_weights = torch.relu(sparse(hidden)).squeeze(-1)
+        vecs = colbert(hidden[:, 1:]) * mask[:, 1:][:, :, None].float()
+    lexical, multi, tokens = [], [], []
+    for r in range(len(texts)):
+        count = int(mask[r].sum())
+        weights: dict[int, float] = {}
+        for w, idx in zip(token_weights[r, :count].tolist(), batch["input_ids"][r, :count].tolist(), strict=True):
+            if idx not in unused and w > 0 and w > weights.get(idx, 0.0):
+                weights[idx] = w
+        lexical.append(weights)
+        multi.append(torch.nn.functional.normalize(vecs[r, : count - 1], dim=-1).numpy())
+        tokens.append(hidden[r, :count].numpy())
+    return [d.numpy() for d in dense], lexical, multi, tokens
+
+
+def test_bge_m3_outputs_match_flag_embedding_formulas(models: dict[str, TaskHeadsModel], packages: dict[str, Path]) -> None:
+    model = models[BGE_M3]
+    assert model.outputs.served() == ["dense", "sparse", "multi_vector", "tokens"]
+    dense, lexical, multi, tokens = _bge_m3_reference(packages[BGE_M3], TEXTS)
+    got = {kind: _embed(model, {"input": TEXTS, "options": {"output": kind}}).data for kind in model.outputs.served()}
+    worst: dict[str, float] = {}
+    worst["dense"] = max(float(np.abs(np.array(i.embedding) - d).max()) for i, d in zip(got["dense"], dense, strict=True))
+    worst["sparse"] = max(_close(_as_dict(i.embedding), ref) for i, ref in zip(got["sparse"], lexical, strict=True))
+    for kind, refs in (("multi_vector", multi), ("tokens", tokens)):
+        for item, ref in zip(got[kind], refs, strict=True):
+            array = np.array(item.embedding)
+            assert array.shape == ref.shape
+            worst[kind] = max(worst.get(kind, 0.0), float(np.abs(array - ref).max()))
+    assert all(value < ATOL for value in worst.values()), worst
+    assert got["multi_vector"][0].embedding and len(got["multi_vector"][0].embedding[0]) == 24  # colbert_dim
+
+
+def test_multi_vector_rerank_is_maxsim(models: dict[str, TaskHeadsModel], packages: dict[str, Path]) -> None:
+    model = models[BGE_M3]
+    query, documents = "who lives in paris", TEXTS
+    _, _, multi, _ = _bge_m3_reference(packages[BGE_M3], [query, *documents])
+    q = multi[0]
+    expected = [float((q @ d.T).max(axis=1).sum()) for d in multi[1:]]
+    request = msgspec.convert({"query": query, "documents": documents, "options": {"output": "multi_vector"}}, RerankRequest)
+    body = Harness.roundtrip(model, "rerank", request)
+    scores = {r.index: r.relevance_score for r in body.results}
+    assert max(abs(scores[i] - e) for i, e in enumerate(expected)) < ATOL
+    assert [r.index for r in body.results] == sorted(range(len(expected)), key=lambda i: -expected[i])
+
+
+def test_output_refusals(models: dict[str, TaskHeadsModel]) -> None:
+    splade, m3 = models["bert-splade"], models[BGE_M3]
+    with pytest.raises(UnsupportedOption, match=r"options.output: .* gives no 'dense' output; it gives sparse, tokens"):
+        splade.plan_surface("embeddings", msgspec.convert({"input": "a", "options": {"output": "dense"}}, EmbeddingsRequest))
+    for body, field in (
+        ({"dimensions": 8}, "dimensions"),
+        ({"layer": 1}, "layer"),
+        ({"encoding_format": "base64"}, "encoding_format"),
+        ({"options": {"output": "sparse", "normalize": False}}, "options.normalize"),
+        ({"options": {"output": "sparse", "overflow": "window"}}, "options.overflow"),
+    ):
+        request = {"input": "good", "options": {"output": "sparse"}} | body
+        with pytest.raises(InvalidRequest, match=rf"^{field}: applies to dense output only") as caught:
+            m3.plan_surface("embeddings", msgspec.convert(request, EmbeddingsRequest))
+        assert caught.value.param == field
+    with pytest.raises(InvalidRequest, match=r"options\.output: rerank scores by"):
+        m3.plan_surface("rerank", msgspec.convert({"query": "a", "documents": ["b"], "options": {"output": "sparse"}}, RerankRequest))
+
+
+def test_output_kind_is_in_the_cache_key(models: dict[str, TaskHeadsModel]) -> None:
+    model = models[BGE_M3]
+    keys = {}
+    for kind in model.outputs.served():
+        plan = model.plan_surface("embeddings", msgspec.convert({"input": "good", "options": {"output": kind}}, EmbeddingsRequest))
+        keys[kind] = plan.items[0].key_extra
+    assert keys == {
+        "dense": "task_heads/cls",
+        "sparse": "task_heads/lexical",
+        "multi_vector": "task_heads/colbert",
+        "tokens": "task_heads/hidden",
+    }
+
+
+def test_lexical_weights_keep_the_max_and_drop_special_and_zero_weights() -> None:
+    kinds = outputs.OutputKinds(sparse="lexical", unused_ids=frozenset({0, 2}))
+    ids = np.array([0, 7, 5, 7, 9, 2])
+    row = np.array([3.0, 0.5, 0.0, 1.5, 0.25, 4.0], dtype=np.float32)
+    assert outputs.sparse(kinds, row, ids) == ([7, 9], [1.5, 0.25])

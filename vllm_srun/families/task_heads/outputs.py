@@ -1,0 +1,153 @@
+"""Output kinds of the embeddings surface (`options.output`) and how raw rows become them.
+
+- `dense`: one pooled vector (sentence-transformers' modules; see model.py and finish.py).
+- `sparse`: `{indices, values}` over the vocabulary. A SPLADE package (a *ForMaskedLM
+  checkpoint) has the engine's "splade" rows, already max-pooled; bge-m3 has its "lexical"
+  per-token weights, and here, as FlagEmbedding's BGEM3 does, each token id keeps the maximum
+  weight of its occurrences, with the cls, eos, pad and unk ids and zero weights left out.
+- `multi_vector`: one vector per token for late interaction. With bge-m3's `colbert_linear.pt`
+  the engine's "colbert" rows without the first (cls) token, each L2-normalised, as BGEM3
+  does; without a projection, every token's last hidden state.
+- `tokens`: every token's last hidden state as the model leaves it (TEI's /embed_all).
+
+The engine output each kind needs is part of the work item's cache key (`task_heads/<output>`),
+so kinds never share an entry unless they are the same numbers ("hidden").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from vllm_srun.errors import InvalidRequest
+from vllm_srun.plugins.bodies import UnsupportedOption
+
+if TYPE_CHECKING:
+    from vllm_srun.families.task_heads.layout import Layout
+    from vllm_srun.families.task_heads.tokenize import TextEncoder
+    from vllm_srun.plugins.package import ModelPackage
+
+DENSE, SPARSE, MULTI_VECTOR, TOKENS = "dense", "sparse", "multi_vector", "tokens"
+# The special tokens BGEM3 leaves out of lexical weights, by their tokenizer_config.json keys.
+_UNUSED = ("cls_token", "eos_token", "pad_token", "unk_token")
+
+
+@dataclass(frozen=True)
+class OutputKinds:
+    """What a model gives beyond its head's own output: the engine output behind each kind."""
+
+    dense: bool = True
+    sparse: str | None = None  # "splade" or "lexical"
+    multi_vector: str = "hidden"  # "colbert" where the package has the projection
+    unused_ids: frozenset[int] = frozenset()
+
+    @property
+    def default(self) -> str:
+        return DENSE if self.dense else SPARSE
+
+    def served(self) -> list[str]:
+        kinds = [DENSE] if self.dense else []
+        if self.sparse is not None:
+            kinds.append(SPARSE)
+        return [*kinds, MULTI_VECTOR, TOKENS] if self.dense else [*kinds, TOKENS]
+
+    def engine_output(self, kind: str) -> str:
+        """The work-item output behind a non-dense kind."""
+        if kind == SPARSE:
+            assert self.sparse is not None
+            return self.sparse
+        return self.multi_vector if kind == MULTI_VECTOR else "hidden"
+
+    def check(self, kind: str, *, model: str, field: str = "options.output") -> None:
+        if kind not in self.served():
+            raise UnsupportedOption(
+                f"{field}: model {model!r} gives no {kind!r} output; it gives {', '.join(self.served())}",
+                param=field,
+            )
+
+
+def output_kinds(layout: Layout, encoder: TextEncoder, package: ModelPackage) -> OutputKinds:
+    """The kinds a package's layout gives (see the module docstring)."""
+    if layout.kind == "sparse":
+        return OutputKinds(dense=False, sparse="splade")
+    if layout.kind != "embedding":
+        return OutputKinds()
+    lexical = "sparse_linear" in layout.output_heads
+    return OutputKinds(
+        sparse="lexical" if lexical else None,
+        multi_vector="colbert" if "colbert_linear" in layout.output_heads else "hidden",
+        unused_ids=_unused_ids(layout, encoder, package) if lexical else frozenset(),
+    )
+
+
+def _unused_ids(layout: Layout, encoder: TextEncoder, package: ModelPackage) -> frozenset[int]:
+    """The ids of tokenizer_config.json's cls, eos, pad and unk tokens (Transformers'
+    special_tokens_map, which BGEM3 reads), else config.json's bos/eos/pad ids."""
+    settings: dict[str, Any] = {}
+    if layout.tokenizer_config is not None:
+        data = package.read_json(layout.tokenizer_config)
+        settings = data if isinstance(data, dict) else {}
+    ids: set[int] = set()
+    for key in _UNUSED:
+        token = settings.get(key)
+        if isinstance(token, dict):  # an AddedToken as Transformers saves it
+            token = token.get("content")
+        found = encoder.tokenizer.token_to_id(token) if isinstance(token, str) else None
+        if found is not None:
+            ids.add(found)
+    if not ids:
+        ids = {
+            int(v)
+            for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+            if (v := layout.config.get(k)) is not None
+        }
+    return frozenset(ids)
+
+
+def refuse_with(kind: str, given: dict[str, Any]) -> None:
+    """A 400 for a request field that shapes a dense vector only, given with another kind."""
+    for field, value in given.items():
+        if value is not None:
+            raise InvalidRequest(
+                f"{field}: applies to dense output only, not options.output {kind!r}", param=field
+            )
+
+
+def sparse(kinds: OutputKinds, row: np.ndarray, ids: np.ndarray) -> tuple[list[int], list[float]]:
+    """One input's sparse embedding from its one row: (ids ascending, weights)."""
+    if kinds.sparse == "splade":
+        return row[:, 0].astype(np.int64).tolist(), row[:, 1].tolist()
+    best: dict[int, float] = {}
+    for token, weight in zip(ids.tolist(), row.astype(np.float32).tolist(), strict=True):
+        if token in kinds.unused_ids or weight <= 0:
+            continue
+        if weight > best.get(token, 0.0):
+            best[token] = weight
+    order = sorted(best)
+    return order, [best[t] for t in order]
+
+
+def multi_vectors(kinds: OutputKinds, kind: str, row: np.ndarray) -> np.ndarray:
+    """One input's per-token vectors (see the module docstring)."""
+    if kind == MULTI_VECTOR and kinds.multi_vector == "colbert":
+        vectors = row[1:].astype(np.float32)
+        norms = np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)  # F.normalize's eps
+        out: np.ndarray = vectors / norms
+        return out
+    return row.astype(np.float32)
+
+
+def maxsim(query: np.ndarray, document: np.ndarray) -> float:
+    """Late interaction (ColBERT's MaxSim): the sum over query tokens of the best cosine with
+    any document token."""
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        x64 = x.astype(np.float64)
+        out: np.ndarray = x64 / np.maximum(np.linalg.norm(x64, axis=1, keepdims=True), 1e-12)
+        return out
+
+    if not len(query) or not len(document):
+        return 0.0
+    return float((unit(query) @ unit(document).T).max(axis=1).sum())
