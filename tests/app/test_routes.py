@@ -54,6 +54,8 @@ def test_metrics_label_of_each_path_is_its_surface() -> None:
         "/predict": "classify",
         "/v1/embeddings": "embeddings",
         "/embed": "embeddings",
+        "/embed_sparse": "embeddings",
+        "/embed_all": "embeddings",
         "/v1/rerank": "rerank",
         "/rerank": "rerank",
         "/v2/rerank": "rerank",

@@ -277,7 +277,7 @@ class ClassifyResponse(msgspec.Struct, omit_defaults=True):
 
 class SparseEmbedding(msgspec.Struct):
     """A sparse embedding (`options.output: "sparse"`): vocabulary ids, ascending, and their
-    weights; ids left out weigh 0."""
+    weights; ids left out weigh 0 (TEI's /embed_sparse gives the same pairs)."""
 
     indices: list[int]
     values: list[float]
@@ -285,12 +285,15 @@ class SparseEmbedding(msgspec.Struct):
 
 class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One input's embedding; `object` is always "embedding" (OpenAI's, and required upstream).
-    `embedding` is a vector (floats, or base64 of float32), a `SparseEmbedding`
-    (`options.output: "sparse"`) or a list of vectors, one per token (`multi_vector`, `tokens`)."""
+    `embedding` is the dense vector (floats, or base64 of float32); with `options.output`
+    `sparse` the input has `sparse_embedding` instead, with `multi_vector` or `tokens` its
+    `token_embeddings` (one vector per token), so `embedding` keeps upstream's type."""
 
     index: int
     object: str
-    embedding: list[float | list[float]] | str | SparseEmbedding | None = None
+    embedding: list[float] | str | None = None
+    sparse_embedding: SparseEmbedding | None = None
+    token_embeddings: list[list[float]] | None = None
     input: InputUsage | None = None
     error: ItemErrorCode | None = None
     message: str | None = None
@@ -554,6 +557,8 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
     routes=(
         Route("/v1/embeddings", f"{_APP}.embeddings:embeddings"),
         Route("/embed", f"{_APP}.tei_embed:embed"),
+        Route("/embed_sparse", f"{_APP}.tei_embed_sparse:embed_sparse"),
+        Route("/embed_all", f"{_APP}.tei_embed_all:embed_all"),
     ),
     bulk=True,
     counted_field="input",

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 import pytest
 from families.task_heads.harness import Harness
+from families.task_heads.output_references import ATOL, TEXTS, bge_m3_reference, splade_reference
 
 from vllm_srun.errors import InvalidRequest
 from vllm_srun.families.task_heads import outputs
@@ -27,13 +28,6 @@ from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import EmbeddingsRequest, RerankRequest, SparseEmbedding
 
-ATOL = 1e-5
-TEXTS = [
-    "good",
-    "John Smith lives in Paris and works at Google.",
-    "what a terrible movie , i hate it the the movie",  # repeated ids: lexical keeps the max
-    "Mary visited London, Berlin and New York City last year with her dog and cat",
-]
 SPLADE = ("bert-splade", "distilbert-splade")
 BGE_M3 = "xlm-roberta-bge-m3"
 
@@ -59,33 +53,9 @@ def _embed(model: TaskHeadsModel, body: dict[str, Any]) -> Any:
     return Harness.roundtrip(model, "embeddings", msgspec.convert(body, EmbeddingsRequest))
 
 
-def _batch(path: Path, texts: list[str]) -> tuple[Any, Any, Any]:
-    """Transformers' tokenizer and model of the package, and its padded batch of `texts`."""
-    import torch
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    config = transformers.AutoConfig.from_pretrained(str(path))
-    cls = getattr(transformers, config.architectures[0])
-    model = cls.from_pretrained(str(path), attn_implementation="eager", dtype=torch.float32).eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    if "token_type_ids" in batch and config.model_type == "distilbert":
-        del batch["token_type_ids"]
-    return tokenizer, model, batch
-
-
-def _splade_reference(path: Path, texts: list[str]) -> list[dict[int, float]]:
-    import torch
-
-    _, model, batch = _batch(path, texts)
-    with torch.no_grad():
-        logits = model(**batch).logits
-    weights = torch.log1p(torch.relu(logits)) * batch["attention_mask"].unsqueeze(-1)
-    pooled = weights.max(dim=1).values
-    return [{int(i): float(pooled[r, i]) for i in torch.nonzero(pooled[r]).reshape(-1)} for r in range(len(texts))]
-
-
-def _as_dict(embedding: Any) -> dict[int, float]:
+def _as_dict(item: Any) -> dict[int, float]:
+    embedding = item.sparse_embedding
+    assert item.embedding is None and item.token_embeddings is None
     assert isinstance(embedding, SparseEmbedding)
     assert embedding.indices == sorted(embedding.indices)
     return dict(zip(embedding.indices, embedding.values, strict=True))
@@ -104,65 +74,33 @@ def test_splade_matches_the_masked_lm_formula(models: dict[str, TaskHeadsModel],
     assert model.outputs.served() == ["sparse", "tokens"]
     # Sparse is a SPLADE model's default output: no option needed.
     body = _embed(model, {"input": TEXTS})
-    reference = _splade_reference(packages[variant], TEXTS)
-    worst = max(_close(_as_dict(item.embedding), ref) for item, ref in zip(body.data, reference, strict=True))
+    reference = splade_reference(packages[variant], TEXTS)
+    worst = max(_close(_as_dict(item), ref) for item, ref in zip(body.data, reference, strict=True))
     assert worst < ATOL
     assert all(len(ref) > 10 for ref in reference)  # a formula that dropped ids would differ
-
-
-def _bge_m3_reference(path: Path, texts: list[str]) -> tuple[list[np.ndarray], list[dict[int, float]], list[np.ndarray], list[np.ndarray]]:
-    """(dense, lexical weights, ColBERT vectors, token states) as FlagEmbedding's BGEM3 computes
-    them from Transformers' last hidden states."""
-    import torch
-
-    tokenizer, model, batch = _batch(path, texts)
-    hidden_size = model.config.hidden_size
-    sparse = torch.nn.Linear(hidden_size, 1)
-    sparse.load_state_dict(torch.load(path / "sparse_linear.pt", weights_only=True))
-    state = torch.load(path / "colbert_linear.pt", weights_only=True)
-    colbert = torch.nn.Linear(hidden_size, state["weight"].shape[0])
-    colbert.load_state_dict(state)
-    unused = {tokenizer.convert_tokens_to_ids(tokenizer.special_tokens_map[t]) for t in ("cls_token", "eos_token", "pad_token", "unk_token")}
-    mask = batch["attention_mask"]
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-        dense = torch.nn.functional.normalize(hidden[:, 0], dim=-1)
-        token_weights = torch.relu(sparse(hidden)).squeeze(-1)
-        vecs = colbert(hidden[:, 1:]) * mask[:, 1:][:, :, None].float()
-    lexical, multi, tokens = [], [], []
-    for r in range(len(texts)):
-        count = int(mask[r].sum())
-        weights: dict[int, float] = {}
-        for w, idx in zip(token_weights[r, :count].tolist(), batch["input_ids"][r, :count].tolist(), strict=True):
-            if idx not in unused and w > 0 and w > weights.get(idx, 0.0):
-                weights[idx] = w
-        lexical.append(weights)
-        multi.append(torch.nn.functional.normalize(vecs[r, : count - 1], dim=-1).numpy())
-        tokens.append(hidden[r, :count].numpy())
-    return [d.numpy() for d in dense], lexical, multi, tokens
 
 
 def test_bge_m3_outputs_match_flag_embedding_formulas(models: dict[str, TaskHeadsModel], packages: dict[str, Path]) -> None:
     model = models[BGE_M3]
     assert model.outputs.served() == ["dense", "sparse", "multi_vector", "tokens"]
-    dense, lexical, multi, tokens = _bge_m3_reference(packages[BGE_M3], TEXTS)
+    dense, lexical, multi, tokens = bge_m3_reference(packages[BGE_M3], TEXTS)
     got = {kind: _embed(model, {"input": TEXTS, "options": {"output": kind}}).data for kind in model.outputs.served()}
     worst: dict[str, float] = {}
     worst["dense"] = max(float(np.abs(np.array(i.embedding) - d).max()) for i, d in zip(got["dense"], dense, strict=True))
-    worst["sparse"] = max(_close(_as_dict(i.embedding), ref) for i, ref in zip(got["sparse"], lexical, strict=True))
+    worst["sparse"] = max(_close(_as_dict(i), ref) for i, ref in zip(got["sparse"], lexical, strict=True))
     for kind, refs in (("multi_vector", multi), ("tokens", tokens)):
         for item, ref in zip(got[kind], refs, strict=True):
-            array = np.array(item.embedding)
+            array = np.array(item.token_embeddings)
             assert array.shape == ref.shape
             worst[kind] = max(worst.get(kind, 0.0), float(np.abs(array - ref).max()))
     assert all(value < ATOL for value in worst.values()), worst
-    assert got["multi_vector"][0].embedding and len(got["multi_vector"][0].embedding[0]) == 24  # colbert_dim
+    assert len(got["multi_vector"][0].token_embeddings[0]) == 24  # colbert_dim
 
 
 def test_multi_vector_rerank_is_maxsim(models: dict[str, TaskHeadsModel], packages: dict[str, Path]) -> None:
     model = models[BGE_M3]
     query, documents = "who lives in paris", TEXTS
-    _, _, multi, _ = _bge_m3_reference(packages[BGE_M3], [query, *documents])
+    _, _, multi, _ = bge_m3_reference(packages[BGE_M3], [query, *documents])
     q = multi[0]
     expected = [float((q @ d.T).max(axis=1).sum()) for d in multi[1:]]
     request = msgspec.convert({"query": query, "documents": documents, "options": {"output": "multi_vector"}}, RerankRequest)

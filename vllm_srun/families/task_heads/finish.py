@@ -4,7 +4,7 @@ is answered with that error in its own `error` field; its siblings are answered 
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -136,15 +136,16 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
 
 
 def _other_output(
-    model: TaskHeadsModel, state: PlanState, planned: PlannedInput, rows: list[np.ndarray]
-) -> Any:
-    """A non-dense embedding (outputs.py) of one input read as one piece."""
+    model: TaskHeadsModel, state: PlanState, item: Embedding, planned: PlannedInput, rows: list[np.ndarray]
+) -> None:
+    """A non-dense embedding (outputs.py) of one input read as one piece, in its own field."""
     kind = state.extra.get("output", outputs.DENSE)
     (row,) = rows
     if kind == outputs.SPARSE:
         indices, values = outputs.sparse(model.outputs, row, planned.enc.ids[planned.split.pieces[0]])
-        return SparseEmbedding(indices=indices, values=values)
-    return outputs.multi_vectors(model.outputs, kind, row).tolist()
+        item.sparse_embedding = SparseEmbedding(indices=indices, values=values)
+    else:
+        item.token_embeddings = outputs.multi_vectors(model.outputs, kind, row).tolist()
 
 
 def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
@@ -193,7 +194,7 @@ def _other_embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Ro
         if isinstance(rows, ItemError):
             _fail(item, rows)
         else:
-            item.embedding = _other_output(model, state, planned, rows)
+            _other_output(model, state, item, planned, rows)
         data.append(item)
     tokens = _tokens(state.inputs)
     usage = EmbeddingsUsage(prompt_tokens=tokens, total_tokens=tokens)
