@@ -97,7 +97,8 @@ def test_document_states_what_the_routes_check_themselves() -> None:
     assert schemas["BundleTask"]["oneOf"] == [
         {"required": [name]} for name in ("decisions", "classify", "embeddings", "rerank")
     ]
-    assert schemas["TeiRerankRequest"]["properties"]["texts"]["minItems"] == 1
+    assert schemas["RerankBody"]["properties"]["texts"]["minItems"] == 1
+    assert schemas["RerankBody"]["oneOf"] == [{"required": ["texts"]}, {"required": ["documents"]}]
     assert schemas["DecodeRequest"]["properties"]["ids"]["minItems"] == 1
     embed = schemas["EmbedRequest"]["properties"]["inputs"]["anyOf"]
     assert {"minLength": 1, "type": "string"} in embed and any(s.get("minItems") == 1 for s in embed)

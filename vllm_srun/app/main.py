@@ -30,8 +30,12 @@ from vllm_srun.app.metrics import metrics
 from vllm_srun.app.models import list_models, retrieve_model
 from vllm_srun.app.responses import TIMING_KEY
 from vllm_srun.app.routes.bundle import bundle
+from vllm_srun.app.routes.infinity import infinity_health, infinity_models
 from vllm_srun.app.routes.tei_info import info as tei_info
+from vllm_srun.app.routes.tei_root import invocations as tei_invocations
+from vllm_srun.app.routes.tei_root import ping as tei_ping
 from vllm_srun.app.routes.tei_root import root as tei_root
+from vllm_srun.app.routes.tei_root import root_health as tei_root_health
 from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
 from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
 from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
@@ -61,19 +65,33 @@ def surface_routes(registry: SurfaceRegistry = REGISTRY) -> list[HTTPRouteHandle
     return handlers
 
 
-# text-embeddings-inference's routes that reach no one surface: its model info, tokenizer and
-# the model's own route (POST /, by the model's kind); /embed, /predict and /rerank are adapters
-# on their surfaces' descriptors.
+# text-embeddings-inference's routes that reach no one surface: its model info, tokenizer,
+# the model's own route (POST / and SageMaker's /invocations, by the model's kind) and its
+# health routes (GET /, /ping); /embed, /predict, /rerank... are adapters on their surfaces'
+# descriptors.
 TEI_ROUTES = [
     tei_info,
     tei_tokenize,
     tei_decode,
     tei_root,
+    tei_invocations,
+    tei_root_health,
+    tei_ping,
 ]
 
 # The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
 # body limit that is a setting, so `create_app` adds both.
-OWN_ROUTES = [list_models, retrieve_model, health, live, metrics, bundle, *TEI_ROUTES]
+OWN_ROUTES = [
+    list_models,
+    retrieve_model,
+    health,
+    live,
+    metrics,
+    bundle,
+    *TEI_ROUTES,
+    infinity_models,
+    infinity_health,
+]
 
 
 def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:

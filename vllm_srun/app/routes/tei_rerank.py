@@ -1,29 +1,38 @@
-"""POST /rerank (text-embeddings-inference): the rerank surface, answered as
-`[{index, score, text?}]` by descending score.
+"""POST /rerank: text-embeddings-inference's rerank, or vLLM's, told apart by the body.
 
-`raw_scores: true` answers a cross-encoder's logit instead of its sigmoid (an embedding
-model's cosine has no other form); the order is the same either way.
+TEI posts `{query, texts}`, vLLM's and Infinity's clients `{model, query, documents}` to the
+same path. A body with `texts` is TEI's: the rerank surface answered as `[{index, score,
+text?}]` by descending score, errors in TEI's shape. `raw_scores: true` answers a
+cross-encoder's logit instead of its sigmoid (an embedding model's cosine has no other form);
+the order is the same either way. A body with `documents` is vLLM's (vllm_rerank): vLLM's
+answer, with each document as `{text}`, and this app's own error body. Each shape refuses the
+other's fields by name. Infinity answers the same body with the document as a string: its
+clients reach that under /infinity (infinity_routes).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app import errors
 from vllm_srun.app.responses import respond
+from vllm_srun.app.routes import vllm_rerank
 from vllm_srun.app.routes.tei_shared import (
     NON_EMPTY_LIST,
     TEI_ERRORS,
     Direction,
+    TeiError,
     check_batch,
     model_for,
     options,
     raise_item_error,
 )
+from vllm_srun.errors import InvalidRequest, SrunError
 from vllm_srun.plugins.surfaces import RERANK, RerankRequest, RerankResponse
 
 
@@ -36,6 +45,41 @@ class TeiRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     return_text: bool = False
     truncate: bool | None = None
     truncation_direction: Direction = "Right"
+
+
+class RerankBody(msgspec.Struct, forbid_unknown_fields=True):
+    """TEI's rerank body (`texts`, `raw_scores`, `return_text`, `truncate`,
+    `truncation_direction`) or vLLM's (`documents`, `model`, `top_n`, `return_documents`,
+    `truncate_prompt_tokens`, `use_activation`, `priority`): exactly one of `texts` and
+    `documents`, and only that shape's fields."""
+
+    # The document says "exactly one" (vllm_srun.app.schemas writes `oneOf` a schema requiring each).
+    one_of_required: ClassVar[tuple[str, ...]] = ("texts", "documents")
+
+    query: str
+    texts: Annotated[list[str], NON_EMPTY_LIST] | msgspec.UnsetType = msgspec.UNSET
+    raw_scores: bool | msgspec.UnsetType = msgspec.UNSET
+    return_text: bool | msgspec.UnsetType = msgspec.UNSET
+    truncate: bool | msgspec.UnsetType | None = msgspec.UNSET
+    truncation_direction: Direction | msgspec.UnsetType = msgspec.UNSET
+    documents: Annotated[list[str], msgspec.Meta(min_length=1)] | msgspec.UnsetType = msgspec.UNSET
+    model: str | msgspec.UnsetType | None = msgspec.UNSET
+    top_n: Annotated[int, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
+    return_documents: bool | msgspec.UnsetType | None = msgspec.UNSET
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType | None = msgspec.UNSET
+    use_activation: bool | msgspec.UnsetType | None = msgspec.UNSET
+    priority: int | msgspec.UnsetType = msgspec.UNSET
+
+
+def _as(body: RerankBody, kind: type[Any]) -> Any:
+    """`body` as one shape's request; a ValidationError naming a field of the other shape."""
+    return msgspec.convert(msgspec.to_builtins(body), type=kind, strict=True)
+
+
+def _stray(exc: msgspec.ValidationError) -> str:
+    # "Object contains unknown field `top_n`" names the field the other shape owns.
+    text = str(exc)
+    return text.split("`")[1] if text.startswith("Object contains unknown field `") else "body"
 
 
 class Rank(msgspec.Struct, omit_defaults=True):
@@ -72,8 +116,44 @@ def ranks(data: TeiRerankRequest) -> Any:
     return shape
 
 
-@post("/rerank", status_code=200, summary="Rerank texts (TEI-compatible)", exception_handlers=TEI_ERRORS)
+async def _vllm(request: Request[Any, Any, Any], state: State, body: RerankBody) -> Response[Any]:
+    """vLLM's body, answered (errors too) as vLLM's own routes answer it."""
+    try:
+        try:
+            data = _as(body, vllm_rerank.VllmRerankRequest)
+        except msgspec.ValidationError as exc:
+            field = _stray(exc)
+            raise InvalidRequest(
+                f"{field}: not a field of a rerank body with `documents` (vLLM's); TEI's body has `texts`"
+                if field != "body"
+                else f"body: {exc}",
+                param=None if field == "body" else field,
+            ) from None
+        return await vllm_rerank.serve(request, state, data)
+    except SrunError as exc:
+        return errors.handle_srun_error(request, exc)
+
+
+@post(
+    "/rerank",
+    status_code=200,
+    summary="Rerank texts (TEI-compatible; vLLM's body with `documents`)",
+    exception_handlers=TEI_ERRORS,
+)
 async def rerank(
-    request: Request[Any, Any, Any], data: JSONBody[TeiRerankRequest], state: State
-) -> Response[list[Rank]]:
-    return await respond(request, state, RERANK, convert(request, data), shape=ranks(data))
+    request: Request[Any, Any, Any], data: JSONBody[RerankBody], state: State
+) -> Response[list[Rank] | vllm_rerank.VllmRerankResponse]:
+    has_texts, has_documents = data.texts is not msgspec.UNSET, data.documents is not msgspec.UNSET
+    if has_documents and not has_texts:
+        return await _vllm(request, state, data)
+    if not has_texts:
+        raise TeiError(
+            "validation", "body: missing field `texts` (TEI's) or `documents` (vLLM's)", status=422
+        )
+    try:
+        tei = _as(data, TeiRerankRequest)
+    except msgspec.ValidationError as exc:
+        field = _stray(exc)
+        message = f"{field}: not a field of TEI's rerank body" if field != "body" else f"body: {exc}"
+        raise TeiError("validation", message, status=422) from None
+    return await respond(request, state, RERANK, convert(request, tei), shape=ranks(tei))

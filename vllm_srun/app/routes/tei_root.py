@@ -1,6 +1,11 @@
-"""POST / (text-embeddings-inference): the served model's own route, by its kind as TEI
-routes it: an embedding model embeds (/embed), a classifier predicts (/predict), a reranker
-reranks (/rerank) a body with a `query` and predicts any other, where TEI would refuse it.
+"""POST / and POST /invocations (text-embeddings-inference; the second is SageMaker's path):
+the served model's own route, by its kind as TEI routes it: an embedding model embeds
+(/embed), or scores `{inputs: {source_sentence, sentences}}` as /similarity does (TEI's
+`sentence-similarity` task), a classifier predicts (/predict), a reranker reranks (/rerank) a
+body with a `query` and predicts any other, where TEI would refuse it.
+
+GET / and GET /ping are TEI's health routes (the Inference API's and SageMaker's): an empty
+200 once every model is ready, else 503 `{"error": "unhealthy", "error_type": "unhealthy"}`.
 
 `huggingface_hub.InferenceClient(base_url)` posts here. Its `text_classification` sends the
 Inference API's task body, `{"inputs": text, "parameters": {top_k, function_to_apply}}`, and
@@ -13,12 +18,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
-from litestar import Request, Response, post
+from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app.health import model_states, overall
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes import tei_embed, tei_predict, tei_rerank
+from vllm_srun.app.routes import tei_embed, tei_predict, tei_rerank, tei_similarity
 from vllm_srun.app.routes.tei_info import kind_of
 from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, model_for
 from vllm_srun.plugins.surfaces import CLASSIFY, EMBEDDINGS, RERANK, ClassifyResponse
@@ -60,17 +66,13 @@ async def _task_classification(
     return await respond(request, state, CLASSIFY, tei_predict.convert(request, data), shape=shape)
 
 
-@post(
-    "/",
-    status_code=200,
-    summary="The served model's own route (TEI-compatible)",
-    exception_handlers=TEI_ERRORS,
-)
-async def root(
-    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
-) -> Response[Any]:
+async def _dispatch(request: Request[Any, Any, Any], data: dict[str, Any], state: State) -> Response[Any]:
     _, model = model_for(state.runtime, None)
     kind = kind_of(model)
+    if kind == "embedding" and isinstance(data.get("inputs"), dict):
+        pair = _body(data, tei_similarity.SimilarityRequest)
+        converted_pair = tei_similarity.convert(request, pair)
+        return await respond(request, state, EMBEDDINGS, converted_pair, shape=tei_similarity.similarities)
     if kind == "embedding":
         embed = _body(data, tei_embed.EmbedRequest)
         converted = tei_embed.convert(request, embed)
@@ -85,3 +87,54 @@ async def root(
     predict = _body(data, tei_predict.PredictRequest)
     converted_predict = tei_predict.convert(request, predict)
     return await respond(request, state, CLASSIFY, converted_predict, shape=tei_predict.answer(predict))
+
+
+@post(
+    "/",
+    status_code=200,
+    summary="The served model's own route (TEI-compatible)",
+    exception_handlers=TEI_ERRORS,
+)
+async def root(
+    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
+) -> Response[Any]:
+    return await _dispatch(request, data, state)
+
+
+@post(
+    "/invocations",
+    status_code=200,
+    summary="The served model's own route (TEI's SageMaker path)",
+    exception_handlers=TEI_ERRORS,
+)
+async def invocations(
+    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
+) -> Response[Any]:
+    return await _dispatch(request, data, state)
+
+
+async def _health(state: State) -> Response[Any]:
+    status, _ = overall(await model_states(state.runtime))
+    if status != "ready":
+        raise TeiError("unhealthy", "unhealthy")
+    return Response(b"", status_code=200)
+
+
+@get(
+    "/",
+    summary="Health (TEI's Inference API route)",
+    opt={"public": True},
+    exception_handlers=TEI_ERRORS,
+)
+async def root_health(state: State) -> Response[Any]:
+    return await _health(state)
+
+
+@get(
+    "/ping",
+    summary="Health (TEI's SageMaker route)",
+    opt={"public": True},
+    exception_handlers=TEI_ERRORS,
+)
+async def ping(state: State) -> Response[Any]:
+    return await _health(state)

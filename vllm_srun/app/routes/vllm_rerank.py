@@ -1,0 +1,125 @@
+"""vLLM's pooling-server rerank, an adapter onto the rerank surface: POST /vllm/rerank and
+POST /vllm/v1/rerank, and POST /rerank when its body has `documents` (TEI's has `texts`; see
+tei_rerank).
+
+The body is vLLM's `{model, query, documents, top_n}` (`top_n: 0`, its default, keeps every
+document), with the fields clients send it: `return_documents` (LiteLLM's `hosted_vllm`),
+`truncate_prompt_tokens` (-1: truncate to the model's limit), `use_activation` (false answers
+a cross-encoder's logit), `priority` (no effect here). The answer is vLLM's: `{id, model,
+usage: {total_tokens}, results: [{index, document: {text}, relevance_score}]}` by descending
+score, every result with its document as vLLM always sends it. Infinity (and this server's
+/v1/rerank) answer the document as a string instead, which LiteLLM's `hosted_vllm` reader
+cannot read, hence a route of vLLM's own.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.datastructures import State
+from litestar.params import JSONBody
+
+from vllm_srun.app.errors import item_failure
+from vllm_srun.app.responses import respond
+from vllm_srun.errors import InvalidRequest
+from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse
+
+
+class VllmRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """vLLM's rerank body (`model` may be left out when one model is served)."""
+
+    query: str
+    documents: Annotated[list[str], msgspec.Meta(min_length=1)]
+    model: str | None = None
+    top_n: Annotated[int, msgspec.Meta(ge=0)] = 0
+    return_documents: bool | None = None
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    use_activation: bool | None = None
+    priority: int = 0
+
+
+class VllmDocument(msgspec.Struct):
+    text: str
+
+
+class VllmRerankResult(msgspec.Struct):
+    index: int
+    document: VllmDocument
+    relevance_score: float
+
+
+class VllmRerankUsage(msgspec.Struct):
+    total_tokens: int
+
+
+class VllmRerankResponse(msgspec.Struct):
+    id: str
+    model: str
+    usage: VllmRerankUsage
+    results: list[VllmRerankResult]
+
+
+def truncation(value: int | None) -> Options:
+    """vLLM's `truncate_prompt_tokens` as the surfaces' options: -1 truncates to the model's
+    limit, N keeps an input's first N tokens (special tokens included), none refuses an input
+    over the limit, as vLLM does."""
+    if value is None:
+        return Options()
+    if value == 0:
+        raise InvalidRequest(
+            "truncate_prompt_tokens: 0 keeps no token; give -1 (the model's limit) or a positive count",
+            param="truncate_prompt_tokens",
+        )
+    return Options(overflow="truncate", max_tokens=None if value < 0 else value)
+
+
+def convert(data: VllmRerankRequest) -> RerankRequest:
+    documents: list[Any] = list(data.documents)
+    return RerankRequest(
+        query=data.query,
+        documents=documents,
+        model=data.model,
+        top_n=data.top_n or None,
+        options=truncation(data.truncate_prompt_tokens),
+    )
+
+
+def answer(data: VllmRerankRequest) -> Any:
+    raw = data.use_activation is False
+
+    def shape(body: RerankResponse) -> VllmRerankResponse:
+        results = []
+        for result in body.results:
+            if result.error is not None:
+                raise item_failure("documents", result.index, result.error, result.message)
+            score = result.logit if raw and result.logit is not None else result.relevance_score
+            assert score is not None
+            results.append(VllmRerankResult(result.index, VllmDocument(data.documents[result.index]), score))
+        tokens = body.usage.total_tokens if body.usage.total_tokens is not None else body.usage.input_tokens
+        return VllmRerankResponse(
+            id=f"rerank-{uuid.uuid4().hex}", model=body.model, usage=VllmRerankUsage(tokens), results=results
+        )
+
+    return shape
+
+
+async def serve(request: Request[Any, Any, Any], state: State, data: VllmRerankRequest) -> Response[Any]:
+    """`data` served on the rerank surface, answered in vLLM's shape."""
+    return await respond(request, state, RERANK, convert(data), shape=answer(data))
+
+
+@post("/vllm/rerank", status_code=200, summary="Rerank documents (vLLM-compatible)")
+async def rerank(
+    request: Request[Any, Any, Any], data: JSONBody[VllmRerankRequest], state: State
+) -> Response[VllmRerankResponse]:
+    return await serve(request, state, data)
+
+
+@post("/vllm/v1/rerank", status_code=200, summary="Rerank documents (vLLM-compatible, /v1 path)")
+async def rerank_v1(
+    request: Request[Any, Any, Any], data: JSONBody[VllmRerankRequest], state: State
+) -> Response[VllmRerankResponse]:
+    return await serve(request, state, data)
