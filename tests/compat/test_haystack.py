@@ -5,7 +5,8 @@ there in haystack-ai 3) and its OpenAI embedders, through the real packages agai
 
 Numbers against our own routes' answers for the same texts: vectors exactly (the same float32
 through JSON or base64 and back), scores exactly (the same float64 in JSON). Embeddings are
-all-MiniLM-L6-v2; the reranker is the tiny random-weight bert-reranker fixture.
+all-MiniLM-L6-v2; the reranker is the tiny random-weight bert-reranker fixture, the sparse
+embedders' model the tiny random-weight bert-splade fixture (a BertForMaskedLM read as SPLADE).
 
 The TEI embedders send `normalize: false` unless told otherwise: for MiniLM that is the pooled
 vector before the package's Normalize module, as TEI answers it (`options.normalize: false`
@@ -30,6 +31,8 @@ from haystack.utils import Secret
 from haystack_integrations.components.embedders.huggingface_api import (
     HuggingFaceAPIDocumentEmbedder,
     HuggingFaceAPITextEmbedder,
+    HuggingFaceTEISparseDocumentEmbedder,
+    HuggingFaceTEISparseTextEmbedder,
 )
 from haystack_integrations.components.rankers.huggingface_api import (
     HuggingFaceTEIRanker,
@@ -63,6 +66,12 @@ def embedder(module_server: Callable[..., Server]) -> Server:
 def reranker(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
     package = write_fixture(tmp_path_factory.mktemp("haystack") / "reranker", variant="bert-reranker")
     return module_server(str(package), "--served-model-name", RERANKER)
+
+
+@pytest.fixture(scope="module")
+def splade(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    package = write_fixture(tmp_path_factory.mktemp("haystack") / "splade", variant="bert-splade")
+    return module_server(str(package), "--served-model-name", "splade")
 
 
 def ours(server: Server, texts: list[str], **extra: object) -> np.ndarray:
@@ -159,3 +168,28 @@ def test_tei_ranker_truncation_direction_is_tei_s(reranker: Server) -> None:
         assert {[long_text, TEXTS[1]][r["index"]]: r["score"] for r in tei} == by_text
         scores[side] = by_text[long_text]
     assert scores[TruncationDirection.LEFT] != scores[TruncationDirection.RIGHT]
+
+
+def ours_sparse(server: Server, texts: list[str]) -> list[tuple[list[int], list[float]]]:
+    """/v1/embeddings' sparse embeddings (`options.output: sparse`) of `texts`."""
+    body = {"model": "splade", "input": texts, "options": {"output": "sparse"}}
+    answer = server.post("/v1/embeddings", body)
+    assert answer.status_code == 200, answer.text
+    return [
+        (d["sparse_embedding"]["indices"], d["sparse_embedding"]["values"]) for d in answer.json()["data"]
+    ]
+
+
+def test_tei_sparse_embedders_equal_v1_embeddings_sparse(splade: Server) -> None:
+    """The sparse embedders post `{inputs}` to TEI's /embed_sparse: the same ids, ascending,
+    and the same float32 weights as /v1/embeddings' sparse output."""
+    want = ours_sparse(splade, TEXTS)
+    assert all(len(indices) > 0 for indices, _ in want)
+    text = HuggingFaceTEISparseTextEmbedder(api_base_url=splade.url, token=None)
+    got = text.run(TEXTS[1])["sparse_embedding"]
+    assert (got.indices, got.values) == want[1]
+    documents = HuggingFaceTEISparseDocumentEmbedder(
+        api_base_url=splade.url, token=None, batch_size=3, progress_bar=False
+    )
+    embedded = documents.run([Document(content=t) for t in TEXTS])["documents"]
+    assert [(d.sparse_embedding.indices, d.sparse_embedding.values) for d in embedded] == want
