@@ -146,6 +146,9 @@ def test_errors(splade: Server, m3: Server, module_server: Callable[..., Server]
     tei_error(splade, "/embed_sparse", {"inputs": []}, 400, "empty")
     tei_error(splade, "/embed_all", {"inputs": "a", "normalize": True}, 422, "validation")
     tei_error(splade, "/embed_all", {"inputs": ["word " * 300]}, 413, "validation")
+    # A SPLADE model is TEI's embedding model with splade pooling, which has no /embed.
+    assert splade.get("/info").json()["model_type"] == {"embedding": {"pooling": "splade"}}
+    assert "no 'dense' output" in tei_error(splade, "/embed", {"inputs": "good"}, 424, "backend")
     plain = module_server(str(packages["bert-embedding"]))
     assert "gives no 'sparse' output" in tei_error(plain, "/embed_sparse", {"inputs": "good"}, 424, "backend")
     assert len(ok(plain, "/embed_all", {"inputs": ["good", "a b c"]})[1]) == 5  # [CLS] a b c [SEP]

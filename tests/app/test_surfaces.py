@@ -76,6 +76,8 @@ def test_models_lists_plugins_with_distribution_and_version(server: Server) -> N
         "/predict",
         "/v1/embeddings",
         "/embed",
+        "/embed_sparse",
+        "/embed_all",
         "/v1/rerank",
         "/rerank",
         "/v2/rerank",

@@ -46,6 +46,8 @@ def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRe
     runtime = request.app.state.runtime
     surface_options = options(runtime, data.truncate, data.truncation_direction)
     surface_options.normalize = data.normalize
+    # One pooled vector: a model without one (SPLADE) is TEI's 424, as TEI answers /embed there.
+    surface_options.output = "dense"
     converted = EmbeddingsRequest(
         input=data.inputs if isinstance(data.inputs, str) else [*data.inputs],
         dimensions=data.dimensions,

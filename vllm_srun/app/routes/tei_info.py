@@ -26,8 +26,8 @@ def kind_of(model: LoadedModel) -> Kind:
     """The TEI kind of `model`; a model TEI has no kind for is refused (424)."""
     info = model.info
     head = info.heads[0] if info.heads else None
-    if head is not None and head.kind == "pooled" and "embeddings" in info.surfaces:
-        return "embedding"
+    if head is not None and head.kind in ("pooled", "sparse") and "embeddings" in info.surfaces:
+        return "embedding"  # a SPLADE model is TEI's embedding model with splade pooling
     if head is not None and "classify" in info.surfaces and head.kind in ("sequence", "scores", "relevance"):
         return "reranker" if head.kind == "relevance" else "classifier"
     raise TeiError("backend", f"model {info.name!r} is not an embedding, classifier or reranker model")
@@ -53,7 +53,8 @@ class Info(msgspec.Struct):
 def _model_type(model: LoadedModel, kind: Kind) -> dict[str, dict[str, Any]]:
     info = model.info
     if kind == "embedding":
-        return {kind: {"pooling": info.embedding.pooling if info.embedding else "mean"}}
+        pooling = info.embedding.pooling if info.embedding else "mean"
+        return {kind: {"pooling": "splade" if info.heads[0].kind == "sparse" else pooling}}
     labels = info.heads[0].labels or []
     return {
         kind: {
