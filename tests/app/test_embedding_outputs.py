@@ -109,6 +109,11 @@ def test_bge_m3_kinds_over_http_and_from_the_cache(m3: Server, packages: dict[st
     assert max(float(np.abs(np.array(i["embedding"]) - d).max()) for i, d in zip(plain, dense, strict=True)) < ATOL
 
 
+def test_models_list_the_output_kinds(splade: Server, m3: Server) -> None:
+    assert splade.get("/v1/models").json()["data"][0]["outputs"] == ["sparse", "tokens"]
+    assert m3.get("/v1/models").json()["data"][0]["outputs"] == ["dense", "sparse", "multi_vector", "tokens"]
+
+
 def test_maxsim_rerank_over_http(m3: Server, packages: dict[str, Path]) -> None:
     query = "who lives in paris"
     _, _, multi, _ = bge_m3_reference(packages["xlm-roberta-bge-m3"], [query, *TEXTS])

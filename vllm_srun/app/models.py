@@ -137,6 +137,7 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     max_tokens: int | None = None
     routes: list[str] | None = None
     other_heads: list[HeadInfo] | None = None
+    outputs: list[str] | None = None  # the kinds options.output takes on embeddings
     approximation: dict[str, Any] | None = None
     # The forward paths the live workers' engines choose between (`engine` is the one named at
     # start), and the memory each path adds beyond the model's weights, in bytes.
@@ -246,6 +247,7 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
         "profile": profile_of(info.numerics).name,
         "profiles": [profile_of(info.numerics)],
         "routes": routes_of(info.surfaces),
+        "outputs": info.outputs or None,
     }
     limits = ModelLimits(max_input_tokens=info.max_tokens)
     if any(s in info.surfaces for s in _INPUT_SURFACES):

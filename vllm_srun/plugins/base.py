@@ -196,6 +196,9 @@ class ModelInfo(msgspec.Struct, omit_defaults=True):
     rerank: RerankView | None = None
     # The weights' element count, where the family knows it.
     parameters: int | None = None
+    # The kinds `options.output` takes on embeddings (dense, sparse, multi_vector, tokens);
+    # empty: the family names none (dense only).
+    outputs: list[str] = msgspec.field(default_factory=list)
 
 
 class Plugin:

@@ -119,6 +119,9 @@ class TaskHeadsFamily(ModelFamily):
             raise PackageError(
                 f"tokenizer.json of {package.name!r} has {ids} token ids; config.json's vocab_size is {vocab}"
             )
+        kinds = output_kinds(layout, encoder, package)
+        if "embeddings" in info.surfaces:
+            info.outputs = kinds.served()
         return TaskHeadsModel(
             info,
             engine_model,
@@ -131,7 +134,7 @@ class TaskHeadsFamily(ModelFamily):
             sentence=sentence,
             post_pooling=load_post_pooling(package, sentence),
             num_layers=int(layout.config.get("num_hidden_layers") or 0),
-            outputs=output_kinds(layout, encoder, package),
+            outputs=kinds,
         )
 
     def descriptor(self) -> dict[str, Any]:
