@@ -148,3 +148,29 @@ def test_lexical_weights_keep_the_max_and_drop_special_and_zero_weights() -> Non
     ids = np.array([0, 7, 5, 7, 9, 2])
     row = np.array([3.0, 0.5, 0.0, 1.5, 0.25, 4.0], dtype=np.float32)
     assert outputs.sparse(kinds, row, ids) == ([7, 9], [1.5, 0.25])
+
+
+class _Touch:
+    """A pickle that would create a file if it were ever unpickled in full."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+def test_a_state_dict_that_is_not_tensors_is_refused_unexecuted(packages: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    import torch
+
+    from vllm_srun.errors import PackageError
+
+    package = tmp_path / "m3"
+    shutil.copytree(packages[BGE_M3], package)
+    marker = tmp_path / "executed"
+    torch.save({"weight": _Touch(marker)}, package / "sparse_linear.pt")
+    with pytest.raises(PackageError, match=r"sparse_linear\.pt is not a tensor-only PyTorch state dict"):
+        Harness(tmp_path / "h").load_path(package, "native")
+    assert not marker.exists()
