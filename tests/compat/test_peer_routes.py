@@ -110,6 +110,9 @@ def test_root_embeddings_and_invocations_answer_as_their_routes(minilm: Server) 
     assert embedded == ok(minilm, "/embed", {"inputs": texts})
     refused = minilm.post("/embeddings", {"input": texts, "modality": "image"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "modality"
+    for mixed in (["a", [1, 2]], {"text": "a"}):
+        refused = minilm.post("/embeddings", {"input": mixed})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "input", refused.text
 
 
 def test_health_routes_answer_empty_200s(minilm: Server) -> None:
@@ -161,9 +164,15 @@ def test_rerank_is_teis_or_vllms_by_the_body(reranker: Server) -> None:
         assert [(r["index"], r["relevance_score"], r["document"]["text"]) for r in vllm["results"]] == [
             (r["index"], r["relevance_score"], SENTENCES[r["index"]]) for r in ours[:2]
         ]
-    # Each shape refuses the other's fields by name, in its own error shape.
+    # Each shape refuses the other's fields by name, in its own error shape (every field is in
+    # the document, so vLLM's shape answers TEI's as an option it does not take: 422).
     mixed = reranker.post("/rerank", {"query": SOURCE, "documents": SENTENCES, "raw_scores": True})
-    assert mixed.status_code == 400 and mixed.json()["error"]["param"] == "raw_scores"
+    assert mixed.status_code == 422 and mixed.json()["error"]["param"] == "raw_scores"
+    for bad in (0, -2, "5"):
+        refused = reranker.post(
+            "/vllm/rerank", {"query": SOURCE, "documents": SENTENCES, "truncate_prompt_tokens": bad}
+        )
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "truncate_prompt_tokens"
     mixed = reranker.post("/rerank", {"query": SOURCE, "texts": SENTENCES, "top_n": 1})
     assert mixed.status_code == 422 and mixed.json() == {
         "error": "top_n: not a field of TEI's rerank body",

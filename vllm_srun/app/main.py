@@ -36,6 +36,7 @@ from vllm_srun.app.routes.tei_root import invocations as tei_invocations
 from vllm_srun.app.routes.tei_root import ping as tei_ping
 from vllm_srun.app.routes.tei_root import root as tei_root
 from vllm_srun.app.routes.tei_root import root_health as tei_root_health
+from vllm_srun.app.routes.tei_root import root_options as tei_root_options
 from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
 from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
 from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
@@ -73,6 +74,7 @@ TEI_ROUTES = [
     tei_info,
     tei_tokenize,
     tei_decode,
+    tei_root_options,  # first: see its docstring
     tei_root,
     tei_invocations,
     tei_root_health,

@@ -21,13 +21,44 @@ from litestar.params import JSONBody
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
+from vllm_srun.errors import InvalidRequest
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, TokenIds
+
+# OpenAI's input forms, one per request: a text, texts, token ids, or lists of them. msgspec
+# takes one array type per union, so the field is decoded late (`decode_input`) and documented
+# as the four forms: the document refuses what the surface refuses (a list mixing them).
+INPUT_FORMS = msgspec.Meta(
+    extra_json_schema={
+        "anyOf": [
+            {"type": "string"},
+            {"type": "array", "minItems": 1, "items": {"type": "string"}},
+            {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            {
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+            },
+        ]
+    }
+)
+Input = Annotated[Any, INPUT_FORMS]
+_InputType = str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
+
+
+def decode_input(value: Any) -> Any:
+    """`input` as the surface takes it; an InvalidRequest naming `input` for any other value
+    (the surface itself refuses a list mixing the forms)."""
+    try:
+        return msgspec.convert(value, type=_InputType, strict=True)
+    except msgspec.ValidationError as exc:
+        message, _, where = str(exc).partition(" - at `$")
+        raise InvalidRequest(f"input{where.rstrip('`')}: {message}", param="input") from None
 
 
 class RootEmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     """OpenAI's embeddings body as TEI and Infinity take it."""
 
-    input: str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
+    input: Input
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -49,7 +80,7 @@ def served_model(runtime: Runtime, name: str | None, surface: str) -> str | None
 
 def convert(runtime: Runtime, data: RootEmbeddingsRequest) -> EmbeddingsRequest:
     return EmbeddingsRequest(
-        input=data.input if isinstance(data.input, str) else [*data.input],
+        input=decode_input(data.input),
         model=served_model(runtime, data.model, EMBEDDINGS.name),
         encoding_format=data.encoding_format,
         dimensions=data.dimensions or None,

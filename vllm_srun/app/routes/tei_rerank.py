@@ -33,6 +33,7 @@ from vllm_srun.app.routes.tei_shared import (
     raise_item_error,
 )
 from vllm_srun.errors import InvalidRequest, SrunError
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import RERANK, RerankRequest, RerankResponse
 
 
@@ -66,7 +67,7 @@ class RerankBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str | msgspec.UnsetType | None = msgspec.UNSET
     top_n: Annotated[int, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
     return_documents: bool | msgspec.UnsetType | None = msgspec.UNSET
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType | None = msgspec.UNSET
+    truncate_prompt_tokens: vllm_rerank.PromptTokens = msgspec.UNSET
     use_activation: bool | msgspec.UnsetType | None = msgspec.UNSET
     priority: int | msgspec.UnsetType = msgspec.UNSET
 
@@ -123,11 +124,12 @@ async def _vllm(request: Request[Any, Any, Any], state: State, body: RerankBody)
             data = _as(body, vllm_rerank.VllmRerankRequest)
         except msgspec.ValidationError as exc:
             field = _stray(exc)
-            raise InvalidRequest(
-                f"{field}: not a field of a rerank body with `documents` (vLLM's); TEI's body has `texts`"
-                if field != "body"
-                else f"body: {exc}",
-                param=None if field == "body" else field,
+            if field == "body":
+                raise InvalidRequest(f"body: {exc}") from None
+            # Every field is in the document; this one is TEI's, and this body's shape vLLM's.
+            raise UnsupportedOption(
+                f"{field}: not a field of a rerank body with `documents` (vLLM's); TEI's body has `texts`",
+                param=field,
             ) from None
         return await vllm_rerank.serve(request, state, data)
     except SrunError as exc:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import MediaType, Request, Response, get, post, route
 from litestar.datastructures import State
+from litestar.enums import HttpMethod
 from litestar.params import JSONBody
 
 from vllm_srun.app.health import model_states, overall
@@ -113,28 +114,37 @@ async def invocations(
     return await _dispatch(request, data, state)
 
 
-async def _health(state: State) -> Response[Any]:
+async def _health(state: State) -> Response[str]:
     status, _ = overall(await model_states(state.runtime))
     if status != "ready":
         raise TeiError("unhealthy", "unhealthy")
-    return Response(b"", status_code=200)
+    return Response("", status_code=200, media_type=MediaType.TEXT)
 
 
 @get(
     "/",
-    summary="Health (TEI's Inference API route)",
+    summary="Health (TEI's Inference API route): an empty 200 once every model is ready",
     opt={"public": True},
     exception_handlers=TEI_ERRORS,
+    media_type=MediaType.TEXT,
 )
-async def root_health(state: State) -> Response[Any]:
+async def root_health(state: State) -> Response[str]:
     return await _health(state)
 
 
 @get(
     "/ping",
-    summary="Health (TEI's SageMaker route)",
+    summary="Health (TEI's SageMaker route): an empty 200 once every model is ready",
     opt={"public": True},
     exception_handlers=TEI_ERRORS,
+    media_type=MediaType.TEXT,
 )
-async def ping(state: State) -> Response[Any]:
+async def ping(state: State) -> Response[str]:
     return await _health(state)
+
+
+@route("/", http_method=[HttpMethod.OPTIONS], include_in_schema=False, opt={"public": True})
+async def root_options() -> Response[None]:
+    """OPTIONS / names both of its methods. Litestar makes a path's OPTIONS answer from the
+    handlers registered with its first one, and GET / and POST / are registered apart."""
+    return Response(None, status_code=204, headers={"Allow": "GET, OPTIONS, POST"}, media_type=MediaType.TEXT)

@@ -25,7 +25,8 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes.vllm_rerank import truncation
+from vllm_srun.app.routes.root_embeddings import Input, decode_input
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, truncation
 from vllm_srun.app.routes.vllm_score import UsageInfo
 from vllm_srun.errors import UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
@@ -35,7 +36,6 @@ from vllm_srun.plugins.surfaces import (
     ClassifyResponse,
     EmbeddingsRequest,
     EmbeddingsResponse,
-    TokenIds,
     Usage,
 )
 
@@ -45,7 +45,7 @@ class VllmClassifyRequest(msgspec.Struct, forbid_unknown_fields=True):
 
     input: str | Annotated[list[str], msgspec.Meta(min_length=1)]
     model: str | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: PromptTokens = None
     use_activation: bool | None = None
     user: str | None = None
     priority: int = 0
@@ -125,12 +125,12 @@ async def vllm_classify(
 class PoolingRequest(msgspec.Struct, forbid_unknown_fields=True):
     """vLLM's pooling body for an embedding model."""
 
-    input: str | Annotated[list[str | int | TokenIds], msgspec.Meta(min_length=1)]
+    input: Input
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     normalize: bool | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: PromptTokens = None
     user: str | None = None
     priority: int = 0
 
@@ -172,7 +172,7 @@ async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequ
     options = truncation(data.truncate_prompt_tokens)
     options.normalize = data.normalize
     converted = EmbeddingsRequest(
-        input=data.input if isinstance(data.input, str) else [*data.input],
+        input=decode_input(data.input),
         model=data.model,
         encoding_format=data.encoding_format,
         dimensions=data.dimensions,

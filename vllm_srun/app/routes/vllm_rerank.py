@@ -27,6 +27,17 @@ from vllm_srun.app.responses import respond
 from vllm_srun.errors import InvalidRequest
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse
 
+# vLLM's truncate_prompt_tokens: -1 (the model's limit) or a positive count (0 keeps nothing).
+# No one msgspec type says that, so it is decoded late (`truncation`) and documented in full.
+PromptTokens = Annotated[
+    Any,
+    msgspec.Meta(
+        extra_json_schema={
+            "anyOf": [{"type": "integer", "enum": [-1]}, {"type": "integer", "minimum": 1}, {"type": "null"}]
+        }
+    ),
+]
+
 
 class VllmRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     """vLLM's rerank body (`model` may be left out when one model is served)."""
@@ -36,7 +47,7 @@ class VllmRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None
     top_n: Annotated[int, msgspec.Meta(ge=0)] = 0
     return_documents: bool | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: PromptTokens = None
     use_activation: bool | None = None
     priority: int = 0
 
@@ -62,15 +73,17 @@ class VllmRerankResponse(msgspec.Struct):
     results: list[VllmRerankResult]
 
 
-def truncation(value: int | None) -> Options:
+def truncation(value: Any) -> Options:
     """vLLM's `truncate_prompt_tokens` as the surfaces' options: -1 truncates to the model's
     limit, N keeps an input's first N tokens (special tokens included), none refuses an input
-    over the limit, as vLLM does."""
+    over the limit, as vLLM does. Any other value is an InvalidRequest naming the field."""
     if value is None:
         return Options()
-    if value == 0:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integer: 2.0 is one
+    if isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1:
         raise InvalidRequest(
-            "truncate_prompt_tokens: 0 keeps no token; give -1 (the model's limit) or a positive count",
+            "truncate_prompt_tokens: -1 (the model's limit) or a positive count of tokens",
             param="truncate_prompt_tokens",
         )
     return Options(overflow="truncate", max_tokens=None if value < 0 else value)

@@ -24,7 +24,7 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import client_closed, encoded, label_model, timing_of, unless_disconnected
-from vllm_srun.app.routes.vllm_rerank import truncation
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, truncation
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge
@@ -39,7 +39,7 @@ class ScoreRequest(msgspec.Struct, forbid_unknown_fields=True):
     text_1: Texts
     text_2: Texts
     model: str | None = None
-    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    truncate_prompt_tokens: PromptTokens = None
     use_activation: bool | None = None
     priority: int = 0
 
