@@ -60,7 +60,8 @@ def test_every_surface_is_registered_once_with_its_types() -> None:
 def test_systemone_is_the_second_route_of_decisions() -> None:
     assert [r.path for r in DECISIONS.routes] == ["/v1/decisions", "/v1/systemone"]
     assert REGISTRY.by_path()["/v1/systemone"] is DECISIONS
-    assert len(REGISTRY.by_path()) == 9  # with TEI's /predict, /embed, /rerank and Cohere's /v2/rerank
+    # With the peers' routes: TEI's, Cohere's, vLLM's (and under /vllm) and Infinity's (/infinity).
+    assert len(REGISTRY.by_path()) == 26
 
 
 def test_unknown_surface_is_a_400_naming_the_known_ones() -> None:

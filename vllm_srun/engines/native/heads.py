@@ -33,7 +33,8 @@ class EncoderModel(Protocol):
     def __getattr__(self, name: str) -> Any: ...
 
 
-def _install(model: nn.Module, path: str, module: nn.Module) -> None:
+def install(model: nn.Module, path: str, module: nn.Module) -> None:
+    """Put `module` on `model` at the dotted checkpoint `path` (its parent must exist)."""
     parent_path, _, name = path.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     parent.add_module(name, module)
@@ -89,8 +90,8 @@ class PoolerHead(Head):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, f"{model.prefix}.pooler", Pooler(self.hidden, torch.tanh))
-        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+        install(model, f"{model.prefix}.pooler", Pooler(self.hidden, torch.tanh))
+        install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -107,7 +108,7 @@ class DenseHead(Head):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act)))
+        install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act)))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -128,8 +129,8 @@ class PreClassifierHead(Head):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "pre_classifier", nn.Linear(self.hidden, self.hidden))
-        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+        install(model, "pre_classifier", nn.Linear(self.hidden, self.hidden))
+        install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -146,8 +147,8 @@ class ContextPoolerHead(Head):
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
         width = int(config.get("pooler_hidden_size") or self.hidden)
-        _install(model, "pooler", Pooler(width, activation(config.get("pooler_hidden_act", "gelu"))))
-        _install(model, "classifier", nn.Linear(width, self.labels))
+        install(model, "pooler", Pooler(width, activation(config.get("pooler_hidden_act", "gelu"))))
+        install(model, "classifier", nn.Linear(width, self.labels))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -181,8 +182,8 @@ class ModernBertHead(Head):
         self.pooling = config.get("classifier_pooling", "cls")
         if self.pooling not in ("cls", "mean"):
             raise ConfigError(f"classifier_pooling {self.pooling!r} is not supported ('cls' or 'mean')")
-        _install(model, "head", PredictionHead(config))
-        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+        install(model, "head", PredictionHead(config))
+        install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
@@ -201,7 +202,7 @@ class TokenHead(Head):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "classifier", nn.Linear(self.hidden, self.labels))
+        install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         return model.classifier(hidden)  # type: ignore[no-any-return]
@@ -224,7 +225,7 @@ class LastTokenScoreHead(Head):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "score", nn.Linear(self.hidden, self.labels, bias=False))
+        install(model, "score", nn.Linear(self.hidden, self.labels, bias=False))
 
     def sequence_logits(
         self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]

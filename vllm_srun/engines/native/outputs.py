@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from vllm_srun.engines.native.heads import EncoderModel, _install
+from vllm_srun.engines.native.heads import EncoderModel, install
 from vllm_srun.engines.native.layers import activation
 from vllm_srun.errors import ConfigError, PackageError
 
@@ -104,7 +104,7 @@ class BertMaskedLm(OutputHead):
             config.get("hidden_act", "gelu"),
             float(config.get("layer_norm_eps", 1e-12)),
         )
-        _install(model, "cls", Cls(predictions))
+        install(model, "cls", Cls(predictions))
 
     def rows(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         predictions = model.get_submodule("cls.predictions")
@@ -123,11 +123,11 @@ class DistilBertMaskedLm(OutputHead):
         super().__init__(model, config)
         _tied(config, "distilbert_mlm")
         self.act = activation(config.get("activation", "gelu"))
-        _install(model, "vocab_transform", nn.Linear(self.hidden, self.hidden))
-        _install(model, "vocab_layer_norm", nn.LayerNorm(self.hidden, eps=1e-12))  # Transformers' fixed eps
+        install(model, "vocab_transform", nn.Linear(self.hidden, self.hidden))
+        install(model, "vocab_layer_norm", nn.LayerNorm(self.hidden, eps=1e-12))  # Transformers' fixed eps
         projector = nn.Module()
         projector.register_parameter("bias", nn.Parameter(torch.zeros(int(config["vocab_size"]))))
-        _install(model, "vocab_projector", projector)
+        install(model, "vocab_projector", projector)
 
     def rows(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         x = model.vocab_layer_norm(self.act(model.vocab_transform(hidden)))
@@ -142,7 +142,7 @@ class SparseLinear(OutputHead):
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        _install(model, "sparse_linear", nn.Linear(self.hidden, 1))
+        install(model, "sparse_linear", nn.Linear(self.hidden, 1))
 
     def rows(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         return torch.relu(model.sparse_linear(hidden)).reshape(-1)
@@ -157,7 +157,7 @@ class ColbertLinear(OutputHead):
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
         dim = int(config.get("colbert_dim") or self.hidden)
-        _install(model, "colbert_linear", nn.Linear(self.hidden, dim))
+        install(model, "colbert_linear", nn.Linear(self.hidden, dim))
 
     def rows(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         return model.colbert_linear(hidden)  # type: ignore[no-any-return]
