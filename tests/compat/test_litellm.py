@@ -5,7 +5,7 @@ base URL changed, every number compared with this server's own routes.
 - `infinity/` at `…/infinity`: Infinity's answer, documents as strings.
 - `cohere/` at the root (Cohere v2's /v2/rerank) and `jina_ai/` (which always posts /v1/rerank).
 - `litellm.embedding("openai/…")` at the root (/embeddings, TEI's and Infinity's path) and at
-  `…/v1`.
+  `…/v1`; `litellm.embedding("hosted_vllm/…")` at the root, `…/v1`, `…/vllm` and `…/vllm/v1`.
 
 The reranker is the tiny random-weight bert-reranker fixture, whose numbers mean nothing: each
 score must equal /v1/rerank's for the same query and document (the same float through JSON,
@@ -131,3 +131,13 @@ def test_openai_embedding(minilm: Server, path: str) -> None:
     np.testing.assert_allclose(got, ours_vectors(minilm, TEXTS), atol=FLOAT32)
     assert [item["index"] for item in answer.data] == [0, 1, 2]
     assert answer.usage.prompt_tokens > 0
+
+
+@pytest.mark.parametrize("path", ["", "/v1", "/vllm", "/vllm/v1"])
+def test_hosted_vllm_embedding(minilm: Server, path: str) -> None:
+    """`hosted_vllm/` embeddings post `{base}/embeddings`: every base URL its rerank takes."""
+    answer = litellm.embedding(
+        model="hosted_vllm/minilm", input=TEXTS, api_base=minilm.url + path, api_key="x"
+    )
+    got = np.asarray([item["embedding"] for item in answer.data], dtype=np.float64)
+    np.testing.assert_allclose(got, ours_vectors(minilm, TEXTS), atol=FLOAT32)

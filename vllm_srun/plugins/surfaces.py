@@ -565,6 +565,8 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
         Route("/similarity", f"{_APP}.tei_similarity:similarity"),
         Route("/embeddings", f"{_APP}.root_embeddings:embeddings"),
         Route("/infinity/embeddings", f"{_APP}.root_embeddings:infinity_embeddings"),
+        Route("/vllm/embeddings", f"{_APP}.root_embeddings:vllm_embeddings"),
+        Route("/vllm/v1/embeddings", f"{_APP}.root_embeddings:vllm_v1_embeddings"),
         Route("/pooling", f"{_APP}.vllm_classify:pooling"),
         Route("/vllm/pooling", f"{_APP}.vllm_classify:vllm_pooling"),
     ),

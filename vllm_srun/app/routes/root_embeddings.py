@@ -7,6 +7,9 @@ Infinity's client adds: `modality: "text"` (the only one a text model has) and `
 it: TEI ignores it and Infinity's client sends `default/not-specified` by default, so a name
 this server does not serve reaches the one model serving embeddings (with several, it is the
 404 /v1/embeddings gives). An input that fails fails the request, as on /v1/embeddings.
+
+POST /vllm/embeddings and /vllm/v1/embeddings are /v1/embeddings itself (vLLM's is OpenAI's),
+so the /vllm base URL serves LiteLLM's `hosted_vllm/` embeddings as well as its rerank.
 """
 
 from __future__ import annotations
@@ -104,3 +107,23 @@ async def infinity_embeddings(
     request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
     return await _serve(request, state, data)
+
+
+async def _as_v1(request: Request[Any, Any, Any], state: State, data: EmbeddingsRequest) -> Response[Any]:
+    # As POST /v1/embeddings answers it: per-item errors only when asked for.
+    shape = None if data.options.overflow is not None else no_null_vectors
+    return await respond(request, state, EMBEDDINGS, data, shape=shape)
+
+
+@post("/vllm/embeddings", status_code=200, summary="Embed texts (vLLM-compatible: /v1/embeddings)")
+async def vllm_embeddings(
+    request: Request[Any, Any, Any], data: JSONBody[EmbeddingsRequest], state: State
+) -> Response[EmbeddingsResponse]:
+    return await _as_v1(request, state, data)
+
+
+@post("/vllm/v1/embeddings", status_code=200, summary="Embed texts (vLLM-compatible: /v1/embeddings)")
+async def vllm_v1_embeddings(
+    request: Request[Any, Any, Any], data: JSONBody[EmbeddingsRequest], state: State
+) -> Response[EmbeddingsResponse]:
+    return await _as_v1(request, state, data)
