@@ -62,6 +62,8 @@ def test_metrics_label_of_each_path_is_its_surface() -> None:
         "/similarity": "embeddings",
         "/embeddings": "embeddings",
         "/infinity/embeddings": "embeddings",
+        "/vllm/embeddings": "embeddings",
+        "/vllm/v1/embeddings": "embeddings",
         "/pooling": "embeddings",
         "/vllm/pooling": "embeddings",
         "/v1/rerank": "rerank",

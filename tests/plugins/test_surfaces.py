@@ -61,7 +61,7 @@ def test_systemone_is_the_second_route_of_decisions() -> None:
     assert [r.path for r in DECISIONS.routes] == ["/v1/decisions", "/v1/systemone"]
     assert REGISTRY.by_path()["/v1/systemone"] is DECISIONS
     # With the peers' routes: TEI's, Cohere's, vLLM's (and under /vllm) and Infinity's (/infinity).
-    assert len(REGISTRY.by_path()) == 26
+    assert len(REGISTRY.by_path()) == 28
 
 
 def test_unknown_surface_is_a_400_naming_the_known_ones() -> None:
