@@ -289,15 +289,17 @@ def test_upstream_fields_reach_the_server(client: Client) -> None:
     assert client.classify("refund", head="keywords")["results"][0]["label"] == "billing"
     with pytest.raises(APIError) as head:
         client.classify("refund", head="nope")
-    assert (head.value.status, head.value.code) == (400, "invalid_request") and "head" in head.value.message
+    # The model's refusals (a head, layer, prompt or exit it lacks): 422, naming the field.
+    assert (head.value.status, head.value.code) == (422, "unsupported_surface")
+    assert "head" in head.value.message
     for fields in ({"layer": 1}, {"input_type": "query"}):
         with pytest.raises(APIError) as refused:
             client.embeddings("refund", **fields)  # type: ignore[arg-type]
-        assert refused.value.status == 400 and next(iter(fields)) in refused.value.message
+        assert refused.value.status == 422 and next(iter(fields)) in refused.value.message
     for name in ("layer", "dimensions"):
         with pytest.raises(APIError) as exit_:
             client.rerank("refund", ["refund"], **{name: 1})  # type: ignore[arg-type]
-        assert exit_.value.status == 400 and name in exit_.value.message
+        assert exit_.value.status == 422 and name in exit_.value.message
 
 
 def test_bundle_answers_each_task_with_its_own_status(client: Client) -> None:
@@ -309,7 +311,7 @@ def test_bundle_answers_each_task_with_its_own_status(client: Client) -> None:
         ],
         deadline_ms=30_000,
     )
-    assert [(r["id"], r["status"]) for r in body["results"]] == [("c", 200), ("e", 200), ("bad", 400)]
+    assert [(r["id"], r["status"]) for r in body["results"]] == [("c", 200), ("e", 200), ("bad", 422)]
     assert [r["label"] for r in body["results"][0]["classify"]["results"]] == ["billing", "shipping"]
     assert len(body["results"][1]["embeddings"]["data"][0]["embedding"]) == 4
     assert "head" in body["results"][2]["error"]["message"]

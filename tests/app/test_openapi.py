@@ -66,9 +66,10 @@ def test_document_types_questions_and_job_bodies() -> None:
 
     doc = json.loads(document_text())
     questions = doc["components"]["schemas"]["DecisionRequest"]["properties"]["questions"]
-    kinds = [q["properties"]["type"]["enum"] for q in questions["additionalProperties"]["anyOf"]]
+    # One of: a typed question (its `type` and `instructions`) or a preset (neither), never two.
+    kinds = [q["properties"]["type"]["enum"] for q in questions["additionalProperties"]["oneOf"]]
     assert kinds == [["choice"], ["noul"], ["score"], ["set"], ["choice", "noul", "score", "set", "span"]]
-    assert "preset" in questions["additionalProperties"]["anyOf"][-1]["required"]
+    assert "preset" in questions["additionalProperties"]["oneOf"][-1]["required"]
     create = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert create["application/json"]["schema"]["required"] == ["surface", "requests"]
     assert "application/x-ndjson" in create

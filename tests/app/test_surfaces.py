@@ -163,15 +163,15 @@ def test_a_plugin_family_takes_the_upstream_options_or_refuses_them(server: Serv
     assert fine["label"] == "billing"
     cut = server.post("/v1/classify", {"input": three, "options": {"max_tokens": 2, "overflow": "truncate"}})
     assert cut.json()["results"][0]["input"]["processed_tokens"] == 2
-    # A profile the model does not serve is the model's refusal (422), not the document's.
+    # A limit, profile or head the model does not have is the model's refusal (422), not the document's.
     for body, param, status in (
-        ({"input": "x", "options": {"max_tokens": 100000}}, "options.max_tokens", 400),
+        ({"input": "x", "options": {"max_tokens": 100000}}, "options.max_tokens", 422),
         ({"input": "x", "options": {"profile": "max_speed"}}, "options.profile", 422),
-        ({"input": "x", "head": "other"}, "head", 400),
+        ({"input": "x", "head": "other"}, "head", 422),
     ):
         refused = server.post("/v1/classify", body)
         assert refused.status_code == status and refused.json()["error"]["param"] == param, refused.text
     assert server.post("/v1/classify", {"input": "refund", "head": "keywords"}).status_code == 200
     for field in ("layer", "dimensions"):
         refused = server.post("/v1/rerank", {"query": "refund", "documents": ["refund"], field: 1})
-        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == field, refused.text

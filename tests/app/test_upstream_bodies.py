@@ -86,9 +86,14 @@ def test_pair_input_and_grounded_items(server: Server) -> None:
     assert pair["results"][0]["input"]["tokens"] > single["results"][0]["input"]["tokens"]
     assert pair["results"][0]["probabilities"] != single["results"][0]["probabilities"]
     grounded = {"context": "paris is in france", "question": "where is paris", "answer": "france"}
-    message = refused(server.post("/v1/classify", {"model": "seq", "input": [grounded]}), "input[0].context")
+    # A head no model here has: the model's refusal (422), naming the field.
+    message = refused(
+        server.post("/v1/classify", {"model": "seq", "input": [grounded]}), "input[0].context", 422
+    )
     assert "grounded" in message
-    alone = refused(server.post("/v1/classify", {"model": "seq", "input": {"answer": "x"}}), "input.answer")
+    alone = refused(
+        server.post("/v1/classify", {"model": "seq", "input": {"answer": "x"}}), "input.answer", 422
+    )
     assert "grounded" in alone
     refused(server.post("/v1/classify", {"model": "seq", "input": [{"text_pair": "x"}]}), "input[0].text")
 
@@ -109,7 +114,7 @@ def test_head_is_top_level_with_options_head_as_alias(server: Server) -> None:
     same = {"model": "binary", "input": "good", "head": "sequence", "options": {"head": "sequence"}}
     assert ok(server.post("/v1/classify", same))["kind"] == "sequence"
     assert "nope" in refused(
-        server.post("/v1/classify", {"model": "seq", "input": "x", "head": "nope"}), "head"
+        server.post("/v1/classify", {"model": "seq", "input": "x", "head": "nope"}), "head", 422
     )
 
 
@@ -193,7 +198,7 @@ def test_max_tokens_is_a_per_input_budget_under_the_overflow_policy(server: Serv
     )
     # The model's limit is the ceiling; 0 is no budget.
     ceiling = {"model": "seq", "input": "x", "options": {"max_tokens": MAX_TOKENS + 1}}
-    refused(server.post("/v1/classify", ceiling), "options.max_tokens")
+    refused(server.post("/v1/classify", ceiling), "options.max_tokens", 422)  # the model's limit
     assert (
         server.post("/v1/classify", {"model": "seq", "input": "x", "options": {"max_tokens": 0}}).status_code
         == 400
@@ -269,8 +274,8 @@ def test_rerank_documents_are_strings_and_usage_counts_tokens(server: Server) ->
     assert [r["relevance_score"] for r in same["results"]] == [
         r["relevance_score"] for r in ok(server.post("/v1/rerank", request))["results"]
     ]
-    assert str(LAYERS) in refused(server.post("/v1/rerank", {**request, "layer": 1}), "layer")
-    assert str(HIDDEN) in refused(server.post("/v1/rerank", {**request, "dimensions": 16}), "dimensions")
+    assert str(LAYERS) in refused(server.post("/v1/rerank", {**request, "layer": 1}), "layer", 422)
+    assert str(HIDDEN) in refused(server.post("/v1/rerank", {**request, "dimensions": 16}), "dimensions", 422)
     n = tokens_of(server, "ranker", "what is the capital")
     budget = {**request, "options": {"max_tokens": n + 3, "overflow": "reject"}}  # "good food" fits
     results = ok(server.post("/v1/rerank", budget))["results"]
@@ -305,7 +310,7 @@ def test_windows_from_the_budget_name_the_budget(server: Server) -> None:
     # Without window options the windows are max_tokens long: a budget too small to hold one
     # names options.max_tokens, not an options.window the request never set.
     body = {"model": "seq", "input": LONG, "options": {"overflow": "window", "max_tokens": 3}}
-    assert "text tokens" in refused(server.post("/v1/classify", body), "options.max_tokens")
+    assert "text tokens" in refused(server.post("/v1/classify", body), "options.max_tokens", 422)
 
 
 def test_embeddings_text_parts_are_texts_and_other_modalities_are_refused(server: Server) -> None:
@@ -314,10 +319,14 @@ def test_embeddings_text_parts_are_texts_and_other_modalities_are_refused(server
     assert ok(server.post("/v1/embeddings", {"model": "embedder", "input": parts}))["data"] == plain["data"]
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     assert "image" in refused(
-        server.post("/v1/embeddings", {"model": "embedder", "input": ["good", image]}), "input[1].image_url"
+        server.post("/v1/embeddings", {"model": "embedder", "input": ["good", image]}),
+        "input[1].image_url",
+        422,  # a modality the model lacks: its refusal
     )
     audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
-    refused(server.post("/v1/embeddings", {"model": "embedder", "input": [audio]}), "input[0].input_audio")
+    refused(
+        server.post("/v1/embeddings", {"model": "embedder", "input": [audio]}), "input[0].input_audio", 422
+    )
     refused(
         server.post("/v1/embeddings", {"model": "embedder", "input": [{"type": "text"}]}), "input[0].text"
     )

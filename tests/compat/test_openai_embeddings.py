@@ -89,7 +89,7 @@ def test_token_ids_are_taken_as_given(client: openai.OpenAI, reference: Any) -> 
     assert_close([d.embedding for d in got.data], want)
     one = client.embeddings.create(model=MODEL, input=ids[1])
     assert_close([one.data[0].embedding], want[1:2])
-    with pytest.raises(openai.BadRequestError) as error:
+    with pytest.raises(openai.UnprocessableEntityError) as error:  # the model's vocabulary: 422
         client.embeddings.create(model=MODEL, input=[ids[0], [101, 10**6, 102]])
     assert error.value.param == "input[1]" and "vocabulary" in error.value.message
 

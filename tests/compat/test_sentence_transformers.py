@@ -112,7 +112,7 @@ def test_prompts_match_encode_with_the_same_prompt(
     truncate = {"options": {"overflow": "truncate"}}
     assert_close(embed(server, model, LONG, **truncate), reference.encode(LONG))
     unknown = server.post("/v1/embeddings", {"model": model, "input": "x", "prompt_name": "qa"})
-    assert unknown.status_code == 400
+    assert unknown.status_code == 422  # the package's prompts: the model's refusal
     assert unknown.json()["error"]["param"] == "prompt_name"
     assert "'query', 'document'" in unknown.json()["error"]["message"]
 

@@ -96,7 +96,7 @@ def test_classify(server: Server) -> None:
     assert exchange(server, "POST", "/v1/classify", {"model": "cls", "input": 5}).status_code == 400
     # A model kind not served here (a grounded head) is refused with upstream's error, never ignored.
     grounded = {"model": "cls", "input": [{"context": "c", "question": "q", "answer": "a"}]}
-    assert exchange(server, "POST", "/v1/classify", grounded).status_code == 400
+    assert exchange(server, "POST", "/v1/classify", grounded).status_code == 422
 
 
 def test_embeddings(server: Server) -> None:
@@ -116,7 +116,8 @@ def test_embeddings(server: Server) -> None:
     assert exchange(server, "POST", "/v1/embeddings", {"model": "nope", "input": "x"}).status_code == 404
     assert exchange(server, "POST", "/v1/embeddings", {"model": "emb", "input": []}).status_code == 400
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
-    assert exchange(server, "POST", "/v1/embeddings", {"model": "emb", "input": [image]}).status_code == 400
+    # A modality the model lacks: the model's refusal, 422 unsupported_surface.
+    assert exchange(server, "POST", "/v1/embeddings", {"model": "emb", "input": [image]}).status_code == 422
 
 
 def test_rerank(server: Server) -> None:

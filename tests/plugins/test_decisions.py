@@ -15,6 +15,7 @@ import pytest
 
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import Batch, Device, EngineModel, ItemError, ModelInfo, WorkItem
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.decision_surface import (
     DecisionRequest,
     DecisionState,
@@ -364,7 +365,7 @@ def test_over_reads_the_named_fields_and_full_input_is_proved_or_refused() -> No
 
 
 def test_fields_of_model_kinds_not_run_here_are_refused() -> None:
-    with pytest.raises(InvalidRequest, match=r"^options.max_tokens: ") as refused:
+    with pytest.raises(UnsupportedOption, match=r"^options.max_tokens: ") as refused:
         serve(StubDecisions(), {"state": "s", "questions": {"c": CHOICE}, "options": {"max_tokens": 64}})
     assert refused.value.param == "options.max_tokens"
     with pytest.raises(InvalidRequest, match=r"^images: .*text only"):

@@ -338,13 +338,20 @@ async def job_events(
     job_id: FromPath[str],
     request: Request[Any, Any, Any],
     state: State,
-    # The pattern is documented and checked here, so a malformed id gets this route's message.
+    # The pattern is documented and checked here, so a malformed id gets this route's message. A
+    # plain string, not nullable: a header has no null (a client would send the text "null"). An
+    # absent header starts the stream at its beginning; an empty one is no event id.
     last_event_id: Annotated[
-        str | None, HeaderParameter(name="Last-Event-ID", schema_extra={"pattern": f"^{EVENT_ID.pattern}$"})
-    ] = None,
+        str,
+        HeaderParameter(
+            name="Last-Event-ID",
+            required=False,
+            schema_extra={"pattern": f"^{EVENT_ID.pattern}$"},
+        ),
+    ] = "",
 ) -> ServerSentEvent:
     runtime: Runtime = state.runtime
-    if last_event_id is not None and not EVENT_ID.fullmatch(last_event_id):
+    if "last-event-id" in request.headers and not EVENT_ID.fullmatch(last_event_id):
         raise InvalidRequest(
             f"Last-Event-ID: {last_event_id[:64]!r} is not an event id of this stream (e.g. 1700000000000-0)"
         )

@@ -11,6 +11,10 @@ enforces that Litestar leaves out.
   task's surface request) is described by the schema its Meta gives, which Litestar drops.
 - A Struct that takes exactly one of several optional fields says so in a class attribute
   `one_of_required` (the field names), written as `oneOf` a schema requiring each.
+- A field that decodes as optional but that every accepted value has (checked after decoding,
+  so that its absence gets a message of its own) is named in `schema_required`.
+- A Struct whose tag field says which other field it needs (a content part's `type`) names them
+  in `required_by_tag`, `(tag field, {tag value: field})`, written as `oneOf` a schema per tag.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import msgspec
 
 # Litestar's own plugin for Structs; it has no public name, and this one only adds to it.
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
-from litestar.openapi.spec import Reference, Schema
+from litestar.openapi.spec import OpenAPIType, Reference, Schema
 from litestar.typing import FieldDefinition
 
 if TYPE_CHECKING:
@@ -68,6 +72,16 @@ def msgspec_schema(annotation: Any) -> dict[str, Any]:
     return schema
 
 
+def _not_null(schema: Schema | Reference) -> Schema | Reference:
+    """`schema` without its null alternative (an optional field's `oneOf: [T, null]` as T): a
+    field the server needs is not satisfied by null."""
+    if isinstance(schema, Schema) and schema.one_of:
+        kept = [s for s in schema.one_of if not (isinstance(s, Schema) and s.type == OpenAPIType.NULL)]
+        if len(kept) == 1:
+            return kept[0]
+    return schema
+
+
 class StrictStructSchemaPlugin(StructSchemaPlugin):
     """Litestar's Struct schema, closed where msgspec closes it and with the bounds it keeps."""
 
@@ -82,6 +96,22 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
         one_of: tuple[str, ...] = getattr(field_definition.type_, "one_of_required", ())
         if one_of:
             schema.one_of = [Schema(required=[name]) for name in one_of]
+        properties = schema.properties or {}
+        needed: tuple[str, ...] = getattr(field_definition.type_, "schema_required", ())
+        if needed:
+            schema.required = sorted({*(schema.required or []), *needed})
+            for name in needed:
+                properties[name] = _not_null(properties[name])
+        tagged: tuple[str, dict[str, str]] | None = getattr(field_definition.type_, "required_by_tag", None)
+        if tagged is not None:
+            tag, fields = tagged
+            schema.one_of = [
+                Schema(
+                    properties={tag: Schema(const=value), field: _not_null(properties[field])},
+                    required=[tag, field],
+                )
+                for value, field in fields.items()
+            ]
         hints = get_type_hints(field_definition.type_, include_extras=True)
         for field in info.fields:
             ours = (schema.properties or {}).get(field.encode_name)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from vllm_srun.plugins.bodies import ItemErrorCode, Options, ResponseMeta, Usage
+from vllm_srun.plugins.bodies import ItemErrorCode, Options, ResponseMeta, Usage, options_type
 
 # The question types. `choice` picks one of several keyed options. `noul` (read "no/yes") is a
 # yes/no question: its answer is one number, `noul` = P(true), the probability that the
@@ -164,7 +164,9 @@ def _inlined(kind: Any) -> dict[str, Any]:
 
 def _question_schema() -> dict[str, Any]:
     typed = _inlined(QuestionBody)
-    return {"anyOf": [*typed["anyOf"], _inlined(PresetQuestion)]}
+    # One of: each typed question has its own `type` and `instructions`, which a preset question
+    # (no `instructions`, its own fields only) cannot have, so no question matches two.
+    return {"oneOf": [*typed["anyOf"], _inlined(PresetQuestion)]}
 
 
 # `questions` as the document shows it: {id: a choice, noul, score or set question, or a preset}.
@@ -191,10 +193,20 @@ class StateQuestions(msgspec.Struct, forbid_unknown_fields=True):
 StateQuestions.__qualname__ = StateQuestions.__name__ = "DecisionState"
 
 
-class RequestOptions(Options, forbid_unknown_fields=True, omit_defaults=True):
-    """The decisions surface's options (upstream's RequestOptions): the common `Options`;
-    `max_tokens` is a scan budget, taken only by a model whose card has
-    `limits.max_scan_tokens` (one that reads a long state part in windows), else a 400."""
+# The options the decisions surface reads: the request-wide ones; `max_tokens`, a scan budget,
+# taken only by a model whose card has `limits.max_scan_tokens` (one that reads a long state part
+# in windows); `overflow`, what a state too long for one input becomes. Its own closed type, as
+# every surface's (`options_type`): the document lists only these.
+DECISIONS_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile", "max_tokens", "overflow"})
+
+if TYPE_CHECKING:
+    RequestOptions = Options
+else:
+    RequestOptions = options_type(
+        "RequestOptions",
+        DECISIONS_OPTIONS,
+        "The decisions surface's options (upstream's RequestOptions; see Options).",
+    )
 
 
 class DecisionRequest(msgspec.Struct, forbid_unknown_fields=True):

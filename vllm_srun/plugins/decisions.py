@@ -35,7 +35,7 @@ import numpy as np
 from vllm_srun import defaults
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import EngineModel, ItemError, LoadedModel, ModelInfo, Plan, Result, WorkItem
-from vllm_srun.plugins.bodies import ItemErrorCode, Usage, item_error_code
+from vllm_srun.plugins.bodies import ItemErrorCode, UnsupportedOption, Usage, item_error_code
 from vllm_srun.plugins.decision_surface import (
     KNOWN_TYPES,
     QUESTION_TYPES,
@@ -220,7 +220,7 @@ class DecisionModel(LoadedModel):
     def _check_request(self, request: DecisionRequest) -> None:
         """Request fields only another kind of model reads are refused, never ignored."""
         if request.options.max_tokens is not None and self.scan_tokens is None:
-            raise InvalidRequest(
+            raise UnsupportedOption(  # the model's refusal (no scan budget): 422
                 "options.max_tokens: a scan budget, taken only by a model that reads a long state part in "
                 "windows (its card's limits.max_scan_tokens); this model reads one bounded input "
                 "(options.overflow says what a longer one gets)",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
@@ -24,10 +24,11 @@ from vllm_srun.plugins.bodies import ItemErrorCode as ItemErrorCode
 from vllm_srun.plugins.bodies import Options as Options
 from vllm_srun.plugins.bodies import Overflow as Overflow
 from vllm_srun.plugins.bodies import ResponseMeta as ResponseMeta
+from vllm_srun.plugins.bodies import UnsupportedOption, options_type
 from vllm_srun.plugins.bodies import Usage as Usage
 from vllm_srun.plugins.bodies import WindowOptions as WindowOptions
-from vllm_srun.plugins.bodies import options_type
 from vllm_srun.plugins.decision_surface import (
+    DECISIONS_OPTIONS,
     DecisionsRequest,
     DecisionsResponse,
     StateValue,
@@ -61,7 +62,10 @@ else:
 class ClassifyItem(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """One classify input in object form: a text, or a pair `{text, text_pair}`. Upstream's
     grounded `{context, question, answer}` items need a grounded head, which no family here
-    has: they are refused naming the field (see `texts_of`)."""
+    has: they are refused naming the field (see `texts_of`). `text` decodes as optional so that
+    a grounded item gets that message, but every item needs it: the document says so."""
+
+    schema_required: ClassVar[tuple[str, ...]] = ("text",)
 
     text: str | None = None
     text_pair: str | None = None
@@ -107,7 +111,13 @@ class AudioPart(msgspec.Struct, forbid_unknown_fields=True):
 class ContentPart(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     """Upstream's embeddings input part: `{type: text, text}` is a text like any other; image
     and audio parts need a model with that modality, which no family here has, so they are
-    refused naming the part (see `EmbeddingsRequest.inputs`)."""
+    refused naming the part (see `EmbeddingsRequest.inputs`). Each part needs the field its
+    `type` names (the document's `oneOf`)."""
+
+    required_by_tag: ClassVar[tuple[str, dict[str, str]]] = (
+        "type",
+        {"text": "text", "image_url": "image_url", "input_audio": "input_audio"},
+    )
 
     type: Literal["text", "image_url", "input_audio"]
     text: str | None = None
@@ -119,7 +129,7 @@ def _part_text(part: ContentPart, index: int) -> str:
     where = f"input[{index}]"
     if part.type != "text":
         modality = "image" if part.type == "image_url" else "audio"
-        raise InvalidRequest(
+        raise UnsupportedOption(  # a modality the models here lack: their refusal, 422
             f"{where}.{part.type}: {modality} input needs a model with the {modality} modality; the "
             "models here read text",
             param=f"{where}.{part.type}",
@@ -335,8 +345,9 @@ class RerankResponse(msgspec.Struct, omit_defaults=True):
 
 
 def texts_of(value: ClassifyInput) -> list[tuple[str, str | None]]:
-    """Classify input in its one general form: (text, optional pair) per input. A grounded item,
-    or an object without `text`, is an InvalidRequest naming its field."""
+    """Classify input in its one general form: (text, optional pair) per input. A grounded item
+    is an UnsupportedOption (no model here has a grounded head), an object without `text` an
+    InvalidRequest, each naming its field."""
     values = value if isinstance(value, list) else [value]
     out: list[tuple[str, str | None]] = []
     for index, item in enumerate(values):
@@ -346,7 +357,7 @@ def texts_of(value: ClassifyInput) -> list[tuple[str, str | None]]:
         where = "input" if not isinstance(value, list) else f"input[{index}]"
         for name in ("context", "question", "answer"):
             if getattr(item, name) is not None:
-                raise InvalidRequest(
+                raise UnsupportedOption(  # a head the models here lack: their refusal, 422
                     f"{where}.{name}: grounded {{context, question, answer}} items need a grounded head, "
                     "which this server does not run; give {text} or {text, text_pair}",
                     param=f"{where}.{name}",
@@ -398,6 +409,8 @@ class Surface(Generic[RequestT]):
     any other is refused naming it (`check_options`) rather than having it ignored.
     `complete(body)` fills, on any family's response, what the contract requires and a family
     may leave out (rerank's `logit`): `finish` applies it, so no family can skip it.
+    `check(request)` refuses what decoding lets through and the document does not (a classify
+    item without its text), so a job line or a bundle task is refused as its route refuses it.
     """
 
     name: str
@@ -410,6 +423,7 @@ class Surface(Generic[RequestT]):
     text_chars: Callable[[RequestT], int]
     options: frozenset[str]
     complete: Callable[[Any], Any] = lambda body: body
+    check: Callable[[Any], Any] = lambda request: None
 
     @property
     def path(self) -> str:
@@ -431,11 +445,13 @@ class Surface(Generic[RequestT]):
         """A request from decoded JSON, as strictly as the routes decode their bodies: a value
         must have the type the document gives it ("4" is not an integer, 0 not a boolean)."""
         try:
-            return msgspec.convert(value, type=self.request_type, strict=True)
+            request = msgspec.convert(value, type=self.request_type, strict=True)
         except msgspec.ValidationError:
             # JSON Schema's integer is any number without a fraction (2.0); msgspec's strict one
             # is not, so a value refused is tried again with those written as ints.
-            return msgspec.convert(whole_numbers(value), type=self.request_type, strict=True)
+            request = msgspec.convert(whole_numbers(value), type=self.request_type, strict=True)
+        self.check(request)
+        return request
 
 
 def whole_numbers(value: Any) -> Any:
@@ -551,6 +567,7 @@ CLASSIFY: Surface[ClassifyRequest] = Surface(
     count=lambda r: _one_or_list(r.input),
     text_chars=lambda r: _chars(r.input),
     options=CLASSIFY_OPTIONS,
+    check=lambda r: texts_of(r.input),
 )
 
 EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
@@ -615,9 +632,7 @@ DECISIONS: Surface[DecisionsRequest] = Surface(
     counted_field="questions",
     count=count_questions,
     text_chars=_decision_chars,
-    # max_tokens is a scan budget here, which the model refuses unless it has one; overflow
-    # says what a state too long for one input becomes (the model refuses `window`).
-    options=_COMMON_OPTIONS | {"max_tokens", "overflow"},
+    options=DECISIONS_OPTIONS,
 )
 
 # Every surface, in one place: the app mounts their routes, jobs decode their lines, the

@@ -16,7 +16,7 @@ import numpy as np
 
 from vllm_sr_example import FORMAT, MODEL_FILE
 from vllm_sr_example.engine import ARCHITECTURE
-from vllm_srun.errors import InvalidRequest, PackageError, UnsupportedSurface
+from vllm_srun.errors import PackageError, UnsupportedSurface
 from vllm_srun.plugins.base import (
     EmbeddingView,
     EngineModel,
@@ -31,7 +31,7 @@ from vllm_srun.plugins.base import (
     Verification,
     WorkItem,
 )
-from vllm_srun.plugins.bodies import check_profile, item_error_code
+from vllm_srun.plugins.bodies import UnsupportedOption, check_profile, item_error_code
 from vllm_srun.plugins.package import ModelPackage, combined_sha256
 from vllm_srun.plugins.surfaces import (
     ClassifyResponse,
@@ -163,7 +163,7 @@ class KeywordModel(LoadedModel):
     def _budget(self, options: Options) -> int:
         """Tokens one input may have: `options.max_tokens`, at most the model's limit."""
         if options.max_tokens is not None and options.max_tokens > self.max_tokens:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"options.max_tokens: {options.max_tokens} exceeds the model's limit of {self.max_tokens}",
                 param="options.max_tokens",
             )
@@ -187,25 +187,27 @@ class KeywordModel(LoadedModel):
         return WorkItem(token_ids=ids), info
 
     def plan_surface(self, surface: str, request: Any) -> Plan:
+        # What the document allows and this model does not take (a head, a layer, a window) is
+        # the model's refusal: UnsupportedOption, a 422 naming the field (TEI's 424).
         options: Options = request.options
         check_profile(options, self.info.numerics)
         if options.overflow == "window":
-            raise InvalidRequest("options.overflow: 'window' is not supported by example_keywords")
+            raise UnsupportedOption("options.overflow: 'window' is not supported by example_keywords")
         if surface == "classify":
             if request.head_name() not in (None, "keywords"):
-                raise InvalidRequest(f"head: {request.head_name()!r}; this model's one head is 'keywords'")
+                raise UnsupportedOption(f"head: {request.head_name()!r}; this model's one head is 'keywords'")
             texts = [text + (" " + pair if pair else "") for text, pair in texts_of(request.input)]
         elif surface == "embeddings":
             texts = request.inputs()
             for field in ("layer", "input_type", "prompt_name", "prompt"):
                 if getattr(request, field) is not None:
-                    raise InvalidRequest(f"{field}: example_keywords has one layer and no prompts")
+                    raise UnsupportedOption(f"{field}: example_keywords has one layer and no prompts")
             if request.dimensions is not None and request.dimensions > len(self.ids):
-                raise InvalidRequest(f"dimensions: at most {len(self.ids)} for this model")
+                raise UnsupportedOption(f"dimensions: at most {len(self.ids)} for this model")
         elif surface == "rerank":
             for field in ("layer", "dimensions"):
                 if getattr(request, field) is not None:
-                    raise InvalidRequest(f"{field}: this model scores from one exit and takes no {field}")
+                    raise UnsupportedOption(f"{field}: this model scores from one exit and takes no {field}")
             texts = [request.query] + [d if isinstance(d, str) else d.text for d in request.documents]
         else:
             raise UnsupportedSurface(f"model {self.info.name!r} does not serve {surface!r}")

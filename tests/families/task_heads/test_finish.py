@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from families.task_heads.harness import ATOL, TEXTS, Harness, fail_item, rows_of, sigmoid, unit
 
-from vllm_srun.errors import InvalidRequest
-from vllm_srun.plugins.bodies import Representation
+from vllm_srun.plugins.bodies import Representation, UnsupportedOption
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -85,7 +84,7 @@ def test_base64_dimensions_and_meta(th: Harness, engine: str) -> None:
     )
     assert (short.meta.model_id, short.meta.model_sha256) == (model.info.name, model.info.model_sha256)
     assert (short.meta.profile, short.meta.numerics, short.meta.head) == ("exact", "float32", "pooled")
-    with pytest.raises(InvalidRequest, match="dimensions"):
+    with pytest.raises(UnsupportedOption, match="dimensions"):
         model.plan_surface("embeddings", EmbeddingsRequest(input="x", dimensions=33))
 
 

@@ -22,8 +22,8 @@ import pytest
 from families.task_heads.harness import Harness, pool, unit
 from helpers import Server
 
-from vllm_srun.errors import InvalidRequest
 from vllm_srun.families.task_heads.sentence import declared_layers
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import EmbeddingsRequest
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers
@@ -81,7 +81,7 @@ def test_layer_matches_transformers_hidden_states(
 def test_onnxruntime_engine_serves_the_last_layer_only(th: Harness) -> None:
     model = th.load("bert-embedding", "onnxruntime")
     assert model.info.embedding is not None and model.info.embedding.layers == [2]
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(UnsupportedOption) as caught:
         model.plan_surface("embeddings", request(layer=1))
     assert caught.value.param == "layer"
     assert "only its last layer, 2" in caught.value.message
@@ -106,7 +106,7 @@ def test_declared_layers_by_engine() -> None:
 def test_undeclared_layers_are_refused_naming_layer(th: Harness) -> None:
     model = th.load("bert-embedding", None)  # an app replica: plans without an engine
     assert model.info.embedding is not None and model.info.embedding.layers == [1, 2]
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(UnsupportedOption) as caught:
         model.plan_surface("embeddings", request(layer=3))
     assert caught.value.param == "layer"
     assert "layers 1..2" in caught.value.message
@@ -139,9 +139,9 @@ def test_representation_reports_the_layer(th: Harness) -> None:
 # input_type -> the package's prompts ------------------------------------------------------------
 
 
-def test_input_type_without_prompts_is_a_400_naming_it(th: Harness) -> None:
+def test_input_type_without_prompts_is_the_models_refusal_naming_it(th: Harness) -> None:
     model = th.load("bert-embedding", None)
-    with pytest.raises(InvalidRequest) as caught:
+    with pytest.raises(UnsupportedOption) as caught:  # 422: the prompts are the package's
         model.plan_surface("embeddings", request(input_type="query"))
     assert caught.value.param == "input_type"
     assert "no prompt named 'query'" in caught.value.message
@@ -252,7 +252,7 @@ def test_layer_over_http(server: Server, th: Harness) -> None:
     assert again.json()["meta"]["cache"] == {"hits": len(TEXTS), "misses": 0}
     assert not np.allclose(got, np.array([d["embedding"] for d in default.json()["data"]]), atol=1e-3)
     refused = server.post("/v1/embeddings", {**body, "layer": 3})
-    assert refused.status_code == 400
-    assert refused.json()["error"]["code"] == "invalid_request"
+    assert refused.status_code == 422  # a layer the model does not declare: its refusal
+    assert refused.json()["error"]["code"] == "unsupported_surface"
     assert refused.json()["error"]["param"] == "layer"
     assert server.post("/v1/embeddings", {**body, "layer": 0}).status_code == 400

@@ -6,6 +6,7 @@ import pytest
 from families.task_heads.harness import Harness
 
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -17,19 +18,19 @@ from vllm_srun.plugins.surfaces import (
 
 def test_invalid_requests(th: Harness) -> None:
     sequence = th.load("bert-sequence", None)
-    with pytest.raises(InvalidRequest, match=r"options\.head: no head 'x'; heads: sequence"):
+    with pytest.raises(UnsupportedOption, match=r"options\.head: no head 'x'; heads: sequence"):
         sequence.plan_surface("classify", ClassifyRequest(input="a", options=Options(head="x")))
     with pytest.raises(UnsupportedSurface):
         sequence.plan_surface("embeddings", EmbeddingsRequest(input="a"))
     with pytest.raises(UnsupportedSurface):
         sequence.plan_surface("rerank", RerankRequest(query="a", documents=["b"]))
     two = th.load("modernbert-sequence", None)
-    with pytest.raises(InvalidRequest, match=r"options\.head: head 'sequence' does not answer rerank"):
+    with pytest.raises(UnsupportedOption, match=r"options\.head: head 'sequence' does not answer rerank"):
         two.plan_surface(
             "rerank", RerankRequest(query="a", documents=["b"], options=Options(head="sequence"))
         )
     token = th.load("bert-token", None)
-    with pytest.raises(InvalidRequest, match=r"input\[1\].text_pair"):
+    with pytest.raises(UnsupportedOption, match=r"input\[1\].text_pair"):
         token.plan_surface("classify", ClassifyRequest(input=["a", TextPair(text="a", text_pair="b")]))
     with pytest.raises(InvalidRequest, match="input"):
         sequence.plan_surface("classify", ClassifyRequest(input=[]))

@@ -20,6 +20,7 @@ from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.families.task_heads.heads import pool_tokens
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.families.task_heads.sentence import Dense
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import EmbeddingsRequest, Options
 from vllm_srun.queue.planning import plan_with_keys
@@ -64,7 +65,7 @@ def test_prompts_by_name_input_type_raw_and_default(th: Harness, tmp_path: Path)
     assert _ids(model, EmbeddingsRequest(input=text, input_type="document")) == [passage]
     assert _ids(model, EmbeddingsRequest(input=text, prompt="passage: ")) == [passage]
     assert _ids(model, EmbeddingsRequest(input=text, prompt="")) == [_encode(model, text)]
-    with pytest.raises(InvalidRequest, match="'query', 'document'") as unknown:
+    with pytest.raises(UnsupportedOption, match="'query', 'document'") as unknown:
         model.plan_surface("embeddings", EmbeddingsRequest(input=text, prompt_name="qa"))
     assert unknown.value.param == "prompt_name"
     with pytest.raises(InvalidRequest, match="one of prompt, prompt_name and input_type"):
@@ -73,7 +74,7 @@ def test_prompts_by_name_input_type_raw_and_default(th: Harness, tmp_path: Path)
 
 def test_input_type_without_such_prompt_is_refused(th: Harness) -> None:
     model = th.load("bert-embedding", None)
-    with pytest.raises(InvalidRequest, match="no prompt named 'query'; its prompts: none") as error:
+    with pytest.raises(UnsupportedOption, match="no prompt named 'query'; its prompts: none") as error:
         model.plan_surface("embeddings", EmbeddingsRequest(input="x", input_type="query"))
     assert error.value.param == "input_type"
 
@@ -135,7 +136,7 @@ def test_token_id_inputs_are_taken_as_given(th: Harness) -> None:
     ids: list[Any] = _encode(model, "john lives in paris")[1:-1]  # no [CLS]/[SEP] are added
     assert _ids(model, EmbeddingsRequest(input=ids)) == [ids]
     assert _ids(model, EmbeddingsRequest(input=[ids, ids[:2]])) == [ids, ids[:2]]
-    with pytest.raises(InvalidRequest, match=r"input\[1\]: token id 99999") as error:
+    with pytest.raises(UnsupportedOption, match=r"input\[1\]: token id 99999") as error:
         model.plan_surface("embeddings", EmbeddingsRequest(input=[ids, [5, 99999]]))
     assert error.value.param == "input[1]"
     with pytest.raises(InvalidRequest, match="only ids"):

@@ -192,7 +192,7 @@ class TaskHeadsModel(LoadedModel):
         if head.kind == TOKEN:
             for i, (_, pair) in enumerate(pairs):
                 if pair is not None:
-                    raise InvalidRequest(f"input[{i}].text_pair: the token head tags single texts")
+                    raise UnsupportedOption(f"input[{i}].text_pair: the token head tags single texts")
         _refuse_unread(head, request.options)
         single = isinstance(request.input, str)
         return self._plan("classify", head, request.options, pairs, ["input"] if single else None)
@@ -208,7 +208,7 @@ class TaskHeadsModel(LoadedModel):
             return self._plan_other_output(request, head, inputs, kind)
         dimension = self.info.embedding.dimension if self.info.embedding else 0
         if request.dimensions is not None and request.dimensions > dimension:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"dimensions: {request.dimensions} exceeds the model's dimension {dimension}",
                 param="dimensions",
             )
@@ -236,7 +236,7 @@ class TaskHeadsModel(LoadedModel):
             enc = self.encoder.ids_input(value)
             if isinstance(enc, int):
                 param = "input" if single else f"input[{index}]"
-                raise InvalidRequest(
+                raise UnsupportedOption(  # the vocabulary is the model's: 422
                     f"{param}: token id {value[enc]} (at {enc}) is not in the model's vocabulary of "
                     f"{self.encoder.vocab_size}",
                     param=param,
@@ -369,10 +369,10 @@ class TaskHeadsModel(LoadedModel):
             return next(h for h in self.info.heads if surface in SURFACES_OF[h.kind])
         head = self.heads.get(name)
         if head is None:
-            raise InvalidRequest(f"{field}: no head {name!r}; heads: {', '.join(self.heads)}", param=field)
+            raise UnsupportedOption(f"{field}: no head {name!r}; heads: {', '.join(self.heads)}", param=field)
         if surface not in SURFACES_OF[head.kind]:
             serving = [h.name for h in self.info.heads if surface in SURFACES_OF[h.kind]]
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"{field}: head {head.name!r} does not answer {surface}; heads that do: {', '.join(serving)}",
                 param=field,
             )
@@ -380,18 +380,18 @@ class TaskHeadsModel(LoadedModel):
 
     def _check_exit(self, request: RerankRequest) -> None:
         """A model here serves one pair-scorer exit (`info.rerank`): its last layer, at the width
-        it scores from; a request naming another is a 400 naming the field."""
+        it scores from; a request naming another is the model's refusal (422) naming the field."""
         if self.info.rerank is None:
             return
         served = self.info.rerank.default
         if request.layer is not None and request.layer != served.layer:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"layer: {request.layer} is not an exit of this model; it scores from its last layer, "
                 f"{served.layer}",
                 param="layer",
             )
         if request.dimensions is not None and request.dimensions != served.dimension:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"dimensions: {request.dimensions} is not an exit of this model; it scores at dimension "
                 f"{served.dimension}",
                 param="dimensions",
@@ -402,7 +402,7 @@ class TaskHeadsModel(LoadedModel):
         if options.max_tokens is None:
             return self.max_tokens, "the model takes at most"
         if options.max_tokens > self.max_tokens:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"options.max_tokens: {options.max_tokens} exceeds the model's limit of {self.max_tokens} tokens",
                 param="options.max_tokens",
             )
@@ -422,17 +422,20 @@ class TaskHeadsModel(LoadedModel):
         size_field = "options.window.tokens" if options.window else "options.max_tokens"
         overlap_field = "options.window.overlap" if options.window else "options.max_tokens"
         if tokens > budget:
+            # Past the model's limit it is the model's refusal (422); past max_tokens, the request's.
+            refusal = UnsupportedOption if options.max_tokens is None else InvalidRequest
             whose = "the model's limit" if options.max_tokens is None else "options.max_tokens"
-            raise InvalidRequest(f"options.window.tokens: {tokens} exceeds {whose} of {budget} tokens")
+            raise refusal(f"options.window.tokens: {tokens} exceeds {whose} of {budget} tokens")
+        # The room a window leaves depends on the model's special tokens: its refusal (422).
         room = tokens - self.encoder.special_tokens(pair=False)
         if room < 2:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"{size_field}: windows of {tokens} tokens leave {max(room, 0)} text tokens after the "
                 f"{tokens - room} special tokens; at least 2 are needed",
                 param=size_field,
             )
         if room - overlap < 1:
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 f"{overlap_field}: an overlap of {overlap} must be smaller than the {room} text tokens a "
                 f"window of {tokens} holds",
                 param=overlap_field,
@@ -496,7 +499,7 @@ class TaskHeadsModel(LoadedModel):
         if policy.mode == "window" and head.kind == POOLED and self.pooling == "last":
             # A window's last token has read only that window (and in a decoder, only what came
             # before it): the mean of such vectors is no embedding of the text.
-            raise InvalidRequest(
+            raise UnsupportedOption(
                 "options.overflow: 'window' is not served for a model that pools by its last token "
                 f"(model {self.info.name!r}): each window's last token would stand for that window "
                 "alone; use 'truncate' or 'reject'",

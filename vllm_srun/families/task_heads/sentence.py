@@ -23,6 +23,7 @@ import numpy as np
 
 from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.plugins.base import WorkItem
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.package import ModelPackage
 
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
@@ -342,7 +343,8 @@ def select_prompt(
 ) -> str:
     """The prompt a request selects (a raw `prompt`, a `prompt_name`, or the prompt named by
     `input_type`), else the package's default; "" for none. Token ids take none: a prompt the
-    request names for them is an InvalidRequest, as is a name the package does not have."""
+    request names for them is an InvalidRequest; a name the package does not have is the model's
+    refusal, an UnsupportedOption (422)."""
     given = {"prompt": prompt, "prompt_name": prompt_name, "input_type": input_type}
     chosen = [name for name, value in given.items() if value is not None]
     if len(chosen) > 1:
@@ -363,7 +365,7 @@ def select_prompt(
         return prompts[default] if default is not None and not token_ids else ""
     if name not in prompts:
         known = ", ".join(repr(p) for p in prompts) or "none"
-        raise InvalidRequest(
+        raise UnsupportedOption(  # the prompts are the package's: 422
             f"{chosen[0]}: model {model!r} has no prompt named {name!r}; its prompts: {known}",
             param=chosen[0],
         )
@@ -394,7 +396,7 @@ def declared_layers(num_layers: int, engine_model: Any, *, has_weights: bool) ->
 def exit_layer(requested: int | None, layers: Sequence[int], *, model: str) -> int | None:
     """The earlier layer a request's `layer` exits at; None for the last layer, named or not, so
     its vectors share the default's cache entries. A layer the model does not declare is an
-    InvalidRequest naming `layer`."""
+    UnsupportedOption (the model's refusal, 422) naming `layer`."""
     if requested is None or list(layers[-1:]) == [requested]:
         return None
     if requested not in layers:
@@ -403,7 +405,7 @@ def exit_layer(requested: int | None, layers: Sequence[int], *, model: str) -> i
             if layers
             else "no layer choice"
         )
-        raise InvalidRequest(
+        raise UnsupportedOption(
             f"layer: model {model!r} has no exit at layer {requested}; it serves {served}", param="layer"
         )
     return requested
