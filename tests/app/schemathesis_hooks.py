@@ -1,0 +1,86 @@
+"""schemathesis hooks for test_schemathesis.py (loaded through SCHEMATHESIS_HOOKS).
+
+`positive_data_acceptance_with_rules` is schemathesis's own positive_data_acceptance, with the
+statuses of the config's `[checks.positive_data_acceptance]` (no 400 among them), and one
+exception: the rules below, which no JSON schema can state, are answered 400 with the error
+that names them. Each is matched by its operation, its error code and the field it names (or
+its message), so any other 400 for a schema-valid request still fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import schemathesis
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+# (operation, error code, its message: each starts with the field it names).
+RULES: list[tuple[str, str, re.Pattern[str]]] = [
+    # Task ids unique within a bundle: JSON Schema's uniqueItems compares whole items, not one field.
+    (
+        "POST /v1/bundle",
+        "invalid_request",
+        re.compile(r"^tasks\[\d+\]\.id: .* is also the id of tasks\[\d+\]$"),
+    ),
+    # A job line's model, where it names one, is the job's: the two sit in different places (the
+    # body's or the query's `model`, each line's), which no schema relates.
+    (
+        "POST /v1/jobs",
+        "invalid_request",
+        re.compile(r"^(requests item|line) \d+: model: .* differs from the job's model '[^']*'$"),
+    ),
+    # An input longer than the token budget: its length in tokens is the tokenizer's, which no
+    # schema knows. OpenAI's and upstream's embeddings refuse it whole (400, naming the input;
+    # upstream's item code for it is max_length_exceeded); with options.overflow given it is
+    # answered in place instead.
+    (
+        "POST /v1/embeddings",
+        "invalid_request",
+        re.compile(r"^input(\[\d+\])?: input has (at least )?\d+ tokens; "),
+    ),
+    # A field that shapes a dense vector (dimensions, layer, normalize, base64, windows), given
+    # with another options.output: one field's meaning hangs on a field of another object, which
+    # the document says in words (options.output) and a schema could say only by a conditional
+    # across the two objects.
+    (
+        "POST /v1/embeddings",
+        "invalid_request",
+        re.compile(
+            r"^(dimensions|layer|options\.normalize|encoding_format|options\.overflow): applies to "
+            r"dense output only, not options\.output '[a-z_]+'$"
+        ),
+    ),
+]
+
+
+def _error(response: Any) -> dict[str, Any]:
+    try:
+        body = json.loads(response.content)
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def named_rule(operation: str, response: Any) -> bool:
+    """Whether `response` is the 400 of one of RULES for `operation`."""
+    if response.status_code != 400:
+        return False
+    error = _error(response)
+    message = error.get("message")
+    return any(
+        label == operation
+        and error.get("code") == code
+        and isinstance(message, str)
+        and pattern.search(message)
+        for label, code, pattern in RULES
+    )
+
+
+@schemathesis.check
+def positive_data_acceptance_with_rules(ctx: Any, response: Any, case: Any) -> bool | None:
+    if named_rule(case.operation.label, response):
+        return None
+    return positive_data_acceptance(ctx, response, case)  # type: ignore[no-any-return]
