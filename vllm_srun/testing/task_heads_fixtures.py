@@ -515,3 +515,29 @@ def add_sentence_transformers(
             module["idx"], module["name"] = i, str(i)
         (out / "modules.json").write_text(json.dumps(modules, indent=2))
     return out
+
+
+def add_sparse_encoder(out: Path, *, max_seq_length: int | None = None, pooling_strategy: str = "max") -> Path:
+    """Give the SPLADE package in `out` (a `*-splade` fixture) the modules a sentence-transformers
+    SparseEncoder saves, as Hub packages spell them (naver/splade_v2_max): an MLMTransformer and
+    a SpladePooling, `sentence_bert_config.json` and `config_sentence_transformers.json`.
+    Returns `out`."""
+    out = Path(out)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.sparse_encoder.models.MLMTransformer"},
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_SpladePooling",
+            "type": "sentence_transformers.sparse_encoder.models.SpladePooling",
+        },
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2))
+    (out / "1_SpladePooling").mkdir(exist_ok=True)
+    pooling = {"pooling_strategy": pooling_strategy, "activation_function": "relu", "word_embedding_dimension": None}
+    (out / "1_SpladePooling" / "config.json").write_text(json.dumps(pooling, indent=2))
+    sentence_bert = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    (out / "sentence_bert_config.json").write_text(json.dumps(sentence_bert, indent=2))
+    st = {"model_type": "SparseEncoder", "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "dot"}
+    (out / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
+    return out

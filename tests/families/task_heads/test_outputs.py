@@ -174,3 +174,40 @@ def test_a_state_dict_that_is_not_tensors_is_refused_unexecuted(packages: dict[s
     with pytest.raises(PackageError, match=r"sparse_linear\.pt is not a tensor-only PyTorch state dict"):
         Harness(tmp_path / "h").load_path(package, "native")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("variant", SPLADE)
+def test_a_sentence_transformers_sparse_encoder_package_matches_sparse_encoder(
+    packages: dict[str, Path], tmp_path: Path, variant: str
+) -> None:
+    """The SparseEncoder form of the same checkpoint (MLMTransformer + SpladePooling), against
+    sentence-transformers' own SparseEncoder.encode; its max_seq_length is the model's limit."""
+    import shutil
+
+    from sentence_transformers import SparseEncoder
+
+    from vllm_srun.testing.task_heads_fixtures import add_sparse_encoder
+
+    package = add_sparse_encoder(shutil.copytree(packages[variant], tmp_path / variant), max_seq_length=12)
+    model = Harness(tmp_path / "h").load_path(package, "native")
+    assert model.info.max_tokens == 12 and model.outputs.served() == ["sparse", "tokens"]
+    body = _embed(model, {"input": TEXTS, "options": {"overflow": "truncate"}})
+    reference = SparseEncoder(str(package), device="cpu").encode(TEXTS, convert_to_tensor=True).to_dense().numpy()
+    for item, row in zip(body.data, reference, strict=True):
+        ours = _as_dict(item)
+        assert set(ours) == set(np.flatnonzero(row).tolist())
+        assert max(abs(v - float(row[i])) for i, v in ours.items()) < ATOL
+
+
+def test_a_sparse_encoder_pooling_it_does_not_serve_is_refused(packages: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    from vllm_srun.errors import PackageError
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.testing.task_heads_fixtures import add_sparse_encoder
+
+    package = add_sparse_encoder(shutil.copytree(packages["bert-splade"], tmp_path / "sum"), pooling_strategy="sum")
+    family = Harness(tmp_path / "h").family
+    assert family.detect(ModelPackage(package))
+    with pytest.raises(PackageError, match=r"1_SpladePooling/config.json .*: pooling_strategy 'sum' is not served"):
+        family.verify(ModelPackage(package))

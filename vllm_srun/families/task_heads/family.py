@@ -110,7 +110,9 @@ class TaskHeadsFamily(ModelFamily):
             licence=verification.licence,
         )
         sentence = layout.sentence
-        lowercase = sentence is not None and sentence.do_lower_case
+        lowercase = (sentence is not None and sentence.do_lower_case) or (
+            layout.sparse_encoder is not None and layout.sparse_encoder.do_lower_case
+        )
         encoder = TextEncoder(package.read_bytes("tokenizer.json"), lowercase=lowercase)
         vocab = layout.config.get("vocab_size")
         ids = encoder.tokenizer.get_vocab_size(with_added_tokens=True)

@@ -14,6 +14,11 @@ from typing import Any
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
+from vllm_srun.families.task_heads.sparse_encoder import (
+    SparseEncoderConfig,
+    is_sparse_encoder,
+    read_sparse_encoder,
+)
 from vllm_srun.plugins.architectures import refusal, served_kind, standard_config
 from vllm_srun.plugins.package import ONNX_PATHS, ModelPackage, checkpoint_max_tokens, usable_positions
 
@@ -36,6 +41,7 @@ class Layout:
     # the engine alone, with torch.load(weights_only=True)).
     output_heads: tuple[str, ...] = ()
     state_dicts: dict[str, str] = field(default_factory=dict)
+    sparse_encoder: SparseEncoderConfig | None = None  # a sentence-transformers SPLADE package
 
     @property
     def pooling(self) -> str | None:
@@ -53,6 +59,8 @@ class Layout:
                 names.append(optional)
         if self.sentence is not None:
             names.extend(self.sentence.files())
+        if self.sparse_encoder is not None:
+            names.extend(self.sparse_encoder.files)
         return names
 
 
@@ -65,11 +73,14 @@ def kind_of(config: dict[str, Any], package: ModelPackage) -> str | None:
         return None
     kind, arch = found
     if kind == "model":
-        if package.exists("modules.json"):
-            return "embedding"
-        # A *ForMaskedLM checkpoint alone is SPLADE's form (naver/splade-*), where the row reads it.
+        # SPLADE: a *ForMaskedLM checkpoint alone (naver/splade-*'s first form) or with a
+        # sentence-transformers SparseEncoder's modules, where the row reads its masked-LM head.
         architecture = str(config["architectures"][0])
         sparse = arch is not None and arch.sparse_head is not None and architecture.endswith("ForMaskedLM")
+        if package.exists("modules.json"):
+            if is_sparse_encoder(package):
+                return "sparse" if sparse else None
+            return "embedding"
         return "sparse" if sparse else None
     return kind
 
@@ -107,12 +118,15 @@ def read_layout(package: ModelPackage) -> Layout:
     weights = _weight_files(package, has_onnx=onnx is not None)
     tokenizer_config = "tokenizer_config.json" if package.exists("tokenizer_config.json") else None
     sentence = read_sentence_config(package) if kind == "embedding" else None
+    sparse_encoder = read_sparse_encoder(package) if kind == "sparse" and package.exists("modules.json") else None
     max_tokens = checkpoint_max_tokens(package, config, tokenizer_config)
     if sentence is not None and sentence.max_seq_length is not None:
         # sentence-transformers truncates at max_seq_length: that is the model's limit, within
         # the positions the checkpoint has.
         positions = usable_positions(config) if "max_position_embeddings" in config else sentence.max_seq_length
         max_tokens = min(sentence.max_seq_length, positions)
+    if sparse_encoder is not None and sparse_encoder.max_seq_length is not None:
+        max_tokens = min(sparse_encoder.max_seq_length, usable_positions(config))
     output_heads, state_dicts = _output_heads(kind, config, package)
     if output_heads and onnx is not None and not weights:
         raise PackageError(
@@ -121,6 +135,7 @@ def read_layout(package: ModelPackage) -> Layout:
     return Layout(
         output_heads=output_heads,
         state_dicts=state_dicts,
+        sparse_encoder=sparse_encoder,
         config=config,
         architecture=config["architectures"][0],
         kind=kind,
@@ -136,6 +151,12 @@ def why_not(config: dict[str, Any], package: ModelPackage) -> str:
     """Why `kind_of` refused a config, in words a user can act on."""
     if served_kind(config, has_onnx=False) is None and not any(package.exists(p) for p in ONNX_PATHS):
         return refusal(config)
+    if package.exists("modules.json") and is_sparse_encoder(package):
+        return (
+            f"it is a sparse encoder (SpladePooling) of {(config.get('architectures') or [None])[0]!r}; "
+            "SPLADE is served from the masked-LM head of the architectures whose row names one "
+            "(BertForMaskedLM, DistilBertForMaskedLM)"
+        )
     return (
         f"its architecture {(config.get('architectures') or [None])[0]!r} is a bare encoder without "
         "a sentence-transformers modules.json (nothing to serve: add modules.json and 1_Pooling for "
