@@ -89,13 +89,15 @@ class Server(Proc):
 class RedisProcess(Proc):
     """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH)."""
 
-    def __init__(self, log_path: Path, port: int | None = None, maxmemory: str | None = None) -> None:
+    def __init__(
+        self, log_path: Path, port: int | None = None, maxmemory: str | None = None, policy: str = "allkeys-lru"
+    ) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no"]
-        if maxmemory:  # as compose.yaml runs it
-            args += ["--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru"]
+        if maxmemory:  # as compose.yaml runs the cache (allkeys-lru) or the state Redis (noeviction)
+            args += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
         super().__init__(args, log_path)
         self.wait()
 

@@ -47,7 +47,7 @@ from vllm_srun.errors import IdempotencyKeyReused, JobNotFound, Overloaded, Unav
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
-from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.redis import REDIS_ERRORS, out_of_memory, state_full
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -94,6 +94,7 @@ _PURGE_BATCH = 100
 
 # Results read per Redis round trip by `results`.
 RESULTS_SLICE = 256
+
 
 @dataclass(frozen=True, kw_only=True)
 class BulkQuotas:
@@ -159,10 +160,9 @@ def _redis_unavailable(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awai
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
         except ResponseError as exc:
-            if not _out_of_memory(exc):
+            if not out_of_memory(exc):
                 raise
-            # noeviction at maxmemory: the write is refused and nothing is lost.
-            raise Unavailable(f"the state Redis is full: {exc}", headers={"Retry-After": "5"}) from exc
+            raise state_full() from exc
 
     return call
 
@@ -655,12 +655,6 @@ _ACCOUNTING: list[str] = [
     keys.jobs_bytes_key(),
     keys.jobs_totals_key(),
 ]
-
-
-def _out_of_memory(exc: ResponseError) -> bool:
-    """Redis at maxmemory under noeviction: OutOfMemoryError, or inside a script a plain
-    ResponseError ("Error running script ... -OOM command not allowed ...")."""
-    return "OOM command not allowed" in str(exc)
 
 
 def _head_length(line: bytes) -> int:

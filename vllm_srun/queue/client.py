@@ -34,7 +34,14 @@ from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import GET_OR_ADD_MAX_KEYS, add_job, get_or_add_job, remove_job
 from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
-from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, make_pool, pubsub_client
+from vllm_srun.queue.redis import (
+    REDIS_ERRORS,
+    describe_url,
+    make_pool,
+    out_of_memory,
+    pubsub_client,
+    state_full,
+)
 from vllm_srun.queue.results import LocalResults
 
 # Submission is the gateway's; the app reads it as what `QueueClient.submit` returns.
@@ -394,7 +401,11 @@ class QueueClient:
                 part.sent.cancel()
             raise
         except Exception as exc:  # each request hears it; the task itself ends quietly
-            error = Unavailable(f"Redis is unreachable: {exc}") if isinstance(exc, REDIS_ERRORS) else exc
+            error: BaseException = exc
+            if isinstance(exc, REDIS_ERRORS):
+                error = Unavailable(f"Redis is unreachable: {exc}")
+            elif out_of_memory(exc):
+                error = state_full()
             for part in parts:
                 if not part.sent.done():
                     part.sent.set_exception(error)

@@ -13,13 +13,33 @@ from typing import Any
 from arq.connections import ArqRedis, RedisSettings
 from redis.asyncio import BlockingConnectionPool, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from vllm_srun.errors import Unavailable
 from vllm_srun.queue import protocol
 
 # What a lost or unreachable Redis raises, wherever it is called.
 REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Redis at maxmemory under noeviction refused a write: OutOfMemoryError (in a transaction
+    too, where redis-py's message no longer starts with OOM), or inside a script a plain
+    ResponseError ("Error running script ... -OOM command not allowed ...")."""
+    return isinstance(exc, OutOfMemoryError) or (
+        isinstance(exc, ResponseError) and "OOM command not allowed" in str(exc)
+    )
+
+
+def state_full() -> Unavailable:
+    """What a refused write is answered: 503 with Retry-After; nothing was written, nothing lost.
+    Redis's own message is not passed on: in a pipeline it quotes the refused command (a job's
+    requests, megabytes)."""
+    return Unavailable(
+        "the state Redis is full (maxmemory under noeviction): retry later", headers={"Retry-After": "5"}
+    )
+
 
 # Short timeouts: a Redis that is gone must turn into a fast 503, never a hang.
 CONNECT_TIMEOUT_S = 2.0
