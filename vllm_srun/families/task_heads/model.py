@@ -214,34 +214,7 @@ class TaskHeadsModel(LoadedModel):
             )
         layers = self.info.embedding.layers if self.info.embedding else []
         layer = exit_layer(request.layer, layers, model=self.info.name)
-        # One text or one list of ids: OpenAI names the field itself, not an element of it.
-        single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
-        prompt = select_prompt(
-            self.sentence,
-            model=self.info.name,
-            prompt=request.prompt,
-            prompt_name=request.prompt_name,
-            input_type=request.input_type,
-            token_ids=any(isinstance(i, list) for i in inputs),
-        )
-        params = ["input" if single else f"input[{i}]" for i, v in enumerate(inputs) if isinstance(v, str)]
-        texts = [i for i in inputs if isinstance(i, str)]
-        texts = [prompt + t for t in texts]
-        encoded = iter(self._encode_bounded([(t, None) for t in texts], request.options, params))
-        encs: list[Encoded] = []
-        for index, value in enumerate(inputs):
-            if isinstance(value, str):
-                encs.append(next(encoded))
-                continue
-            enc = self.encoder.ids_input(value)
-            if isinstance(enc, int):
-                param = "input" if single else f"input[{index}]"
-                raise UnsupportedOption(  # the vocabulary is the model's: 422
-                    f"{param}: token id {value[enc]} (at {enc}) is not in the model's vocabulary of "
-                    f"{self.encoder.vocab_size}",
-                    param=param,
-                )
-            encs.append(enc)
+        single, prompt, encs = self._embedding_inputs(request, inputs)
         names = [i if isinstance(i, str) else "" for i in inputs]
         skip = 0
         if prompt and self.sentence is not None and not self.sentence.include_prompt:
@@ -257,21 +230,12 @@ class TaskHeadsModel(LoadedModel):
         )
         return plan
 
-    def _plan_other_output(
-        self, request: EmbeddingsRequest, head: HeadInfo, inputs: list[str | list[int]], kind: str
-    ) -> Plan:
-        """Sparse, multi-vector or token embeddings: one engine row per input, read whole or
-        truncated (windows would need a rule to join them that no reference has)."""
-        outputs.refuse_with(
-            kind,
-            {
-                "dimensions": request.dimensions,
-                "layer": request.layer,
-                "options.normalize": request.options.normalize,
-                "encoding_format": "base64" if request.encoding_format == "base64" else None,
-                "options.overflow": "window" if request.options.overflow == "window" else None,
-            },
-        )
+    def _embedding_inputs(
+        self, request: EmbeddingsRequest, inputs: list[str | list[int]]
+    ) -> tuple[bool, str, list[Encoded]]:
+        """(whether `input` is one input, the prompt, each input encoded): texts with the prompt
+        in front, bounded in characters; token ids as given, each checked against the vocabulary."""
+        # One text or one list of ids: OpenAI names the field itself, not an element of it.
         single = isinstance(request.input, str) or all(isinstance(v, int) for v in request.input)
         prompt = select_prompt(
             self.sentence,
@@ -288,6 +252,7 @@ class TaskHeadsModel(LoadedModel):
         for index, value in enumerate(inputs):
             enc = next(encoded) if isinstance(value, str) else self.encoder.ids_input(value)
             if isinstance(enc, int):
+                assert isinstance(value, list)
                 param = "input" if single else f"input[{index}]"
                 raise UnsupportedOption(  # the vocabulary is the model's: 422
                     f"{param}: token id {value[enc]} (at {enc}) is not in the model's vocabulary of "
@@ -295,6 +260,24 @@ class TaskHeadsModel(LoadedModel):
                     param=param,
                 )
             encs.append(enc)
+        return single, prompt, encs
+
+    def _plan_other_output(
+        self, request: EmbeddingsRequest, head: HeadInfo, inputs: list[str | list[int]], kind: str
+    ) -> Plan:
+        """Sparse, multi-vector or token embeddings: one engine row per input, read whole or
+        truncated (windows would need a rule to join them that no reference has)."""
+        outputs.refuse_with(
+            kind,
+            {
+                "dimensions": request.dimensions,
+                "layer": request.layer,
+                "options.normalize": request.options.normalize,
+                "encoding_format": "base64" if request.encoding_format == "base64" else None,
+                "options.overflow": "window" if request.options.overflow == "window" else None,
+            },
+        )
+        single, _, encs = self._embedding_inputs(request, inputs)
         names = [i if isinstance(i, str) else "" for i in inputs]
         engine_output = self.outputs.engine_output(kind)
         plan = self._plan_encoded("embeddings", head, request.options, names, encs, output=engine_output)
