@@ -168,6 +168,10 @@ def test_rerank_is_teis_or_vllms_by_the_body(reranker: Server) -> None:
     # the document, so vLLM's shape answers TEI's as an option it does not take: 422).
     mixed = reranker.post("/rerank", {"query": SOURCE, "documents": SENTENCES, "raw_scores": True})
     assert mixed.status_code == 422 and mixed.json()["error"]["param"] == "raw_scores"
+    past = reranker.post(
+        "/vllm/rerank", {"query": SOURCE, "documents": SENTENCES, "truncate_prompt_tokens": 10**6}
+    )
+    assert past.status_code == 422 and past.json()["error"]["param"] == "truncate_prompt_tokens"
     for bad in (0, -2, "5"):
         refused = reranker.post(
             "/vllm/rerank", {"query": SOURCE, "documents": SENTENCES, "truncate_prompt_tokens": bad}

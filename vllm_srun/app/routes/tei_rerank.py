@@ -25,8 +25,10 @@ from vllm_srun.app.routes import vllm_rerank
 from vllm_srun.app.routes.tei_shared import (
     NON_EMPTY_LIST,
     TEI_ERRORS,
+    TEI_STATUSES,
     Direction,
     TeiError,
+    TeiErrorBody,
     check_batch,
     model_for,
     options,
@@ -136,11 +138,20 @@ async def _vllm(request: Request[Any, Any, Any], state: State, body: RerankBody)
         return errors.handle_srun_error(request, exc)
 
 
+# A `texts` body's errors are TEI's, a `documents` body's this app's: either body, per status.
+_STATUSES = {
+    status: "; ".join(d for d in (TEI_STATUSES.get(status), errors.ERROR_STATUSES.get(status)) if d)
+    for status in sorted({*TEI_STATUSES, *errors.ERROR_STATUSES})
+}
+RESPONSES = errors.error_specs(TeiErrorBody | errors.ErrorResponse, _STATUSES)  # type: ignore[arg-type]
+
+
 @post(
     "/rerank",
     status_code=200,
     summary="Rerank texts (TEI-compatible; vLLM's body with `documents`)",
     exception_handlers=TEI_ERRORS,
+    responses=RESPONSES,
 )
 async def rerank(
     request: Request[Any, Any, Any], data: JSONBody[RerankBody], state: State

@@ -101,7 +101,7 @@ async def _classify(
     request: Request[Any, Any, Any], state: State, data: VllmClassifyRequest
 ) -> Response[Any]:
     raw = data.use_activation is False
-    options = truncation(data.truncate_prompt_tokens)
+    options = truncation(data.truncate_prompt_tokens, state.runtime, data.model)
     options.return_logits = raw
     inputs: list[Any] = [data.input] if isinstance(data.input, str) else list(data.input)
     converted = ClassifyRequest(input=inputs, model=data.model, options=options)
@@ -169,7 +169,7 @@ def _pooling_shape(body: EmbeddingsResponse) -> PoolingResponse:
 
 
 async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequest) -> Response[Any]:
-    options = truncation(data.truncate_prompt_tokens)
+    options = truncation(data.truncate_prompt_tokens, state.runtime, data.model)
     options.normalize = data.normalize
     converted = EmbeddingsRequest(
         input=decode_input(data.input),

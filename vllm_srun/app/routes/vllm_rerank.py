@@ -24,7 +24,9 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
+from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse
 
 # vLLM's truncate_prompt_tokens: -1 (the model's limit) or a positive count (0 keeps nothing).
@@ -73,10 +75,11 @@ class VllmRerankResponse(msgspec.Struct):
     results: list[VllmRerankResult]
 
 
-def truncation(value: Any) -> Options:
+def truncation(value: Any, runtime: Runtime, model: str | None) -> Options:
     """vLLM's `truncate_prompt_tokens` as the surfaces' options: -1 truncates to the model's
     limit, N keeps an input's first N tokens (special tokens included), none refuses an input
-    over the limit, as vLLM does. Any other value is an InvalidRequest naming the field."""
+    over the limit, as vLLM does. Any other value is an InvalidRequest naming the field; an N
+    past the model's limit its refusal (422), as vLLM refuses one past `max_model_len`."""
     if value is None:
         return Options()
     if isinstance(value, float) and value.is_integer():
@@ -86,17 +89,25 @@ def truncation(value: Any) -> Options:
             "truncate_prompt_tokens: -1 (the model's limit) or a positive count of tokens",
             param="truncate_prompt_tokens",
         )
+    if value > 0:
+        _, loaded = runtime.model_for(model)
+        limit = loaded.info.max_tokens
+        if limit is not None and value > limit:
+            raise UnsupportedOption(
+                f"truncate_prompt_tokens: {value} exceeds the model's limit of {limit} tokens",
+                param="truncate_prompt_tokens",
+            )
     return Options(overflow="truncate", max_tokens=None if value < 0 else value)
 
 
-def convert(data: VllmRerankRequest) -> RerankRequest:
+def convert(runtime: Runtime, data: VllmRerankRequest) -> RerankRequest:
     documents: list[Any] = list(data.documents)
     return RerankRequest(
         query=data.query,
         documents=documents,
         model=data.model,
         top_n=data.top_n or None,
-        options=truncation(data.truncate_prompt_tokens),
+        options=truncation(data.truncate_prompt_tokens, runtime, data.model),
     )
 
 
@@ -121,7 +132,7 @@ def answer(data: VllmRerankRequest) -> Any:
 
 async def serve(request: Request[Any, Any, Any], state: State, data: VllmRerankRequest) -> Response[Any]:
     """`data` served on the rerank surface, answered in vLLM's shape."""
-    return await respond(request, state, RERANK, convert(data), shape=answer(data))
+    return await respond(request, state, RERANK, convert(state.runtime, data), shape=answer(data))
 
 
 @post("/vllm/rerank", status_code=200, summary="Rerank documents (vLLM-compatible)")

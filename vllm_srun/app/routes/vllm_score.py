@@ -82,7 +82,9 @@ def pairs(data: ScoreRequest) -> list[tuple[str, str]]:
     return list(zip(firsts, seconds, strict=True))
 
 
-def requests(data: ScoreRequest, scored: list[tuple[str, str]]) -> list[tuple[RerankRequest, list[int]]]:
+def requests(
+    runtime: Runtime, data: ScoreRequest, scored: list[tuple[str, str]]
+) -> list[tuple[RerankRequest, list[int]]]:
     """One rerank request per distinct `text_1`, and the pair index of each of its documents."""
     by_query: dict[str, list[int]] = {}
     for index, (first, _) in enumerate(scored):
@@ -94,7 +96,7 @@ def requests(data: ScoreRequest, scored: list[tuple[str, str]]) -> list[tuple[Re
             query=query,
             documents=documents,
             model=data.model,
-            options=truncation(data.truncate_prompt_tokens),
+            options=truncation(data.truncate_prompt_tokens, runtime, data.model),
         )
         out.append((rerank, indices))
     return out
@@ -131,7 +133,7 @@ async def serve(request: Request[Any, Any, Any], state: State, data: ScoreReques
             f"text_2: {len(scored)} pairs; at most {runtime.settings.max_inputs} per request (--max-inputs)",
             param="text_2",
         )
-    planned = requests(data, scored)
+    planned = requests(runtime, data, scored)
     with request_slot(runtime):
         done, bodies = await unless_disconnected(
             request, _serve_all(runtime, [r for r, _ in planned], timing)
