@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from helpers import Server
@@ -119,6 +120,22 @@ def test_health_routes_answer_empty_200s(minilm: Server) -> None:
     for path in ("/", "/ping"):
         response = minilm.get(path)
         assert response.status_code == 200 and response.content == b""
+    # OPTIONS names both of the root's methods (Litestar alone would name POST only).
+    allowed = httpx.options(minilm.url + "/", timeout=10).headers["allow"]
+    assert set(allowed.split(", ")) == {"GET", "OPTIONS", "POST"}
+
+
+def test_health_routes_are_public_and_the_rest_keyed(
+    module_server: Callable[..., Server], packages: dict[str, Path]
+) -> None:
+    """SageMaker's and the Inference API's health checks send no key, as TEI lets them."""
+    server = module_server(str(packages["reranker"]), "--api-key", "sesame")
+    for path in ("/", "/ping", "/infinity/health"):
+        assert server.get(path).status_code == 200, path
+    body = {"text_1": SOURCE, "text_2": SENTENCES}
+    assert server.post("/score", body).status_code == 401
+    assert server.post("/score", body, headers={"Authorization": "Bearer sesame"}).status_code == 200
+    assert server.get("/infinity/models").status_code == 401
 
 
 # -- vLLM ----------------------------------------------------------------------------------------
