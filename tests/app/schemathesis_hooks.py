@@ -31,6 +31,13 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "invalid_request",
         re.compile(r"^(requests item|line) \d+: model: .* differs from the job's model '[^']*'$"),
     ),
+    # `head` and its alias `options.head` both given and different: two fields' equality, which
+    # JSON Schema has no word for.
+    (
+        "POST /v1/classify",
+        "invalid_request",
+        re.compile(r"^head: .* differs from options\.head .*; give one of them$"),
+    ),
     # An input longer than the token budget: its length in tokens is the tokenizer's, which no
     # schema knows. OpenAI's and upstream's embeddings refuse it whole (400, naming the input;
     # upstream's item code for it is max_length_exceeded); with options.overflow given it is
@@ -39,6 +46,21 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "POST /v1/embeddings",
         "invalid_request",
         re.compile(r"^input(\[\d+\])?: input has (at least )?\d+ tokens; "),
+    ),
+    # A prompt (prompt, prompt_name, input_type) with token-id input: token ids are taken as
+    # given. One field's value against another's form, which only a conditional could state.
+    (
+        "POST /v1/embeddings",
+        "invalid_request",
+        re.compile(
+            r"^(prompt|prompt_name|input_type): a prompt applies to texts; token ids are taken as given$"
+        ),
+    ),
+    # Windows with multi_vector rerank: options.overflow against options.output, likewise.
+    (
+        "POST /v1/rerank",
+        "invalid_request",
+        re.compile(r"^options\.overflow: 'window' does not apply to multi_vector rerank$"),
     ),
     # A field that shapes a dense vector (dimensions, layer, normalize, base64, windows), given
     # with another options.output: one field's meaning hangs on a field of another object, which

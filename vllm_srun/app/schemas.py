@@ -15,6 +15,10 @@ enforces that Litestar leaves out.
   so that its absence gets a message of its own) is named in `schema_required`.
 - A Struct whose tag field says which other field it needs (a content part's `type`) names them
   in `required_by_tag`, `(tag field, {tag value: field})`, written as `oneOf` a schema per tag.
+- A field whose accepted values no decodable type says (a union msgspec cannot decode, checked
+  after decoding) has its schema in `schema_properties`, written in place of Litestar's.
+- Fields of which at most one may be given (null counting as not given) are named in
+  `schema_at_most_one`, written as `oneOf` none of them, or each alone.
 """
 
 from __future__ import annotations
@@ -79,6 +83,11 @@ def _not_null(schema: Schema | Reference) -> Schema | Reference:
         kept = [s for s in schema.one_of if not (isinstance(s, Schema) and s.type == OpenAPIType.NULL)]
         if len(kept) == 1:
             return kept[0]
+    if isinstance(schema, Schema) and isinstance(schema.type, list) and OpenAPIType.NULL in schema.type:
+        # An optional enum: `type: [null, string], enum: [..., null]`.
+        types = [t for t in schema.type if t != OpenAPIType.NULL]
+        enum = [v for v in schema.enum if v is not None] if schema.enum is not None else None
+        return Schema(type=types[0] if len(types) == 1 else types, enum=enum, description=schema.description)
     return schema
 
 
@@ -127,4 +136,18 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
             if set(_bounds(theirs)) - set(_bounds(ours.to_schema())):
                 theirs.update({k: v for k, v in ours.to_schema().items() if k in ("default", "description")})
                 schema.properties[field.encode_name] = theirs  # type: ignore[assignment,index]  # a dict is written out as is
+        for name, written in getattr(field_definition.type_, "schema_properties", {}).items():
+            properties[name] = written
+        exclusive: tuple[str, ...] = getattr(field_definition.type_, "schema_at_most_one", ())
+        if exclusive:
+            null = Schema(type=OpenAPIType.NULL)
+            schema.one_of = [Schema(properties=dict.fromkeys(exclusive, null))] + [
+                Schema(
+                    required=[name],
+                    properties={
+                        other: null if other != name else _not_null(properties[name]) for other in exclusive
+                    },
+                )
+                for name in exclusive
+            ]
         return schema

@@ -8,7 +8,7 @@ type to describe it, without an import cycle.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal, cast, get_args
 
 import msgspec
@@ -86,18 +86,23 @@ class _SurfaceOptions(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=
     overflow_mode = Options.overflow_mode
 
 
-def options_type(name: str, names: Iterable[str], doc: str) -> type[Options]:
+def options_type(
+    name: str, names: Iterable[str], doc: str, *, narrowed: Mapping[str, Any] | None = None
+) -> type[Options]:
     """A Struct named `name` with the fields of `Options` in `names` (their types, bounds and
     defaults, in `Options`' order), refusing any other: one surface's options as it decodes and
-    documents them. Typed as `Options`, which it reads as (see `_SurfaceOptions`)."""
+    documents them. Typed as `Options`, which it reads as (see `_SurfaceOptions`). `narrowed`
+    gives a field a narrower type where the surface takes fewer of its values (rerank's
+    `output`), so the document lists only those."""
     wanted = frozenset(names)
     unknown = wanted - set(Options.__struct_fields__)
     if unknown:
         raise ValueError(f"{name}: not fields of Options: {sorted(unknown)}")
+    types = {f.name: f.type for f in msgspec.structs.fields(Options)} | dict(narrowed or {})
     fields = [
-        (f.name, f.type, msgspec.field(default=f.default))
+        (f.name, types[f.name], msgspec.field(default=f.default))
         if f.default_factory is msgspec.NODEFAULT
-        else (f.name, f.type, msgspec.field(default_factory=f.default_factory))
+        else (f.name, types[f.name], msgspec.field(default_factory=f.default_factory))
         for f in msgspec.structs.fields(Options)
         if f.name in wanted
     ]

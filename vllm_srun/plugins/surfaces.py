@@ -56,7 +56,13 @@ else:
     EmbeddingsOptions = options_type(
         "EmbeddingsOptions", EMBEDDINGS_OPTIONS, "The options of embeddings (see Options)."
     )
-    RerankOptions = options_type("RerankOptions", RERANK_OPTIONS, "The options of rerank (see Options).")
+    # Rerank scores by a dense vector or, MaxSim, by token vectors: those two kinds only.
+    RerankOptions = options_type(
+        "RerankOptions",
+        RERANK_OPTIONS,
+        "The options of rerank (see Options).",
+        narrowed={"output": Literal["dense", "multi_vector"] | None},
+    )
 
 
 class ClassifyItem(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -148,7 +154,32 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     (the upstream runtime's: the package's "query" or "document" prompt) or given as a raw
     `prompt`; with none of them the package's `default_prompt_name` applies. Token ids are taken
     as given: no prompt and no special tokens are added to them.
+
+    The document says what decoding cannot (msgspec takes one list type in a union, and
+    `inputs` refuses the rest): `input` is one of a text, texts and text parts, token ids, or
+    lists of token ids, never a mix; and at most one of `prompt`, `prompt_name` and
+    `input_type` is given (null counts as not given).
     """
+
+    schema_properties: ClassVar[dict[str, Any]] = {
+        "input": {
+            "oneOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"anyOf": [{"type": "string"}, {"$ref": "#/components/schemas/ContentPart"}]},
+                },
+                {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "array", "minItems": 1, "items": {"type": "integer"}},
+                },
+            ]
+        }
+    }
+    schema_at_most_one: ClassVar[tuple[str, ...]] = ("prompt", "prompt_name", "input_type")
 
     input: str | Annotated[list[str | int | TokenIds | ContentPart], msgspec.Meta(min_length=1)]
     model: str | None = None
