@@ -223,3 +223,17 @@ def test_pooling_answers_the_embeddings_vectors(minilm: Server) -> None:
         np.testing.assert_allclose(
             [d["data"] for d in answer["data"]], vectors(minilm, SENTENCES[:2]), atol=SAME
         )
+
+
+def test_an_input_over_the_limit_is_refused_as_vllm_or_truncated_as_infinity(reranker: Server) -> None:
+    long = " ".join(["fox"] * 400)  # past the fixture's 128 tokens
+    refused = reranker.post("/vllm/rerank", {"query": SOURCE, "documents": [long]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "documents[0]"
+    assert "truncate_prompt_tokens" in refused.json()["error"]["message"]
+    cut = ok(reranker, "/vllm/rerank", {"query": SOURCE, "documents": [long], "truncate_prompt_tokens": -1})
+    ours = ok(
+        reranker, "/v1/rerank", {"query": SOURCE, "documents": [long], "options": {"overflow": "truncate"}}
+    )
+    assert abs(cut["results"][0]["relevance_score"] - ours["results"][0]["relevance_score"]) < SAME
+    infinity = ok(reranker, "/infinity/rerank", {"query": SOURCE, "documents": [long]})
+    assert abs(infinity["results"][0]["relevance_score"] - ours["results"][0]["relevance_score"]) < SAME

@@ -13,7 +13,9 @@ classify surfaces, and its model list. (/infinity/embeddings is root_embeddings'
   backend, capabilities}]}`; GET /infinity/health: `{unix}` once every model is ready.
 
 `model: "default/not-specified"` (the client's default) and any name not served reach the one
-model serving the surface, as Infinity serves its only model whatever the name.
+model serving the surface, as Infinity serves its only model whatever the name. An input over
+the model's limit is truncated to it, as Infinity's tokenizers truncate (/infinity/embeddings
+too), never refused.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ async def infinity_rerank(
         documents=documents,
         model=_model(state.runtime, data.model, RERANK.name),
         top_n=data.top_n,
+        options=Options(overflow="truncate"),
     )
     return await respond(request, state, RERANK, converted, shape=_rerank_shape(data))
 
@@ -163,7 +166,7 @@ async def infinity_classify(
     converted = ClassifyRequest(
         input=inputs,
         model=_model(state.runtime, data.model, CLASSIFY.name),
-        options=Options(return_logits=data.raw_scores),
+        options=Options(overflow="truncate", return_logits=data.raw_scores),
     )
 
     def shape(body: ClassifyResponse) -> InfinityClassifyResponse:

@@ -25,7 +25,7 @@ from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest
-from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, TokenIds
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, Options, TokenIds
 
 # OpenAI's input forms, one per request: a text, texts, token ids, or lists of them. msgspec
 # takes one array type per union, so the field is decoded late (`decode_input`) and documented
@@ -81,32 +81,38 @@ def served_model(runtime: Runtime, name: str | None, surface: str) -> str | None
     return serving[0] if len(serving) == 1 else name
 
 
-def convert(runtime: Runtime, data: RootEmbeddingsRequest) -> EmbeddingsRequest:
+def convert(runtime: Runtime, data: RootEmbeddingsRequest, options: Options) -> EmbeddingsRequest:
     return EmbeddingsRequest(
         input=decode_input(data.input),
         model=served_model(runtime, data.model, EMBEDDINGS.name),
         encoding_format=data.encoding_format,
         dimensions=data.dimensions or None,
         user=data.user,
+        options=options,
     )
 
 
-async def _serve(request: Request[Any, Any, Any], state: State, data: RootEmbeddingsRequest) -> Response[Any]:
-    return await respond(request, state, EMBEDDINGS, convert(state.runtime, data), shape=no_null_vectors)
+async def _serve(
+    request: Request[Any, Any, Any], state: State, data: RootEmbeddingsRequest, options: Options
+) -> Response[Any]:
+    converted = convert(state.runtime, data, options)
+    return await respond(request, state, EMBEDDINGS, converted, shape=no_null_vectors)
 
 
 @post("/embeddings", status_code=200, summary="Embed texts (OpenAI-compatible, as TEI and Infinity serve it)")
 async def embeddings(
     request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
-    return await _serve(request, state, data)
+    # TEI's OpenAI route truncates as the server's --auto-truncate says (the surface's default).
+    return await _serve(request, state, data, Options())
 
 
 @post("/infinity/embeddings", status_code=200, summary="Embed texts (Infinity-compatible)")
 async def infinity_embeddings(
     request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
-    return await _serve(request, state, data)
+    # Infinity truncates an input over the model's limit (its tokenizer's truncation).
+    return await _serve(request, state, data, Options(overflow="truncate"))
 
 
 async def _as_v1(request: Request[Any, Any, Any], state: State, data: EmbeddingsRequest) -> Response[Any]:

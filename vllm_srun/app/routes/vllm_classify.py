@@ -23,10 +23,9 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.root_embeddings import Input, decode_input
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, truncation
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, truncation
 from vllm_srun.app.routes.vllm_score import UsageInfo
 from vllm_srun.errors import UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
@@ -77,7 +76,7 @@ def _classify_shape(raw: bool) -> Any:
         data = []
         for result in body.results:
             if result.error is not None:
-                raise item_failure("input", result.index, result.error, result.message)
+                raise failure("input", result.index, result.error, result.message)
             per_label = result.probabilities if result.probabilities is not None else result.scores
             if per_label is None and result.score is not None:
                 per_label = [result.score]  # a one-label head: its sigmoid
@@ -154,7 +153,7 @@ def _pooling_shape(body: EmbeddingsResponse) -> PoolingResponse:
     data = []
     for item in body.data:
         if item.error is not None:
-            raise item_failure("input", item.index, item.error, item.message)
+            raise failure("input", item.index, item.error, item.message)
         assert isinstance(item.embedding, (list, str))
         data.append(Pooled(index=item.index, object="pooling", data=item.embedding))  # type: ignore[arg-type]
     tokens = body.usage.prompt_tokens

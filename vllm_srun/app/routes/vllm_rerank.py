@@ -14,6 +14,7 @@ cannot read, hence a route of vLLM's own.
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -25,7 +26,7 @@ from litestar.params import JSONBody
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import InvalidRequest
+from vllm_srun.errors import InvalidRequest, SrunError
 from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse
 
@@ -100,6 +101,17 @@ def truncation(value: Any, runtime: Runtime, model: str | None) -> Options:
     return Options(overflow="truncate", max_tokens=None if value < 0 else value)
 
 
+# The surfaces' hint for an input over the limit names their option; vLLM's body has its own.
+_OUR_HINT = re.compile(r"\(set options\.overflow to [^)]*\)")
+
+
+def failure(field: str, index: int, code: str, message: str | None) -> SrunError:
+    """One input's error as the request's (`item_failure`), in vLLM's words."""
+    if message:
+        message = _OUR_HINT.sub("(set truncate_prompt_tokens to -1 to truncate it)", message)
+    return item_failure(field, index, code, message)
+
+
 def convert(runtime: Runtime, data: VllmRerankRequest) -> RerankRequest:
     documents: list[Any] = list(data.documents)
     return RerankRequest(
@@ -118,7 +130,7 @@ def answer(data: VllmRerankRequest) -> Any:
         results = []
         for result in body.results:
             if result.error is not None:
-                raise item_failure("documents", result.index, result.error, result.message)
+                raise failure("documents", result.index, result.error, result.message)
             score = result.logit if raw and result.logit is not None else result.relevance_score
             assert score is not None
             results.append(VllmRerankResult(result.index, VllmDocument(data.documents[result.index]), score))

@@ -22,9 +22,8 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import client_closed, encoded, label_model, timing_of, unless_disconnected
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, truncation
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, truncation
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge
@@ -105,7 +104,7 @@ def requests(
 def _scores(body: RerankResponse, indices: list[int], raw: bool, into: list[float]) -> None:
     for result in body.results:
         if result.error is not None:
-            raise item_failure("text_2", indices[result.index], result.error, result.message)
+            raise failure("text_2", indices[result.index], result.error, result.message)
         score = result.logit if raw and result.logit is not None else result.relevance_score
         assert score is not None
         into[indices[result.index]] = score
