@@ -3,8 +3,8 @@
 `positive_data_acceptance_with_rules` is schemathesis's own positive_data_acceptance, with the
 statuses of the config's `[checks.positive_data_acceptance]` (no 400 among them), and one
 exception: the rules below, which no JSON schema can state, are answered 400 with the error
-that names them. Each is matched by its operation, its error code and the field it names (or
-its message), so any other 400 for a schema-valid request still fails the run.
+that names them. Each is matched by its operations, its error code and its message (which
+starts with the field it names), so any other 400 for a schema-valid request still fails the run.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from typing import Any
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-# (operation, error code, its message: each starts with the field it names).
+# (operations, error code, its message: each starts with the field it names).
+# The embeddings surface's OpenAI-shaped routes: its own, vLLM's and Infinity's.
+EMBEDDINGS = "POST /v1/embeddings|POST /vllm/embeddings|POST /vllm/v1/embeddings|POST /embeddings|POST /infinity/embeddings"
+
 RULES: list[tuple[str, str, re.Pattern[str]]] = [
     # Task ids unique within a bundle: JSON Schema's uniqueItems compares whole items, not one field.
     (
@@ -43,14 +46,14 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
     # upstream's item code for it is max_length_exceeded); with options.overflow given it is
     # answered in place instead.
     (
-        "POST /v1/embeddings",
+        EMBEDDINGS,
         "invalid_request",
         re.compile(r"^input(\[\d+\])?: input has (at least )?\d+ tokens; "),
     ),
     # A prompt (prompt, prompt_name, input_type) with token-id input: token ids are taken as
     # given. One field's value against another's form, which only a conditional could state.
     (
-        "POST /v1/embeddings",
+        EMBEDDINGS,
         "invalid_request",
         re.compile(
             r"^(prompt|prompt_name|input_type): a prompt applies to texts; token ids are taken as given$"
@@ -62,12 +65,19 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "invalid_request",
         re.compile(r"^options\.overflow: 'window' does not apply to multi_vector rerank$"),
     ),
+    # vLLM's score: text_1 is one text or as many as text_2, an equality of two lengths that
+    # JSON Schema has no word for.
+    (
+        "POST /score|POST /v1/score|POST /vllm/score|POST /vllm/v1/score",
+        "invalid_request",
+        re.compile(r"^text_2: \d+ texts for \d+ in text_1; give one text_1, or as many as text_2$"),
+    ),
     # A field that shapes a dense vector (dimensions, layer, normalize, base64, windows), given
     # with another options.output: one field's meaning hangs on a field of another object, which
     # the document says in words (options.output) and a schema could say only by a conditional
     # across the two objects.
     (
-        "POST /v1/embeddings",
+        EMBEDDINGS,
         "invalid_request",
         re.compile(
             r"^(dimensions|layer|options\.normalize|encoding_format|options\.overflow): applies to "
@@ -87,17 +97,17 @@ def _error(response: Any) -> dict[str, Any]:
 
 
 def named_rule(operation: str, response: Any) -> bool:
-    """Whether `response` is the 400 of one of RULES for `operation`."""
+    """Whether `response` is the 400 of one of RULES for `operation` (`labels`: "|" between)."""
     if response.status_code != 400:
         return False
     error = _error(response)
     message = error.get("message")
     return any(
-        label == operation
+        operation in labels.split("|")
         and error.get("code") == code
         and isinstance(message, str)
         and pattern.search(message)
-        for label, code, pattern in RULES
+        for labels, code, pattern in RULES
     )
 
 

@@ -193,6 +193,11 @@ class KeywordModel(LoadedModel):
         check_profile(options, self.info.numerics)
         if options.overflow == "window":
             raise UnsupportedOption("options.overflow: 'window' is not supported by example_keywords")
+        if surface in ("embeddings", "rerank") and options.output not in (None, "dense"):
+            # Keyword counts are one dense vector: no sparse or per-token output to give.
+            raise UnsupportedOption(
+                f"options.output: example_keywords gives dense vectors only, not {options.output!r}"
+            )
         if surface == "classify":
             if request.head_name() not in (None, "keywords"):
                 raise UnsupportedOption(f"head: {request.head_name()!r}; this model's one head is 'keywords'")
