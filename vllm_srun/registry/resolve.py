@@ -69,13 +69,13 @@ class CachedSnapshot(ModelPackage):
         super().__init__(root, name=name)
         self.blobs = (repo_dir / "blobs").resolve()
 
-    def path(self, relative: str) -> Path:
+    def path(self, relative: str, *, state_dict: bool = False) -> Path:
         try:
-            return super().path(relative)
+            return super().path(relative, state_dict=state_dict)
         except PackageError:
             named = Path(os.path.normpath(self.root / relative))
             target = (self.root / relative).resolve()
-            if relative.endswith(_PICKLED) or not named.is_relative_to(self.root):
+            if (not state_dict and relative.endswith(_PICKLED)) or not named.is_relative_to(self.root):
                 raise
             if not target.is_relative_to(self.blobs):
                 raise
