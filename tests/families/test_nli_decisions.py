@@ -217,12 +217,11 @@ def test_window_options_are_refused_not_ignored(packages: dict[str, Path]) -> No
     from vllm_srun.errors import InvalidRequest
 
     model = load(packages["bert"])
-    for options, field in (
-        ({"overflow": "window"}, "options.overflow"),
-        ({"window": {"tokens": 64}}, "options.window"),
-    ):
-        with pytest.raises(InvalidRequest, match=field):
-            serve(model, {"state": "s", "questions": {"c": CHOICE}, "options": options})
+    with pytest.raises(InvalidRequest, match=r"options\.overflow"):
+        serve(model, {"state": "s", "questions": {"c": CHOICE}, "options": {"overflow": "window"}})
+    # Decisions' options are a closed type: `window` is not one of them, refused as it decodes.
+    with pytest.raises(msgspec.ValidationError, match="unknown field `window`"):
+        serve(model, {"state": "s", "questions": {"c": CHOICE}, "options": {"window": {"tokens": 64}}})
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

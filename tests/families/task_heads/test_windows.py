@@ -3,12 +3,15 @@ results combined per head as Transformers would answer each window."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from families.task_heads.harness import ATOL, LONG, Harness, rows_of, sigmoid, softmax, unit
 
 from vllm_srun.errors import InvalidRequest
 from vllm_srun.families.task_heads.windows import MAX_WINDOWS
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -40,16 +43,28 @@ def test_truncate_pairs_longest_first(th: Harness) -> None:
 
 def test_bad_window_options_are_refused(th: Harness) -> None:
     model = th.load("bert-sequence", None)
-    cases = {
-        "options.window.tokens": Options(overflow="window", window=WindowOptions(tokens=129)),
-        "options.window.overlap": Options(overflow="window", window=WindowOptions(tokens=10, overlap=8)),
-        "options.window:": Options(window=WindowOptions(tokens=10)),
+    # What the model cannot window (past its limit, no room left after its special tokens) is its
+    # refusal (422); a window without overflow "window" is a malformed request (400).
+    cases: dict[str, tuple[Options, type[Exception]]] = {
+        "options.window.tokens: 129 exceeds the model's limit": (
+            Options(overflow="window", window=WindowOptions(tokens=129)),
+            UnsupportedOption,
+        ),
+        "options.window.overlap": (
+            Options(overflow="window", window=WindowOptions(tokens=10, overlap=8)),
+            UnsupportedOption,
+        ),
+        "options.window:": (Options(window=WindowOptions(tokens=10)), InvalidRequest),
         # 2 tokens are [CLS] and [SEP]: no text fits, and the message blames tokens, not overlap.
-        "options.window.tokens: windows of 2 tokens leave 0": Options(overflow="window", window=WindowOptions(tokens=2)),
+        "options.window.tokens: windows of 2 tokens leave 0": (
+            Options(overflow="window", window=WindowOptions(tokens=2)),
+            UnsupportedOption,
+        ),
     }
-    for field, options in cases.items():
-        with pytest.raises(InvalidRequest, match=field):
+    for field, (options, refusal) in cases.items():
+        with pytest.raises(refusal, match=re.escape(field)) as raised:
             model.plan_surface("classify", ClassifyRequest(input="x", options=options))
+        assert type(raised.value) is refusal, field
 
 
 def test_too_many_windows_fail_that_input_alone(th: Harness) -> None:
