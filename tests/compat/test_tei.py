@@ -185,6 +185,8 @@ def test_an_input_over_the_limit_is_teis_validation_error(
     text = " ".join(_one_token_words(packages["embedding"], 400))
     message = tei_error(embedder, "/embed", {"inputs": ["short", text], "truncate": False}, 413, "validation")
     assert "inputs[1]" in message
+    # The way out in TEI's words (its body's field), not this app's options.
+    assert "(send truncate: true)" in message and "options.overflow" not in message
     # Without `truncate` the server's default holds: no --auto-truncate here, so the same.
     tei_error(embedder, "/embed", {"inputs": ["short", text]}, 413, "validation")
 

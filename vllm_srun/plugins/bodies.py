@@ -126,6 +126,11 @@ class UnsupportedOption(UnsupportedSurface):
     code = "unsupported_option"
 
 
+# What an over-long input's message ends with on our routes; a peer's route says its own words
+# in its place (TEI's `truncate: true`).
+OVERFLOW_HINT = "(set options.overflow to 'truncate' or 'window')"
+
+
 # Why one item (an input, a document, a question) has no result: upstream's ItemError codes,
 # the only codes an item's `error` carries on the wire, each with a `message` beside it.
 ItemErrorCode = Literal[

@@ -30,7 +30,7 @@ from vllm_srun.errors import (
     UnsupportedSurface,
 )
 from vllm_srun.plugins.base import LoadedModel
-from vllm_srun.plugins.bodies import Options, Overflow
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, Options, Overflow
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -151,7 +151,10 @@ def raise_item_error(field: str, index: int, code: str, message: str | None) -> 
     fails. An input over the limit is TEI's `validation` (413); anything else failed in the
     model (`backend`, 424)."""
     if code in ("max_length_exceeded", "scan_budget_exceeded"):
-        raise TeiError("validation", f"{field}[{index}]: {message}")
+        # TEI's words for the way out: its body's `truncate`, not our options.
+        raise TeiError(
+            "validation", f"{field}[{index}]: {message}".replace(OVERFLOW_HINT, "(send truncate: true)")
+        )
     raise TeiError("backend", f"{field}[{index}]: {code}: {message}")
 
 

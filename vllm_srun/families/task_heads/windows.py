@@ -36,6 +36,7 @@ import numpy as np
 from vllm_srun.errors import RequestTooLarge
 from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encoded
 from vllm_srun.plugins.base import ItemError
+from vllm_srun.plugins.bodies import OVERFLOW_HINT
 from vllm_srun.plugins.surfaces import InputUsage
 
 # Windows one input may be split into. Each window is a forward row, so the work of an input
@@ -124,8 +125,7 @@ def split(enc: Encoded, policy: Overflow) -> Split:
             ItemError(
                 "max_length_exceeded",
                 f"input has more than {max_chars(policy)} characters (at least {n} tokens, read no "
-                f"further); {policy.limit} {policy.max_tokens} (set options.overflow to 'truncate' "
-                "or 'window')",
+                f"further); {policy.limit} {policy.max_tokens} {OVERFLOW_HINT}",
             ),
         )
     return Split(
@@ -133,8 +133,7 @@ def split(enc: Encoded, policy: Overflow) -> Split:
         InputUsage(tokens=n, processed_tokens=0, truncated=False, windows=0),
         ItemError(
             "max_length_exceeded",
-            f"input has {n} tokens; {policy.limit} {policy.max_tokens} "
-            "(set options.overflow to 'truncate' or 'window')",
+            f"input has {n} tokens; {policy.limit} {policy.max_tokens} {OVERFLOW_HINT}",
         ),
     )
 
