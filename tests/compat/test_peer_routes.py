@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+import openai
 import pytest
 from helpers import Server
 
@@ -237,3 +238,65 @@ def test_an_input_over_the_limit_is_refused_as_vllm_or_truncated_as_infinity(rer
     assert abs(cut["results"][0]["relevance_score"] - ours["results"][0]["relevance_score"]) < SAME
     infinity = ok(reranker, "/infinity/rerank", {"query": SOURCE, "documents": [long]})
     assert abs(infinity["results"][0]["relevance_score"] - ours["results"][0]["relevance_score"]) < SAME
+
+
+def test_vllm_base_urls_list_the_models(minilm: Server) -> None:
+    """An OpenAI client given vLLM's base URL here (`…/vllm/v1`, or `…/vllm`) lists the models
+    there, as vLLM's server serves /v1/models: /v1/models' answer."""
+    ours = ok_get(minilm, "/v1/models")
+    for path in ("/vllm/v1/models", "/vllm/models"):
+        assert ok_get(minilm, path) == ours, path
+        assert ok_get(minilm, path + "/minilm") == ok_get(minilm, "/v1/models/minilm"), path
+    for base in ("/vllm/v1", "/vllm"):
+        client = openai.OpenAI(api_key="unused", base_url=minilm.url + base, max_retries=0)
+        assert [m.id for m in client.models.list()] == ["minilm"]
+        assert client.models.retrieve("minilm").id == "minilm"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("no-such-model")
+
+
+def ok_get(server: Server, path: str) -> Any:
+    response = server.get(path)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+LONG = " ".join(["fox"] * 400)  # past all-MiniLM-L6-v2's 256 tokens and the fixtures' 128
+
+
+def test_vllm_routes_name_their_own_field_for_an_input_over_the_limit(minilm: Server) -> None:
+    """vLLM's way out is its body's `truncate_prompt_tokens`: the routes' refusal says so, never
+    this server's `options`, which vLLM's bodies refuse."""
+    for path in ("/pooling", "/vllm/pooling"):
+        refused = minilm.post(path, {"input": ["short", LONG]})
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == "input[1]", refused.text
+        assert "truncate_prompt_tokens" in error["message"] and "options" not in error["message"]
+        cut = ok(minilm, path, {"input": ["short", LONG], "truncate_prompt_tokens": -1})
+        ours = ok(minilm, "/v1/embeddings", {"input": ["short", LONG], "options": {"overflow": "truncate"}})
+        np.testing.assert_allclose(
+            [d["data"] for d in cut["data"]], [d["embedding"] for d in ours["data"]], atol=SAME
+        )
+    scored = minilm.post("/vllm/score", {"text_1": SOURCE, "text_2": [LONG]})
+    assert scored.status_code == 400 and scored.json()["error"]["param"] == "text_2[0]"
+    assert "truncate_prompt_tokens" in scored.json()["error"]["message"]
+    assert "options" not in scored.json()["error"]["message"]
+
+
+def test_vllm_classify_names_its_own_field_for_an_input_over_the_limit(classifier: Server) -> None:
+    refused = classifier.post("/vllm/classify", {"input": ["fine", LONG]})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "input[1]", refused.text
+    assert "truncate_prompt_tokens" in error["message"] and "options" not in error["message"]
+
+
+def test_root_embeddings_refuse_an_input_over_the_limit_with_a_way_out_it_takes(minilm: Server) -> None:
+    """The root /embeddings body has no `options`: its refusal names the server's flag (TEI's
+    way on its OpenAI route) and /v1/embeddings, and keeps OpenAI's error shape, so the openai
+    client raises its BadRequestError with `param` (see the README on TEI's shape there)."""
+    client = openai.OpenAI(api_key="unused", base_url=minilm.url, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(input=["short", LONG], model="minilm")
+    assert raised.value.param == "input[1]"
+    message = raised.value.body["message"]  # type: ignore[index]
+    assert "--auto-truncate" in message and "/v1/embeddings" in message, message

@@ -1,5 +1,5 @@
 """GET /v1/models (every served model, and every plugin with its distribution and version) and
-GET /v1/models/{id} (one model).
+GET /v1/models/{id} (one model); the same routes under /vllm/v1 and /vllm, vLLM's base URLs.
 
 A model is described by its card: OpenAI's model object (`id`, `object`, `created`,
 `owned_by`) and the upstream runtime's ModelCard (2.3.0), with upstream's names and types,
@@ -312,7 +312,9 @@ def card(
     )
 
 
-@get("/v1/models", summary="Served models and installed plugins")
+# vLLM's server lists its models at /v1/models too: a vLLM client given this server's /vllm
+# (or /vllm/v1) base URL lists them there, with the same answer.
+@get(["/v1/models", "/vllm/v1/models", "/vllm/models"], summary="Served models and installed plugins")
 async def list_models(state: State) -> ModelList:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)
@@ -331,7 +333,10 @@ async def list_models(state: State) -> ModelList:
     )
 
 
-@get("/v1/models/{model_id:path}", summary="One served model, by its id or an alias")
+@get(
+    ["/v1/models/{model_id:path}", "/vllm/v1/models/{model_id:path}", "/vllm/models/{model_id:path}"],
+    summary="One served model, by its id or an alias",
+)
 async def retrieve_model(state: State, model_id: str) -> ModelCard:
     # A path parameter keeps the slash of a Hugging Face id (`org/name`); it starts with one.
     runtime: Runtime = state.runtime

@@ -129,6 +129,11 @@ class UnsupportedOption(UnsupportedSurface):
 # What an over-long input's message ends with on our routes; a peer's route says its own words
 # in its place (TEI's `truncate: true`).
 OVERFLOW_HINT = "(set options.overflow to 'truncate' or 'window')"
+# The same on OpenAI-shaped embeddings, where an over-long input fails the whole request.
+REFUSAL_HINT = (
+    "(set options.overflow to 'truncate', or serve with --auto-truncate; "
+    "options.overflow 'reject' answers each input in place)"
+)
 
 
 # Why one item (an input, a document, a question) has no result: upstream's ItemError codes,

@@ -7,6 +7,8 @@ Infinity's client adds: `modality: "text"` (the only one a text model has) and `
 it: TEI ignores it and Infinity's client sends `default/not-specified` by default, so a name
 this server does not serve reaches the one model serving embeddings (with several, it is the
 404 /v1/embeddings gives). An input that fails fails the request, as on /v1/embeddings.
+Errors are OpenAI's, not TEI's OpenAI-route `{message, code, type}`: the openai client reads
+OpenAI's as a BadRequestError with its `param`, TEI's as a bare APIStatusError without one.
 
 POST /vllm/embeddings and /vllm/v1/embeddings are /v1/embeddings itself (vLLM's is OpenAI's),
 so the /vllm base URL serves LiteLLM's `hosted_vllm/` embeddings as well as its rerank.
@@ -24,7 +26,8 @@ from litestar.params import JSONBody
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.errors import InvalidRequest
+from vllm_srun.errors import InvalidRequest, SrunError
+from vllm_srun.plugins.bodies import REFUSAL_HINT
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, Options, TokenIds
 
 # OpenAI's input forms, one per request: a text, texts, token ids, or lists of them. msgspec
@@ -92,11 +95,20 @@ def convert(runtime: Runtime, data: RootEmbeddingsRequest, options: Options) -> 
     )
 
 
+# This body has no `options`: the way out of an over-long input here is the server's flag, as
+# TEI's OpenAI route reads only its --auto-truncate, or /v1/embeddings' option.
+ROOT_HINT = "(serve with --auto-truncate, or set options.overflow to 'truncate' on /v1/embeddings)"
+
+
 async def _serve(
     request: Request[Any, Any, Any], state: State, data: RootEmbeddingsRequest, options: Options
 ) -> Response[Any]:
     converted = convert(state.runtime, data, options)
-    return await respond(request, state, EMBEDDINGS, converted, shape=no_null_vectors)
+    try:
+        return await respond(request, state, EMBEDDINGS, converted, shape=no_null_vectors)
+    except SrunError as exc:
+        exc.message = exc.message.replace(REFUSAL_HINT, ROOT_HINT)
+        raise
 
 
 @post("/embeddings", status_code=200, summary="Embed texts (OpenAI-compatible, as TEI and Infinity serve it)")

@@ -23,9 +23,8 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.root_embeddings import Input, decode_input
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, truncation
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, respond_in_vllm_words, truncation
 from vllm_srun.app.routes.vllm_score import UsageInfo
 from vllm_srun.errors import UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
@@ -104,7 +103,7 @@ async def _classify(
     options.return_logits = raw
     inputs: list[Any] = [data.input] if isinstance(data.input, str) else list(data.input)
     converted = ClassifyRequest(input=inputs, model=data.model, options=options)
-    return await respond(request, state, CLASSIFY, converted, shape=_classify_shape(raw))
+    return await respond_in_vllm_words(request, state, CLASSIFY, converted, _classify_shape(raw))
 
 
 @post("/classify", status_code=200, summary="Classify texts (vLLM-compatible)")
@@ -177,7 +176,7 @@ async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequ
         dimensions=data.dimensions,
         options=options,
     )
-    return await respond(request, state, EMBEDDINGS, converted, shape=_pooling_shape)
+    return await respond_in_vllm_words(request, state, EMBEDDINGS, converted, _pooling_shape)
 
 
 @post("/pooling", status_code=200, summary="Pooled vectors of texts (vLLM-compatible)")

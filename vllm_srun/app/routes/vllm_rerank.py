@@ -14,7 +14,6 @@ cannot read, hence a route of vLLM's own.
 
 from __future__ import annotations
 
-import re
 import uuid
 from typing import Annotated, Any
 
@@ -27,8 +26,8 @@ from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest, SrunError
-from vllm_srun.plugins.bodies import UnsupportedOption
-from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, UnsupportedOption
+from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse, Surface
 
 # vLLM's truncate_prompt_tokens: -1 (the model's limit) or a positive count (0 keeps nothing).
 # No one msgspec type says that, so it is decoded late (`truncation`) and documented in full.
@@ -101,15 +100,30 @@ def truncation(value: Any, runtime: Runtime, model: str | None) -> Options:
     return Options(overflow="truncate", max_tokens=None if value < 0 else value)
 
 
-# The surfaces' hint for an input over the limit names their option; vLLM's body has its own.
-_OUR_HINT = re.compile(r"\(set options\.overflow to [^)]*\)")
+# The surfaces' hints for an input over the limit name their options; vLLM's body has its own.
+VLLM_HINT = "(set truncate_prompt_tokens to -1 to truncate it)"
+
+
+def in_vllm_words(message: str) -> str:
+    """`message` with the surfaces' way out of an over-long input said as vLLM's body says it."""
+    return message.replace(OVERFLOW_HINT, VLLM_HINT).replace(REFUSAL_HINT, VLLM_HINT)
 
 
 def failure(field: str, index: int, code: str, message: str | None) -> SrunError:
     """One input's error as the request's (`item_failure`), in vLLM's words."""
-    if message:
-        message = _OUR_HINT.sub("(set truncate_prompt_tokens to -1 to truncate it)", message)
-    return item_failure(field, index, code, message)
+    return item_failure(field, index, code, in_vllm_words(message) if message else message)
+
+
+async def respond_in_vllm_words(
+    request: Request[Any, Any, Any], state: State, surface: Surface[Any], data: Any, shape: Any
+) -> Response[Any]:
+    """`respond`, with a request-level refusal (a surface that fails a whole request on an
+    over-long input, as OpenAI-shaped embeddings do) in vLLM's words too."""
+    try:
+        return await respond(request, state, surface, data, shape=shape)
+    except SrunError as exc:
+        exc.message = in_vllm_words(exc.message)
+        raise
 
 
 def convert(runtime: Runtime, data: VllmRerankRequest) -> RerankRequest:
@@ -144,7 +158,7 @@ def answer(data: VllmRerankRequest) -> Any:
 
 async def serve(request: Request[Any, Any, Any], state: State, data: VllmRerankRequest) -> Response[Any]:
     """`data` served on the rerank surface, answered in vLLM's shape."""
-    return await respond(request, state, RERANK, convert(state.runtime, data), shape=answer(data))
+    return await respond_in_vllm_words(request, state, RERANK, convert(state.runtime, data), answer(data))
 
 
 @post("/vllm/rerank", status_code=200, summary="Rerank documents (vLLM-compatible)")

@@ -39,7 +39,7 @@ from vllm_srun.plugins.base import (
     Result,
     WorkItem,
 )
-from vllm_srun.plugins.bodies import UnsupportedOption, check_profile
+from vllm_srun.plugins.bodies import REFUSAL_HINT, UnsupportedOption, check_profile
 from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     EmbeddingsRequest,
@@ -296,12 +296,7 @@ class TaskHeadsModel(LoadedModel):
             budget, limit = self._budget(state.options)
             info = planned.split.info
             count = f"at least {info.tokens} tokens" if info.tokens_lower_bound else f"{info.tokens} tokens"
-            raise InvalidRequest(
-                f"{param}: input has {count}; {limit} {budget} (set "
-                "options.overflow to 'truncate', or serve with --auto-truncate; options.overflow "
-                "'reject' answers each input in place)",
-                param=param,
-            )
+            raise InvalidRequest(f"{param}: input has {count}; {limit} {budget} {REFUSAL_HINT}", param=param)
 
     def _plan_rerank(self, request: RerankRequest) -> Plan:
         head = self._head("rerank", request.options.head)
