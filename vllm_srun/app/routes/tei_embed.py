@@ -18,22 +18,19 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
-    NON_EMPTY_LIST,
-    NON_EMPTY_STR,
     TEI_ERRORS,
     Direction,
-    check_batch,
-    model_for,
-    options,
+    Inputs,
+    embeddings_request,
     raise_item_error,
 )
-from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, TokenIds
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
 
 
 class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
     """TEI's /embed body."""
 
-    inputs: Annotated[str, NON_EMPTY_STR] | Annotated[list[str | int | TokenIds], NON_EMPTY_LIST]
+    inputs: Inputs
     normalize: bool = True
     truncate: bool | None = None
     truncation_direction: Direction = "Right"
@@ -42,20 +39,18 @@ class EmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def convert(request: Request[Any, Any, Any], data: EmbedRequest) -> EmbeddingsRequest:
-    """The embeddings request that `data` asks for, on the model this route reaches."""
-    runtime = request.app.state.runtime
-    surface_options = options(runtime, data.truncate, data.truncation_direction)
-    surface_options.normalize = data.normalize
-    # One pooled vector: a model without one (SPLADE) is TEI's 424, as TEI answers /embed there.
-    surface_options.output = "dense"
-    converted = EmbeddingsRequest(
-        input=data.inputs if isinstance(data.inputs, str) else [*data.inputs],
+    """The embeddings request that `data` asks for, on the model this route reaches. One pooled
+    vector: a model without one (SPLADE) is TEI's 424, as TEI answers /embed there."""
+    converted = embeddings_request(
+        request,
+        data.inputs,
+        data.truncate,
+        data.truncation_direction,
+        data.prompt_name,
+        "dense",
         dimensions=data.dimensions,
-        prompt_name=data.prompt_name,
-        options=surface_options,
     )
-    check_batch(runtime, len(converted.inputs()) if data.inputs else 0, "inputs")
-    converted.model, _ = model_for(runtime, EMBEDDINGS.name)
+    converted.options.normalize = data.normalize
     return converted
 
 

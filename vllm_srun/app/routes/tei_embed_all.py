@@ -16,8 +16,13 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes.tei_embed_sparse import Inputs, convert
-from vllm_srun.app.routes.tei_shared import TEI_ERRORS, Direction, raise_item_error
+from vllm_srun.app.routes.tei_shared import (
+    TEI_ERRORS,
+    Direction,
+    Inputs,
+    embeddings_request,
+    raise_item_error,
+)
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsResponse
 
 
@@ -50,7 +55,7 @@ def token_vectors(body: EmbeddingsResponse) -> list[list[list[float]]]:
 async def embed_all(
     request: Request[Any, Any, Any], data: JSONBody[EmbedAllRequest], state: State
 ) -> Response[list[list[list[float]]]]:
-    converted = convert(
+    converted = embeddings_request(
         request, data.inputs, data.truncate, data.truncation_direction, data.prompt_name, "tokens"
     )
     return await respond(request, state, EMBEDDINGS, converted, shape=token_vectors)

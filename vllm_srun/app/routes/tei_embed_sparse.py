@@ -9,7 +9,7 @@ bge-m3 package its lexical weights; a model with no sparse output is TEI's 424 `
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, post
@@ -18,25 +18,17 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.tei_shared import (
-    NON_EMPTY_LIST,
-    NON_EMPTY_STR,
     TEI_ERRORS,
     Direction,
-    check_batch,
-    model_for,
-    options,
+    Inputs,
+    embeddings_request,
     raise_item_error,
 )
-from vllm_srun.plugins.bodies import OutputKind
 from vllm_srun.plugins.surfaces import (
     EMBEDDINGS,
-    EmbeddingsRequest,
     EmbeddingsResponse,
     SparseEmbedding,
-    TokenIds,
 )
-
-Inputs = Annotated[str, NON_EMPTY_STR] | Annotated[list[str | int | TokenIds], NON_EMPTY_LIST]
 
 
 class EmbedSparseRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -53,29 +45,6 @@ class SparseValue(msgspec.Struct):
 
     index: int
     value: float
-
-
-def convert(
-    request: Request[Any, Any, Any],
-    inputs: Inputs,
-    truncate: bool | None,
-    direction: Direction,
-    prompt_name: str | None,
-    output: OutputKind,
-) -> EmbeddingsRequest:
-    """The embeddings request for TEI's per-token routes (/embed_sparse, /embed_all): `output`
-    on the model this route reaches."""
-    runtime = request.app.state.runtime
-    surface_options = options(runtime, truncate, direction)
-    surface_options.output = output
-    converted = EmbeddingsRequest(
-        input=inputs if isinstance(inputs, str) else [*inputs],
-        prompt_name=prompt_name,
-        options=surface_options,
-    )
-    check_batch(runtime, len(converted.inputs()) if inputs else 0, "inputs")
-    converted.model, _ = model_for(runtime, EMBEDDINGS.name)
-    return converted
 
 
 def sparse_values(body: EmbeddingsResponse) -> list[list[SparseValue]]:
@@ -99,7 +68,7 @@ def sparse_values(body: EmbeddingsResponse) -> list[list[SparseValue]]:
 async def embed_sparse(
     request: Request[Any, Any, Any], data: JSONBody[EmbedSparseRequest], state: State
 ) -> Response[list[list[SparseValue]]]:
-    converted = convert(
+    converted = embeddings_request(
         request, data.inputs, data.truncate, data.truncation_direction, data.prompt_name, "sparse"
     )
     return await respond(request, state, EMBEDDINGS, converted, shape=sparse_values)

@@ -11,7 +11,7 @@ does not decode is a 422 `validation`, as TEI's JSON extractor answers it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import structlog
@@ -30,7 +30,8 @@ from vllm_srun.errors import (
     UnsupportedSurface,
 )
 from vllm_srun.plugins.base import LoadedModel
-from vllm_srun.plugins.bodies import OVERFLOW_HINT, Options, Overflow
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, Options, OutputKind, Overflow
+from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, TokenIds
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -185,6 +186,8 @@ def model_for(runtime: Runtime, surface: str | None) -> tuple[str, LoadedModel]:
 # schema (vllm_srun.app.schemas keeps it in the document) and never enforces it.
 NON_EMPTY_LIST = msgspec.Meta(extra_json_schema={"minItems": 1})
 NON_EMPTY_STR = msgspec.Meta(extra_json_schema={"minLength": 1})
+# What TEI's embedding routes take: a text, or a batch of texts and token ids.
+Inputs = Annotated[str, NON_EMPTY_STR] | Annotated[list[str | int | TokenIds], NON_EMPTY_LIST]
 
 
 def check_batch(runtime: Runtime, count: int, field: str) -> None:
@@ -195,3 +198,29 @@ def check_batch(runtime: Runtime, count: int, field: str) -> None:
         raise TeiError(
             "validation", f"batch size {count} > maximum allowed batch size {limit} (--max-inputs)"
         )
+
+
+def embeddings_request(
+    request: Request[Any, Any, Any],
+    inputs: Inputs,
+    truncate: bool | None,
+    direction: Direction,
+    prompt_name: str | None,
+    output: OutputKind,
+    *,
+    dimensions: int | None = None,
+) -> EmbeddingsRequest:
+    """The embeddings request of TEI's embedding routes (/embed, /embed_sparse, /embed_all):
+    `output` of `inputs`, on the model the route reaches, the batch checked against its limit."""
+    runtime = request.app.state.runtime
+    surface_options = options(runtime, truncate, direction)
+    surface_options.output = output
+    converted = EmbeddingsRequest(
+        input=inputs if isinstance(inputs, str) else [*inputs],
+        dimensions=dimensions,
+        prompt_name=prompt_name,
+        options=surface_options,
+    )
+    check_batch(runtime, len(converted.inputs()) if inputs else 0, "inputs")
+    converted.model, _ = model_for(runtime, EMBEDDINGS.name)
+    return converted
