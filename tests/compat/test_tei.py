@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server, minilm_dir, ok, tei_error
 from tokenizers import Tokenizer
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
@@ -71,20 +71,6 @@ def classifier(module_server: Callable[..., Server], packages: dict[str, Path]) 
 @pytest.fixture(scope="module")
 def minilm(module_server: Callable[..., Server]) -> Server:
     return module_server(str(minilm_dir()), "--auto-truncate")
-
-
-def ok(server: Server, path: str, body: object) -> Any:
-    response = server.post(path, body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def tei_error(server: Server, path: str, body: object, status: int, error_type: str) -> str:
-    response = server.post(path, body)
-    assert response.status_code == status, response.text
-    payload = response.json()
-    assert set(payload) == {"error", "error_type"} and payload["error_type"] == error_type, payload
-    return str(payload["error"])
 
 
 def _unit(vectors: Any) -> np.ndarray:

