@@ -110,6 +110,30 @@ def test_multi_vector_rerank_is_maxsim(models: dict[str, TaskHeadsModel], packag
     assert [r.index for r in body.results] == sorted(range(len(expected)), key=lambda i: -expected[i])
 
 
+
+@pytest.mark.parametrize(
+    ("variant", "output"),
+    [(v, "splade") for v in SPLADE] + [(BGE_M3, "lexical"), (BGE_M3, "colbert")],
+)
+def test_output_heads_agree_on_every_path(models: dict[str, TaskHeadsModel], variant: str, output: str) -> None:
+    """An output head reads the last hidden state of whichever forward path ran: each path the
+    model takes (packed, and the small-batch ones its row declares) gives the packed answer."""
+    from vllm_srun.plugins.base import Batch, WorkItem
+
+    model = models[variant]
+    engine = model.engine_model
+    assert engine is not None
+    # BERT, DistilBERT and XLM-R rows all declare the small-batch paths (torch and onnxruntime).
+    assert engine.paths == ("packed", "dense", "onnx"), engine.paths
+    encoded = [model.encoder.tokenizer.encode(text).ids for text in TEXTS]
+    for rows in ([encoded[0]], encoded):  # one row alone, and a mixed small batch
+        batch = Batch.from_items([WorkItem(token_ids=r, output=output) for r in rows])
+        packed = engine.encode(batch, path="packed")
+        assert len(packed) == len(rows)
+        for path in engine.paths[1:]:
+            for got, want in zip(engine.encode(batch, path=path), packed, strict=True):
+                np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=f"path {path}")
+
 def test_output_refusals(models: dict[str, TaskHeadsModel]) -> None:
     splade, m3 = models["bert-splade"], models[BGE_M3]
     with pytest.raises(UnsupportedOption, match=r"options.output: .* gives no 'dense' output; it gives sparse, tokens"):
