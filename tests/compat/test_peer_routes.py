@@ -74,6 +74,10 @@ def test_similarity_is_the_cosine_of_the_surface_vectors(minilm: Server) -> None
     # POST / on an embedding model answers a similarity body as TEI's sentence-similarity task.
     assert ok(minilm, "/", body) == got
     assert ok(minilm, "/invocations", body) == got
+    # huggingface_hub's sentence-similarity task (it posts that body to the base URL) reads it.
+    from huggingface_hub import InferenceClient
+
+    assert InferenceClient(base_url=minilm.url).sentence_similarity(SOURCE, other_sentences=SENTENCES) == got
 
 
 def test_similarity_errors_are_teis(minilm: Server) -> None:
