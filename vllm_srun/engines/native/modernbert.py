@@ -16,7 +16,7 @@ from torch import nn
 
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
-from vllm_srun.engines.native.layers import activation
+from vllm_srun.engines.native.layers import activation, rotate_
 from vllm_srun.errors import ConfigError
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -48,14 +48,6 @@ def _layer_norm(config: Mapping[str, Any]) -> nn.LayerNorm:
     )
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding in float32 (as the reference does), returned in x's dtype."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    rotated = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
-
-
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: Mapping[str, Any]) -> None:
         super().__init__()
@@ -80,7 +72,7 @@ class ModernBertAttention(nn.Module):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], layout: Layout) -> torch.Tensor:
         qkv = self.Wqkv(x).view(x.shape[0], 3, self.heads, -1)
         # q and k rotate together (one op set for both), written back into the fresh qkv.
-        qkv[:, :2] = _rotate(qkv[:, :2], *rope)
+        rotate_(qkv[:, :2], *rope)
         return self.Wo(layout.attend(qkv, window=self.window))
 
 

@@ -21,8 +21,7 @@ from torch import nn
 
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
-from vllm_srun.engines.native.layers import activation
-from vllm_srun.engines.native.modernbert import _rotate
+from vllm_srun.engines.native.layers import activation, rotate_
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
 
@@ -93,7 +92,7 @@ def rotary_tables(inv_freq: torch.Tensor, layout: Layout) -> Rope:
 def attend_rotary(qkv: torch.Tensor, heads: int, rope: Rope, layout: Layout) -> torch.Tensor:
     """Attention of a fused [tokens, 3 * heads * dim] projection with q and k rotated."""
     qkv = qkv.view(qkv.shape[0], 3, heads, -1)
-    qkv[:, :2] = _rotate(qkv[:, :2], *rope)  # q and k in one op set, into the fresh projection
+    rotate_(qkv[:, :2], *rope)  # q and k in one op set, in the fresh projection
     return layout.attend(qkv)
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
-from vllm_srun.engines.native.layers import activation
+from vllm_srun.engines.native.layers import activation, rotate_
 from vllm_srun.errors import ConfigError
 
 # Transformers' Qwen3Config default, for configs that name no theta at all.
@@ -63,13 +63,6 @@ def _check_layers(config: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"Qwen3 layer_types has {len(kinds)} entries for {config['num_hidden_layers']} layers"
         )
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding on [tokens, heads, dim] (the halves-rotation convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
 
 
 class Qwen3RMSNorm(nn.Module):
@@ -112,7 +105,7 @@ class Qwen3Attention(nn.Module):
         v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
         cos, sin = rope
         # The default scale, 1/sqrt(head_dim), is the reference's.
-        out = layout.attend(_rotate(q, cos, sin), _rotate(k, cos, sin), v, causal=True)
+        out = layout.attend(rotate_(q, cos, sin), rotate_(k, cos, sin), v, causal=True)
         return self.o_proj(out)  # type: ignore[no-any-return]
 
 
