@@ -29,6 +29,9 @@ class WorkItem(msgspec.Struct, array_like=True, omit_defaults=True):
     `output` tells the engine what to return for this row (for example "logits", "hidden",
     "mean"); `key_extra` holds the surface options that change the result and so enter the
     cache key. `cache_key` is filled in by the queue; `cost` defaults to the token count.
+    `key_tokens`, where set (0: all), makes only the row's first so many tokens keys of its
+    attention: the rest attend to them and give outputs, but none attends to them (ColBERT's
+    query expansion). The family puts it in `key_extra`, since it changes the result.
     """
 
     token_ids: list[int]
@@ -37,6 +40,7 @@ class WorkItem(msgspec.Struct, array_like=True, omit_defaults=True):
     key_extra: str = ""
     cache_key: str = ""
     cost: int = 0
+    key_tokens: int = 0
 
     def tokens(self) -> int:
         return self.cost or len(self.token_ids)
@@ -63,12 +67,15 @@ class Plan:
 
 @dataclass(kw_only=True)
 class Batch:
-    """Work items packed back to back: row i is `token_ids[offsets[i]:offsets[i + 1]]`."""
+    """Work items packed back to back: row i is `token_ids[offsets[i]:offsets[i + 1]]`.
+    `key_lengths[i]` is how many leading tokens of row i are attention keys (`WorkItem.key_tokens`);
+    None when every token of every row is."""
 
     token_ids: np.ndarray
     offsets: np.ndarray
     outputs: list[str]
     type_ids: np.ndarray | None = None
+    key_lengths: np.ndarray | None = None
 
     @classmethod
     def from_items(cls, items: Sequence[WorkItem]) -> Batch:
@@ -85,7 +92,16 @@ class Batch:
                 dtype=np.int64,
                 count=int(offsets[-1]),
             )
-        return cls(token_ids=flat, offsets=offsets, outputs=[i.output for i in items], type_ids=type_ids)
+        keys = None
+        if any(item.key_tokens for item in items):
+            keys = np.asarray([item.key_tokens or n for item, n in zip(items, lengths, strict=True)], dtype=np.int64)
+        return cls(
+            token_ids=flat,
+            offsets=offsets,
+            outputs=[i.output for i in items],
+            type_ids=type_ids,
+            key_lengths=keys,
+        )
 
     def __len__(self) -> int:
         return len(self.outputs)

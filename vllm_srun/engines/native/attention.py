@@ -20,6 +20,11 @@ heads (grouped), a causal flag, a sliding window, an additive position bias comp
 padded block (`PositionBias`: DeBERTa's disentangled terms, MPNet's relative buckets) and an
 explicit softmax scale.
 
+A row may also hold tokens that are queries but not keys (`key_lengths`: each row's first so
+many tokens are keys, the rest attend but are attended by none), as ColBERT's query expansion
+runs its [MASK] tokens: both layouts fold it into the key-padding mask they already build, so a
+batch without it costs nothing more.
+
 An accelerator may offer its own attention kernel (`Accelerator.kernels()`, name
 `scaled_dot_product_attention`): it is called in place of torch's on each padded group.
 """
@@ -114,12 +119,17 @@ class _Group:
     valid: torch.Tensor  # [rows, width] bool
     cells: tuple[torch.Tensor, torch.Tensor] | None  # (row, column) of each real cell; None: no padding
     masks: dict[MaskKey, torch.Tensor | None] = field(default_factory=dict)
+    keys: torch.Tensor | None = None  # [rows, width] bool, the cells attended to; None: the valid ones
 
     def mask(self, window: int | None, dtype: torch.dtype, causal: bool = False) -> torch.Tensor | None:
         """Additive SDPA mask (0 or -inf) for this block, None when every cell may see every other."""
         key = (window, causal, dtype)
         if key not in self.masks:
-            allowed = self.valid[:, None, None, :] if self.cells is not None else None
+            allowed = None
+            if self.keys is not None:
+                allowed = self.keys[:, None, None, :]
+            elif self.cells is not None:
+                allowed = self.valid[:, None, None, :]
             band = _band(self.width, window, causal, self.valid.device)
             if band is not None:
                 allowed = band if allowed is None else allowed & band
@@ -158,13 +168,21 @@ class Segments:
     positions: torch.Tensor
     row_ids: torch.Tensor
     attention: AttentionKernel | None = None  # an accelerator's kernel; None: torch's SDPA
+    key_lengths: list[int] | None = None  # per row, how many leading tokens are keys; None: all
     _groups: list[_Group] | None = None
     _tokens: torch.Tensor | None = None  # packed position of every real cell, group after group
 
     @classmethod
     def from_offsets(
-        cls, offsets: np.ndarray, device: torch.device, *, attention: AttentionKernel | None = None
+        cls,
+        offsets: np.ndarray,
+        device: torch.device,
+        *,
+        attention: AttentionKernel | None = None,
+        key_lengths: np.ndarray | None = None,
     ) -> Segments:
+        """Segments of packed rows; `key_lengths` (per row, at most its length) limits the keys
+        of each row to its first so many tokens."""
         import torch
 
         bounds = [int(x) for x in offsets]
@@ -178,6 +196,7 @@ class Segments:
             positions=torch.as_tensor(positions, device=device),
             row_ids=torch.as_tensor(row_ids, device=device),
             attention=attention,
+            key_lengths=None if key_lengths is None else [int(k) for k in key_lengths],
         )
 
     def groups(self) -> tuple[list[_Group], torch.Tensor]:
@@ -260,9 +279,19 @@ class Segments:
                     gather=torch.as_tensor(gather.reshape(-1), device=device),
                     valid=torch.as_tensor(valid, device=device),
                     cells=cells,  # type: ignore[arg-type]
+                    keys=self._group_keys(rows, width, device),
                 )
             )
         return groups, torch.as_tensor(np.concatenate(tokens), device=device)
+
+    def _group_keys(self, rows: list[int], width: int, device: torch.device) -> torch.Tensor | None:
+        """The key cells of a group's rows, None where every real token of them is a key."""
+        if self.key_lengths is None or all(self.key_lengths[r] >= self.lengths[r] for r in rows):
+            return None
+        import torch
+
+        counts = np.asarray([self.key_lengths[r] for r in rows])
+        return torch.as_tensor(np.arange(width)[None, :] < counts[:, None], device=device)
 
 
 class Block:
@@ -271,7 +300,12 @@ class Block:
     SDPA call per layer on a view of the projections, masked only where rows are padded."""
 
     def __init__(
-        self, lengths: np.ndarray, device: torch.device, *, attention: AttentionKernel | None = None
+        self,
+        lengths: np.ndarray,
+        device: torch.device,
+        *,
+        attention: AttentionKernel | None = None,
+        key_lengths: np.ndarray | None = None,
     ) -> None:
         import torch
 
@@ -281,6 +315,10 @@ class Block:
         self.positions = torch.arange(self.width, device=device).repeat(self.rows)
         self.attention = attention
         self._masks: dict[MaskKey, torch.Tensor | None] = {}
+        # The cells attended to, where some real token is not a key (see `Segments.from_offsets`).
+        self.keys: torch.Tensor | None = None
+        if key_lengths is not None and bool((key_lengths < lengths).any()):
+            self.keys = torch.as_tensor(np.arange(self.width)[None, :] < key_lengths[:, None], device=device)
 
     @classmethod
     def traced(cls, valid: torch.Tensor) -> Block:
@@ -295,6 +333,7 @@ class Block:
         block.padded = True
         block.positions = torch.arange(valid.shape[1], device=valid.device).repeat(valid.shape[0])
         block.attention = None
+        block.keys = None
         mask = (1.0 - valid[:, None, None, :].float()) * torch.finfo(torch.float32).min
         block._masks = {(None, False, torch.float32): mask}
         return block
@@ -316,7 +355,11 @@ class Block:
     def _mask(self, window: int | None, causal: bool, dtype: torch.dtype) -> torch.Tensor | None:
         key = (window, causal, dtype)
         if key not in self._masks:
-            allowed = self.valid[:, None, None, :] if self.padded else None
+            allowed = None
+            if self.keys is not None:
+                allowed = self.keys[:, None, None, :]
+            elif self.padded:
+                allowed = self.valid[:, None, None, :]
             band = _band(self.width, window, causal, self.valid.device)
             if band is not None:
                 allowed = band if allowed is None else allowed & band

@@ -340,7 +340,9 @@ class NativeModel(EngineModel):
                 if batch.type_ids is None
                 else torch.as_tensor(batch.type_ids, dtype=torch.long, device=dev)
             )
-            segments = Segments.from_offsets(batch.offsets, dev, attention=self.attention)
+            segments = Segments.from_offsets(
+                batch.offsets, dev, attention=self.attention, key_lengths=batch.key_lengths
+            )
             if exits:
                 return self._exit_outputs(ids, types, segments, resolved)
             if path == "packed" or not len(lengths):
@@ -348,7 +350,7 @@ class NativeModel(EngineModel):
             elif path == "onnx":
                 hidden = self._onnx_forward(batch, lengths)
             else:
-                hidden = self._dense_forward(ids, types, lengths)
+                hidden = self._dense_forward(ids, types, lengths, batch.key_lengths)
             return self._outputs(hidden, segments, kinds)
 
     def _exit_outputs(
@@ -381,14 +383,23 @@ class NativeModel(EngineModel):
         types = np.zeros(valid.shape, dtype=np.int64)
         if batch.type_ids is not None:
             types[valid] = batch.type_ids
-        hidden = self._onnx.hidden(ids, types, valid.astype(np.int64))
+        # The graph reads its attention mask as the key mask only (Block.traced), so tokens that
+        # are not keys are left out of it and still read back.
+        keys = valid if batch.key_lengths is None else np.arange(width)[None, :] < batch.key_lengths[:, None]
+        hidden = self._onnx.hidden(ids, types, keys.astype(np.int64))
         return torch.from_numpy(hidden[valid])
 
-    def _dense_forward(self, ids: torch.Tensor, types: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:
+    def _dense_forward(
+        self,
+        ids: torch.Tensor,
+        types: torch.Tensor | None,
+        lengths: np.ndarray,
+        key_lengths: np.ndarray | None = None,
+    ) -> torch.Tensor:
         """Packed hidden states [tokens, hidden] computed on the rows padded into one block."""
         from vllm_srun.engines.native.attention import Block
 
-        block = Block(lengths, ids.device, attention=self.attention)
+        block = Block(lengths, ids.device, attention=self.attention, key_lengths=key_lengths)
         hidden = self.module(block.scatter(ids), None if types is None else block.scatter(types), block)
         return block.gather(hidden)
 
