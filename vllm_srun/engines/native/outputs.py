@@ -14,10 +14,13 @@ and installed on the model before its weights load, at the checkpoint names its 
   [T]. Which ids to keep, and the max per id, are the family's (it knows the tokenizer).
 - `colbert_linear`: bge-m3's Linear(hidden, dim); the output ("colbert") is it per token,
   [T, dim]. The family drops the first token and normalises, as FlagEmbedding does.
+- `pylate_dense`: a PyLate ColBERT package's Dense modules (each `<path>/model.safetensors`, a
+  Linear with or without bias and no activation), applied in order to every token; its output
+  is "colbert" too, [T, dim]. The family picks the vectors a query or document keeps.
 
-bge-m3 ships the last two as PyTorch state dicts (`sparse_linear.pt`, `colbert_linear.pt`):
+bge-m3 ships two as PyTorch state dicts (`sparse_linear.pt`, `colbert_linear.pt`):
 `read_state_dicts` reads them with `torch.load(weights_only=True)`, which unpickles tensors and
-plain containers only, never arbitrary objects.
+plain containers only, never arbitrary objects; a `.safetensors` file it reads as safetensors.
 """
 
 from __future__ import annotations
@@ -163,11 +166,39 @@ class ColbertLinear(OutputHead):
         return model.colbert_linear(hidden)  # type: ignore[no-any-return]
 
 
+class _Projection(nn.Module):
+    """One PyLate Dense module: its `linear`, at the checkpoint's names (`linear.weight`, ...)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+
+
+class PylateDense(OutputHead):
+    """PyLate's Dense modules, in order, on every token: `pylate_dense.<i>.linear.*`. Their
+    shapes are the checkpoint's (`config["pylate_dense"]`, which `install_outputs` reads)."""
+
+    output = "colbert"
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        super().__init__(model, config)
+        layers = config.get("pylate_dense") or []
+        if not layers:
+            raise ConfigError("pylate_dense: the package's Dense weights hold no linear.weight")
+        install(model, "pylate_dense", nn.ModuleList(_Projection(i, o, b) for o, i, b in layers))
+
+    def rows(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
+        for layer in model.pylate_dense:
+            hidden = layer.linear(hidden)
+        return hidden
+
+
 OUTPUT_HEADS: dict[str, type[OutputHead]] = {
     "bert_mlm": BertMaskedLm,
     "distilbert_mlm": DistilBertMaskedLm,
     "sparse_linear": SparseLinear,
     "colbert_linear": ColbertLinear,
+    "pylate_dense": PylateDense,
 }
 # The outputs an output head answers.
 HEAD_OUTPUTS = frozenset(cls.output for cls in OUTPUT_HEADS.values())
@@ -184,6 +215,12 @@ def install_outputs(
     colbert = tensors.get("colbert_linear.weight")
     if colbert is not None:
         config = {**config, "colbert_dim": int(colbert.shape[0])}
+    dense = []
+    while (weight := tensors.get(f"pylate_dense.{len(dense)}.linear.weight")) is not None:
+        bias = f"pylate_dense.{len(dense)}.linear.bias" in tensors
+        dense.append((int(weight.shape[0]), int(weight.shape[1]), bias))
+    if dense:
+        config = {**config, "pylate_dense": dense}
     out: dict[str, OutputHead] = {}
     for name in names:
         cls = OUTPUT_HEADS.get(name)
@@ -200,7 +237,12 @@ def read_state_dicts(files: Mapping[str, Path], dtype: torch.dtype) -> dict[str,
     tensors: dict[str, torch.Tensor] = {}
     for prefix, path in files.items():
         try:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
+            if path.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state = load_file(str(path))
+            else:
+                state = torch.load(str(path), map_location="cpu", weights_only=True)
         except Exception as exc:  # UnpicklingError for anything but tensors, or a corrupt file
             raise PackageError(f"{path.name} is not a tensor-only PyTorch state dict: {exc}") from exc
         if not isinstance(state, dict) or not all(

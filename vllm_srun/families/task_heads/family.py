@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from vllm_srun.errors import PackageError
+from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
 from vllm_srun.families.task_heads.model import TaskHeadsModel
@@ -110,8 +111,10 @@ class TaskHeadsFamily(ModelFamily):
             licence=verification.licence,
         )
         sentence = layout.sentence
-        lowercase = (sentence is not None and sentence.do_lower_case) or (
-            layout.sparse_encoder is not None and layout.sparse_encoder.do_lower_case
+        lowercase = (
+            (sentence is not None and sentence.do_lower_case)
+            or (layout.sparse_encoder is not None and layout.sparse_encoder.do_lower_case)
+            or (layout.colbert is not None and layout.colbert.do_lower_case)
         )
         encoder = TextEncoder(package.read_bytes("tokenizer.json"), lowercase=lowercase)
         vocab = layout.config.get("vocab_size")
@@ -124,6 +127,11 @@ class TaskHeadsFamily(ModelFamily):
         kinds = output_kinds(layout, encoder, package)
         if "embeddings" in info.surfaces:
             info.outputs = kinds.served()
+        codec = None
+        if layout.colbert is not None:
+            settings = package.read_json(layout.tokenizer_config) if layout.tokenizer_config else {}
+            settings = settings if isinstance(settings, dict) else {}
+            codec = pylate.codec(layout.colbert, encoder.tokenizer, settings, name=package.name)
         return TaskHeadsModel(
             info,
             engine_model,
@@ -137,6 +145,7 @@ class TaskHeadsFamily(ModelFamily):
             post_pooling=load_post_pooling(package, sentence),
             num_layers=int(layout.config.get("num_hidden_layers") or 0),
             outputs=kinds,
+            colbert=codec,
         )
 
     def descriptor(self) -> dict[str, Any]:
@@ -163,6 +172,15 @@ def _rerank_view(layout: Layout, heads: list[HeadInfo], embedding: EmbeddingView
 def _embedding_view(layout: Layout, engine_model: EngineModel | None, spec: ModelSpec) -> EmbeddingView:
     hidden = int(layout.config["hidden_size"])
     layers = int(layout.config.get("num_hidden_layers") or 0)
+    if layout.colbert is not None:  # no pooled vector: one normalised vector per kept token
+        return EmbeddingView(
+            dimension=layout.colbert.dimension,
+            normalized=True,
+            pooling="none",
+            similarity_fn_name="MaxSim",
+            layers=[layers] if layers else [],
+            input_types=[pylate.QUERY, pylate.DOCUMENT],
+        )
     sentence = layout.sentence
     return EmbeddingView(
         dimension=sentence.dimension(hidden) if sentence else hidden,

@@ -145,7 +145,7 @@ def _other_output(
         indices, values = outputs.sparse(model.outputs, row, planned.enc.ids[planned.split.pieces[0]])
         item.sparse_embedding = SparseEmbedding(indices=indices, values=values)
     else:
-        item.token_embeddings = outputs.multi_vectors(model.outputs, kind, row).tolist()
+        item.token_embeddings = model.late_vectors(kind, planned, row).tolist()
 
 
 def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
@@ -211,8 +211,8 @@ def rerank(
     query_vector = None
     late = state.extra.get("output") == outputs.MULTI_VECTOR
     query_vectors = (
-        outputs.multi_vectors(model.outputs, outputs.MULTI_VECTOR, query[0])
-        if late and isinstance(query, list)
+        model.late_vectors(outputs.MULTI_VECTOR, state.query, query[0])
+        if late and isinstance(query, list) and state.query is not None
         else None
     )
     if isinstance(query, list) and not late:
@@ -231,7 +231,7 @@ def rerank(
             continue
         assert isinstance(rows, list)
         if query_vectors is not None:
-            vectors = outputs.multi_vectors(model.outputs, outputs.MULTI_VECTOR, rows[0])
+            vectors = model.late_vectors(outputs.MULTI_VECTOR, planned, rows[0])
             result.relevance_score = result.logit = outputs.maxsim(query_vectors, vectors)
         elif query_vector is not None:
             vectors = model.embedding_rows(state, planned, rows)

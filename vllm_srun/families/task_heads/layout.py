@@ -3,7 +3,7 @@
 Everything the family reads is named here, so `verify` hashes exactly the files `load` and the
 engines use: config.json, tokenizer.json, tokenizer_config.json, the safetensors weights, the
 ONNX graph, and for sentence-transformers embedders their configuration and modules (see
-`sentence.py`).
+`sentence.py`; a PyLate ColBERT package's in `colbert.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
+from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
 from vllm_srun.families.task_heads.sparse_encoder import (
     SparseEncoderConfig,
@@ -42,6 +43,7 @@ class Layout:
     output_heads: tuple[str, ...] = ()
     state_dicts: dict[str, str] = field(default_factory=dict)
     sparse_encoder: SparseEncoderConfig | None = None  # a sentence-transformers SPLADE package
+    colbert: pylate.ColbertConfig | None = None  # a PyLate ColBERT package
 
     @property
     def pooling(self) -> str | None:
@@ -61,6 +63,8 @@ class Layout:
             names.extend(self.sentence.files())
         if self.sparse_encoder is not None:
             names.extend(self.sparse_encoder.files)
+        if self.colbert is not None:
+            names.extend(self.colbert.config_files)
         return names
 
 
@@ -117,7 +121,12 @@ def read_layout(package: ModelPackage) -> Layout:
     onnx = next((p for p in ONNX_PATHS if package.exists(p)), None)
     weights = _weight_files(package, has_onnx=onnx is not None)
     tokenizer_config = "tokenizer_config.json" if package.exists("tokenizer_config.json") else None
-    sentence = read_sentence_config(package) if kind == "embedding" else None
+    colbert = (
+        pylate.read_colbert(package, int(config.get("hidden_size") or 0))
+        if kind == "embedding" and pylate.is_pylate(package)
+        else None
+    )
+    sentence = read_sentence_config(package) if kind == "embedding" and colbert is None else None
     sparse_encoder = read_sparse_encoder(package) if kind == "sparse" and package.exists("modules.json") else None
     max_tokens = checkpoint_max_tokens(package, config, tokenizer_config)
     if sentence is not None and sentence.max_seq_length is not None:
@@ -128,14 +137,15 @@ def read_layout(package: ModelPackage) -> Layout:
     if sparse_encoder is not None and sparse_encoder.max_seq_length is not None:
         max_tokens = min(sparse_encoder.max_seq_length, usable_positions(config))
     output_heads, state_dicts = _output_heads(kind, config, package)
-    if output_heads and onnx is not None and not weights:
-        raise PackageError(
-            f"{package.name!r}: its {', '.join(output_heads)} output needs safetensors weights"
-        )
+    if colbert is not None:
+        # PyLate truncates a document to document_length (its prefix included).
+        max_tokens = min(colbert.document_length, usable_positions(config))
+        output_heads, state_dicts = (pylate.HEAD,), dict(colbert.weights)
     return Layout(
         output_heads=output_heads,
         state_dicts=state_dicts,
         sparse_encoder=sparse_encoder,
+        colbert=colbert,
         config=config,
         architecture=config["architectures"][0],
         kind=kind,

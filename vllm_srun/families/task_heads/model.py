@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
+from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads import finish, outputs
 from vllm_srun.families.task_heads.heads import POOLED, SCORES, SURFACES_OF, TOKEN, pool_tokens
 from vllm_srun.families.task_heads.outputs import OutputKinds
@@ -58,6 +59,9 @@ class PlannedInput:
     enc: Encoded
     split: Split
     items: list[int]
+    # A PyLate ColBERT row's role ("query" or "document", colbert.py): its row holds a prefix
+    # token and, for a query, expansion tokens beyond `enc`'s.
+    role: str | None = None
 
 
 class SurfaceOptions(TypedDict, total=False):
@@ -146,6 +150,7 @@ class TaskHeadsModel(LoadedModel):
         post_pooling: PostPooling | None = None,
         num_layers: int = 0,
         outputs: OutputKinds | None = None,
+        colbert: pylate.Codec | None = None,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -160,6 +165,7 @@ class TaskHeadsModel(LoadedModel):
         self.heads = {head.name: head for head in info.heads}
         self.num_layers = num_layers  # encoder layers: the last is the exit every surface serves
         self.outputs = outputs or OutputKinds()
+        self.colbert = colbert  # a PyLate ColBERT package's rows (colbert.py)
 
     def tokenizer(self) -> Tokenizer:
         return self.encoder.tokenizer
@@ -277,23 +283,34 @@ class TaskHeadsModel(LoadedModel):
                 "options.overflow": "window" if request.options.overflow == "window" else None,
             },
         )
+        role = None
+        if self.colbert is not None and kind == outputs.MULTI_VECTOR:
+            # PyLate encodes a query or a document; input_type says which, not a prompt.
+            role = request.input_type or pylate.DOCUMENT
+            request = msgspec.structs.replace(request, input_type=None)
+            self._refuse_ids(inputs)
         single, _, encs = self._embedding_inputs(request, inputs)
         names = [i if isinstance(i, str) else "" for i in inputs]
         engine_output = self.outputs.engine_output(kind)
-        plan = self._plan_encoded("embeddings", head, request.options, names, encs, output=engine_output)
+        policy = None if role is None else self._colbert_policy(request.options, role)
+        plan = self._plan_encoded(
+            "embeddings", head, request.options, names, encs, output=engine_output, policy=policy
+        )
+        if role is not None:
+            self._colbert_rows(plan.items, plan.state.inputs, role)
         if request.options.overflow is None:
-            self._refuse_overlong(plan.state, single=single)
+            self._refuse_overlong(plan.state, single=single, policy=policy)
         plan.state.extra = SurfaceOptions(encoding_format=request.encoding_format, output=kind)
         return plan
 
-    def _refuse_overlong(self, state: PlanState, *, single: bool) -> None:
+    def _refuse_overlong(self, state: PlanState, *, single: bool, policy: Overflow | None = None) -> None:
         """OpenAI's contract: an over-long input fails the request, never a 200 with a null
         vector, unless the request or the server asks for truncation."""
         for index, planned in enumerate(state.inputs):
             if planned.split.error is None:
                 continue
             param = "input" if single else f"input[{index}]"
-            budget, limit = self._budget(state.options)
+            budget, limit = self._budget(state.options) if policy is None else (policy.max_tokens, policy.limit)
             info = planned.split.info
             count = f"at least {info.tokens} tokens" if info.tokens_lower_bound else f"{info.tokens} tokens"
             raise InvalidRequest(f"{param}: input has {count}; {limit} {budget} {REFUSAL_HINT}", param=param)
@@ -304,7 +321,7 @@ class TaskHeadsModel(LoadedModel):
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
             raise InvalidRequest("documents: must not be empty")
-        kind = request.options.output or outputs.DENSE
+        kind = request.options.output or (outputs.DENSE if self.outputs.dense else outputs.MULTI_VECTOR)
         if kind not in (outputs.DENSE, outputs.MULTI_VECTOR):
             raise InvalidRequest(
                 f"options.output: rerank scores by 'dense' or 'multi_vector' (MaxSim), not {kind!r}",
@@ -322,7 +339,11 @@ class TaskHeadsModel(LoadedModel):
                     "options.overflow: 'window' does not apply to multi_vector rerank",
                     param="options.overflow",
                 )
-        if head.kind == POOLED:
+        if kind == outputs.DENSE and head.kind == POOLED:
+            self.outputs.check(kind, model=self.info.name)  # a PyLate package pools nothing
+        if kind == outputs.MULTI_VECTOR and self.colbert is not None:
+            plan = self._plan_colbert_rerank(request, head, documents)
+        elif head.kind == POOLED:
             # Bi-encoder: the query is embedded once, as an extra input planned first.
             params = ["query"] + [f"documents[{i}]" for i in range(len(documents))]
             pairs: list[tuple[str, str | None]] = [(request.query, None)] + [(d, None) for d in documents]
@@ -340,6 +361,58 @@ class TaskHeadsModel(LoadedModel):
         plan.state.extra = SurfaceOptions(
             top_n=request.top_n, return_documents=request.return_documents, output=kind
         )
+        return plan
+
+    def _refuse_ids(self, inputs: Sequence[str | list[int]]) -> None:
+        if any(isinstance(i, list) for i in inputs):
+            raise UnsupportedOption(  # the model's refusal: 422
+                f"input: model {self.info.name!r} (PyLate ColBERT) encodes texts, with its prefix "
+                "token; token ids are not served",
+                param="input",
+            )
+
+    def _colbert_policy(self, options: Options, role: str) -> Overflow:
+        """The long-input policy of a PyLate `role`: its budget is query_length or
+        document_length (at most `options.max_tokens`), less the prefix token it inserts."""
+        assert self.colbert is not None
+        policy = self._policy(options)
+        budget = min(policy.max_tokens, self.colbert.length(role))
+        prefix = self.colbert.length(role) - self.colbert.budget(role)
+        limit = ("less its prefix token, " if prefix else "") + f"a {role} of this model takes at most"
+        return dataclasses.replace(policy, max_tokens=budget - prefix, limit=limit)
+
+    def _colbert_rows(self, items: list[WorkItem], planned: Sequence[PlannedInput], role: str) -> None:
+        """Make `planned`'s items PyLate's rows of `role`: the prefix in, a query expanded;
+        tokens that are not attention keys enter the cache key with the count that are."""
+        assert self.colbert is not None
+        for one in planned:
+            one.role = role
+            for index in one.items:
+                item = items[index]
+                item.token_ids, item.key_tokens = self.colbert.row(item.token_ids, role)
+                if item.key_tokens:
+                    item.key_extra += f"/keys={item.key_tokens}"
+
+    def _plan_colbert_rerank(self, request: RerankRequest, head: HeadInfo, documents: list[str]) -> Plan:
+        """MaxSim rerank of a PyLate package: the query encoded as a query, each document as
+        a document, in one plan (the query's items first)."""
+        output = self.outputs.engine_output(outputs.MULTI_VECTOR)
+        query = self._plan(
+            "rerank", head, request.options, [(request.query, None)], ["query"], output=output,
+            policy=self._colbert_policy(request.options, pylate.QUERY),
+        )
+        params = [f"documents[{i}]" for i in range(len(documents))]
+        plan = self._plan(
+            "rerank", head, request.options, [(d, None) for d in documents], params, output=output,
+            policy=self._colbert_policy(request.options, pylate.DOCUMENT),
+        )
+        self._colbert_rows(query.items, query.state.inputs, pylate.QUERY)
+        self._colbert_rows(plan.items, plan.state.inputs, pylate.DOCUMENT)
+        shift = len(query.items)
+        for planned in plan.state.inputs:
+            planned.items = [i + shift for i in planned.items]
+        plan.items = query.items + plan.items
+        plan.state.query = query.state.inputs[0]
         return plan
 
     def _head(self, surface: str, name: str | None, field: str = "options.head") -> HeadInfo:
@@ -437,13 +510,14 @@ class TaskHeadsModel(LoadedModel):
         params: Sequence[str] | None = None,
         *,
         output: str | None = None,
+        policy: Overflow | None = None,
     ) -> Plan:
         """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
         fields; by default input[i])."""
         params = params or [f"input[{i}]" for i in range(len(pairs))]
         texts = [text for text, _ in pairs]
         encs = self._encode_bounded(pairs, options, params)
-        return self._plan_encoded(surface, head, options, texts, encs, output=output)
+        return self._plan_encoded(surface, head, options, texts, encs, output=output, policy=policy)
 
     def _encode_bounded(
         self, pairs: Sequence[tuple[str, str | None]], options: Options, params: Sequence[str]
@@ -471,9 +545,11 @@ class TaskHeadsModel(LoadedModel):
         *,
         skip: int = 0,
         output: str | None = None,
+        policy: Overflow | None = None,
     ) -> Plan:
-        """Work items for `encs`; `output` (an engine output) overrides the head's own."""
-        policy = self._policy(options)
+        """Work items for `encs`; `output` (an engine output) overrides the head's own, and
+        `policy` the options' long-input policy."""
+        policy = policy or self._policy(options)
         if policy.mode == "window" and head.kind == POOLED and self.pooling == "last":
             # A window's last token has read only that window (and in a decoder, only what came
             # before it): the mean of such vectors is no embedding of the text.
@@ -533,7 +609,10 @@ class TaskHeadsModel(LoadedModel):
             result = results[index]
             if isinstance(result, ItemError):
                 return result
-            expected = self._shape(output, len(piece))
+            tokens = len(piece) if planned.role is None or self.colbert is None else (
+                self.colbert.row_length(len(piece), planned.role)
+            )
+            expected = self._shape(output, tokens)
             if not _fits(tuple(result.shape), expected):
                 return ItemError(
                     "invalid_model_output",
@@ -571,3 +650,11 @@ class TaskHeadsModel(LoadedModel):
                 for row, piece in zip(rows, planned.split.pieces, strict=True)
             ]
         return [self.post_pooling(row, final_normalize=normalize) for row in rows]
+
+    def late_vectors(self, kind: str, planned: PlannedInput, row: np.ndarray) -> np.ndarray:
+        """One input's multi-vector (or token) embedding from its one row: PyLate's for a
+        ColBERT package's query or document, else as outputs.multi_vectors reads it."""
+        if planned.role is not None and self.colbert is not None:
+            ids = planned.enc.ids[planned.split.pieces[0]].tolist()
+            return self.colbert.vectors(row, ids, planned.role)
+        return outputs.multi_vectors(self.outputs, kind, row)

@@ -7,7 +7,9 @@
   weight of its occurrences, with the cls, eos, pad and unk ids and zero weights left out.
 - `multi_vector`: one vector per token for late interaction. With bge-m3's `colbert_linear.pt`
   the engine's "colbert" rows without the first (cls) token, each L2-normalised, as BGEM3
-  does; without a projection, every token's last hidden state.
+  does; with a PyLate ColBERT package's Dense modules, the query's or the document's vectors
+  as PyLate keeps them (colbert.py: its only kind besides `tokens`); without a projection,
+  every token's last hidden state.
 - `tokens`: every token's last hidden state as the model leaves it (TEI's /embed_all).
 
 The engine output each kind needs is part of the work item's cache key (`task_heads/<output>`),
@@ -45,13 +47,14 @@ class OutputKinds:
 
     @property
     def default(self) -> str:
-        return DENSE if self.dense else SPARSE
+        return DENSE if self.dense else SPARSE if self.sparse is not None else MULTI_VECTOR
 
     def served(self) -> list[str]:
         kinds = [DENSE] if self.dense else []
         if self.sparse is not None:
             kinds.append(SPARSE)
-        return [*kinds, MULTI_VECTOR, TOKENS] if self.dense else [*kinds, TOKENS]
+        late = self.dense or self.multi_vector == "colbert"  # a PyLate package has no dense kind
+        return [*kinds, MULTI_VECTOR, TOKENS] if late else [*kinds, TOKENS]
 
     def engine_output(self, kind: str) -> str:
         """The work-item output behind a non-dense kind."""
@@ -74,6 +77,8 @@ def output_kinds(layout: Layout, encoder: TextEncoder, package: ModelPackage) ->
         return OutputKinds(dense=False, sparse="splade")
     if layout.kind != "embedding":
         return OutputKinds()
+    if layout.colbert is not None:
+        return OutputKinds(dense=False, multi_vector="colbert")
     lexical = "sparse_linear" in layout.output_heads
     return OutputKinds(
         sparse="lexical" if lexical else None,
