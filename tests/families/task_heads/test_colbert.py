@@ -189,3 +189,24 @@ def test_refusals(models: dict[str, TaskHeadsModel], packages: dict[str, Path], 
         harness.load_path(broken("prefix", no_prefix), "native")
     with pytest.raises(PackageError, match=r"activation 'torch.nn.modules.activation.Tanh' is not served"):
         harness.load_path(broken("tanh", tanh), "native")
+
+
+def test_dense_weights_as_a_pytorch_state_dict(models: dict[str, TaskHeadsModel], packages: dict[str, Path], tmp_path: Path) -> None:
+    """Older PyLate packages ship 1_Dense/pytorch_model.bin: read with weights_only=True, the same
+    numbers; one holding anything but tensors is refused, never unpickled in full."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    package = tmp_path / "bin"
+    shutil.copytree(packages["bert"], package)
+    dense = package / "1_Dense"
+    torch.save(load_file(str(dense / "model.safetensors")), dense / "pytorch_model.bin")
+    (dense / "model.safetensors").unlink()
+    model = Harness(tmp_path / "h").load_path(package, "native", name="bin")
+    body = {"input": TEXTS, "input_type": "query"}
+    assert _gap(_embed(model, body), _embed(models["bert"], body)) == 0.0
+    torch.save({"linear.weight": Path("not a tensor")}, dense / "pytorch_model.bin")
+    with pytest.raises(PackageError, match=r"pytorch_model\.bin is not a tensor-only PyTorch state dict"):
+        Harness(tmp_path / "h2").load_path(package, "native", name="bin")
