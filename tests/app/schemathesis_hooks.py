@@ -72,6 +72,17 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "invalid_request",
         re.compile(r"^text_2: \d+ texts for \d+ in text_1; give one text_1, or as many as text_2$"),
     ),
+    # vLLM's embeddings fields beside the options they stand for (truncate_prompt_tokens and
+    # options.overflow or max_tokens, normalize and options.normalize): one setting given twice
+    # across two objects, which no schema relates.
+    (
+        "POST /vllm/embeddings|POST /vllm/v1/embeddings",
+        "invalid_request",
+        re.compile(
+            r"^(truncate_prompt_tokens: give it or options\.overflow/options\.max_tokens, not both"
+            r"|normalize: differs from options\.normalize)$"
+        ),
+    ),
     # A field that shapes a dense vector (dimensions, layer, normalize, base64, windows), given
     # with another options.output: one field's meaning hangs on a field of another object, which
     # the document says in words (options.output) and a schema could say only by a conditional

@@ -292,3 +292,63 @@ def test_root_embeddings_refuse_an_input_over_the_limit_with_a_way_out_it_takes(
     assert raised.value.param == "input[1]"
     message = raised.value.body["message"]  # type: ignore[index]
     assert "--auto-truncate" in message and "/v1/embeddings" in message, message
+
+
+def test_vllm_embeddings_take_vllms_fields(minilm: Server) -> None:
+    """vLLM's embeddings body is /v1/embeddings' with its own fields: `truncate_prompt_tokens`
+    is options.overflow 'truncate' (with max_tokens for a count), `normalize` options.normalize,
+    each giving /v1/embeddings' vectors; the openai client's extra_body sends them."""
+    texts = ["short", LONG]
+    for path in ("/vllm/embeddings", "/vllm/v1/embeddings"):
+        cut = ok(minilm, path, {"input": texts, "truncate_prompt_tokens": -1, "priority": 3, "request_id": "r"})
+        ours = ok(minilm, "/v1/embeddings", {"input": texts, "options": {"overflow": "truncate"}})
+        np.testing.assert_allclose(
+            [d["embedding"] for d in cut["data"]], [d["embedding"] for d in ours["data"]], atol=SAME
+        )
+        eight = ok(minilm, path, {"input": texts, "truncate_prompt_tokens": 8})
+        budget = ok(
+            minilm, "/v1/embeddings", {"input": texts, "options": {"overflow": "truncate", "max_tokens": 8}}
+        )
+        assert eight["data"] == budget["data"]
+        raw = ok(minilm, path, {"input": texts[:1], "normalize": False})
+        unit = ok(minilm, path, {"input": texts[:1]})
+        assert raw["data"] == ok(
+            minilm, "/v1/embeddings", {"input": texts[:1], "options": {"normalize": False}}
+        )["data"]
+        assert raw["data"] != unit["data"]  # all-MiniLM-L6-v2 ends in a Normalize module
+    client = openai.OpenAI(api_key="unused", base_url=minilm.url + "/vllm/v1", max_retries=0)
+    made = client.embeddings.create(input=texts, model="minilm", extra_body={"truncate_prompt_tokens": -1})
+    np.testing.assert_allclose(
+        [d.embedding for d in made.data], [d["embedding"] for d in ours["data"]], atol=SAME
+    )
+
+
+def test_vllm_embeddings_refuse_in_vllms_words(minilm: Server) -> None:
+    refused = minilm.post("/vllm/v1/embeddings", {"input": ["short", LONG]})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "input[1]", refused.text
+    assert "truncate_prompt_tokens" in error["message"] and "options" not in error["message"]
+    both = minilm.post(
+        "/vllm/embeddings",
+        {"input": "a", "truncate_prompt_tokens": -1, "options": {"overflow": "window"}},
+    )
+    assert both.status_code == 400 and both.json()["error"]["param"] == "truncate_prompt_tokens"
+    special = minilm.post("/vllm/embeddings", {"input": "a", "add_special_tokens": False})
+    assert special.status_code == 422 and special.json()["error"]["param"] == "add_special_tokens"
+    stray = minilm.post("/vllm/embeddings", {"input": "a", "truncate": True})
+    assert stray.status_code == 400 and "truncate" in stray.text
+
+
+def test_a_character_bound_under_truncate_prompt_tokens_names_that_field(minilm: Server) -> None:
+    """Truncation still reads a bounded number of characters (16 per token of the budget, 1,024
+    budgets): past it, vLLM's routes say the bound applies under their field, not options."""
+    huge = "fox " * 5000  # 20,000 characters: past the bound for a budget of one token
+    for path, body, param in (
+        ("/vllm/v1/embeddings", {"input": [huge]}, "input[0]"),
+        ("/vllm/pooling", {"input": [huge]}, "input[0]"),
+        ("/vllm/score", {"text_1": SOURCE, "text_2": [huge]}, "text_2[0]"),
+    ):
+        refused = minilm.post(path, {**body, "truncate_prompt_tokens": 1})
+        error = refused.json()["error"]
+        assert refused.status_code == 413 and error["param"] == param, (path, refused.text)
+        assert "under truncate_prompt_tokens" in error["message"] and "options" not in error["message"], error

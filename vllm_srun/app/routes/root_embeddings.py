@@ -10,8 +10,11 @@ this server does not serve reaches the one model serving embeddings (with severa
 Errors are OpenAI's, not TEI's OpenAI-route `{message, code, type}`: the openai client reads
 OpenAI's as a BadRequestError with its `param`, TEI's as a bare APIStatusError without one.
 
-POST /vllm/embeddings and /vllm/v1/embeddings are /v1/embeddings itself (vLLM's is OpenAI's),
-so the /vllm base URL serves LiteLLM's `hosted_vllm/` embeddings as well as its rerank.
+POST /vllm/embeddings and /vllm/v1/embeddings take vLLM's body: OpenAI's (so the /vllm base URL
+serves LiteLLM's `hosted_vllm/` embeddings as well as its rerank) with vLLM's own fields,
+`truncate_prompt_tokens` (-1: the model's limit), `normalize`, `add_special_tokens` (only its
+default here), `priority` and `request_id` (no effect), and everything /v1/embeddings takes.
+Over-long inputs are refused in vLLM's words, as on vLLM's other routes.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.embeddings import no_null_vectors
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, respond_in_vllm_words, truncation
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest, SrunError
-from vllm_srun.plugins.bodies import REFUSAL_HINT
+from vllm_srun.plugins.bodies import REFUSAL_HINT, UnsupportedOption
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse, Options, TokenIds
 
 # OpenAI's input forms, one per request: a text, texts, token ids, or lists of them. msgspec
@@ -127,21 +131,58 @@ async def infinity_embeddings(
     return await _serve(request, state, data, Options(overflow="truncate"))
 
 
-async def _as_v1(request: Request[Any, Any, Any], state: State, data: EmbeddingsRequest) -> Response[Any]:
+class VllmEmbeddingsRequest(EmbeddingsRequest, forbid_unknown_fields=True):
+    """vLLM's embeddings body: /v1/embeddings' with vLLM's fields added."""
+
+    truncate_prompt_tokens: PromptTokens = None
+    normalize: bool | None = None
+    add_special_tokens: bool = True
+    priority: int = 0
+    request_id: str | None = None
+
+
+def as_embeddings(runtime: Runtime, data: VllmEmbeddingsRequest) -> EmbeddingsRequest:
+    """The /v1/embeddings request a vLLM body asks for. vLLM's field and the option it stands
+    for are one setting: both given is an InvalidRequest naming the pair."""
+    options = data.options
+    if data.truncate_prompt_tokens is not None:
+        if options.overflow is not None or options.max_tokens is not None:
+            raise InvalidRequest(
+                "truncate_prompt_tokens: give it or options.overflow/options.max_tokens, not both",
+                param="truncate_prompt_tokens",
+            )
+        policy = truncation(data.truncate_prompt_tokens, runtime, data.model)
+        options.overflow, options.max_tokens = policy.overflow, policy.max_tokens
+    if data.normalize is not None:
+        if options.normalize is not None and options.normalize != data.normalize:
+            raise InvalidRequest("normalize: differs from options.normalize", param="normalize")
+        options.normalize = data.normalize
+    if not data.add_special_tokens:
+        # A text's special tokens are the model's own template; ids are taken as given anyway.
+        raise UnsupportedOption(
+            "add_special_tokens: false is not supported (send token ids to choose every token)",
+            param="add_special_tokens",
+        )
+    fields = {name: getattr(data, name) for name in EmbeddingsRequest.__struct_fields__}
+    return EmbeddingsRequest(**fields)
+
+
+async def _as_v1(request: Request[Any, Any, Any], state: State, data: VllmEmbeddingsRequest) -> Response[Any]:
+    converted = as_embeddings(state.runtime, data)
     # As POST /v1/embeddings answers it: per-item errors only when asked for.
-    shape = None if data.options.overflow is not None else no_null_vectors
-    return await respond(request, state, EMBEDDINGS, data, shape=shape)
+    shape = None if converted.options.overflow is not None else no_null_vectors
+    return await respond_in_vllm_words(request, state, EMBEDDINGS, converted, shape)
 
 
-@post("/vllm/embeddings", status_code=200, summary="Embed texts (vLLM-compatible: /v1/embeddings)")
+@post("/vllm/embeddings", status_code=200, summary="Embed texts (vLLM-compatible)")
 async def vllm_embeddings(
-    request: Request[Any, Any, Any], data: JSONBody[EmbeddingsRequest], state: State
+    request: Request[Any, Any, Any], data: JSONBody[VllmEmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
     return await _as_v1(request, state, data)
 
 
-@post("/vllm/v1/embeddings", status_code=200, summary="Embed texts (vLLM-compatible: /v1/embeddings)")
+@post("/vllm/v1/embeddings", status_code=200, summary="Embed texts (vLLM-compatible, /v1 path)")
 async def vllm_v1_embeddings(
-    request: Request[Any, Any, Any], data: JSONBody[EmbeddingsRequest], state: State
+    request: Request[Any, Any, Any], data: JSONBody[VllmEmbeddingsRequest], state: State
 ) -> Response[EmbeddingsResponse]:
     return await _as_v1(request, state, data)

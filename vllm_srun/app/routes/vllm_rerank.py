@@ -26,7 +26,7 @@ from vllm_srun.app.errors import item_failure
 from vllm_srun.app.responses import respond
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.errors import InvalidRequest, SrunError
-from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, UnsupportedOption
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, UnsupportedOption, policy_words
 from vllm_srun.plugins.surfaces import RERANK, Options, RerankRequest, RerankResponse, Surface
 
 # vLLM's truncate_prompt_tokens: -1 (the model's limit) or a positive count (0 keeps nothing).
@@ -106,7 +106,11 @@ VLLM_HINT = "(set truncate_prompt_tokens to -1 to truncate it)"
 
 def in_vllm_words(message: str) -> str:
     """`message` with the surfaces' way out of an over-long input said as vLLM's body says it."""
-    return message.replace(OVERFLOW_HINT, VLLM_HINT).replace(REFUSAL_HINT, VLLM_HINT)
+    return (
+        message.replace(OVERFLOW_HINT, VLLM_HINT)
+        .replace(REFUSAL_HINT, VLLM_HINT)
+        .replace(policy_words("truncate"), "under truncate_prompt_tokens")
+    )
 
 
 def failure(field: str, index: int, code: str, message: str | None) -> SrunError:

@@ -23,10 +23,10 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.responses import client_closed, encoded, label_model, timing_of, unless_disconnected
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, truncation
+from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, in_vllm_words, truncation
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
-from vllm_srun.errors import InvalidRequest, RequestTooLarge
+from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError
 from vllm_srun.plugins.surfaces import RERANK, RerankRequest, RerankResponse
 
 Texts = str | Annotated[list[str], msgspec.Meta(min_length=1)]
@@ -110,10 +110,42 @@ def _scores(body: RerankResponse, indices: list[int], raw: bool, into: list[floa
         into[indices[result.index]] = score
 
 
-async def _serve_all(runtime: Runtime, planned: list[RerankRequest], timing: Timing) -> list[RerankResponse]:
+def in_score_fields(exc: SrunError, indices: list[int]) -> SrunError:
+    """A refusal of one planned rerank request, naming the score body's fields: its `query` is
+    `text_1`, its `documents[i]` the pair's `text_2[indices[i]]`."""
+
+    def field(name: str) -> str:
+        if name.startswith("query"):
+            return "text_1" + name[len("query") :]
+        if name.startswith("documents["):
+            inner, _, rest = name[len("documents[") :].partition("]")
+            if inner.isdigit() and int(inner) < len(indices):
+                return f"text_2[{indices[int(inner)]}]{rest}"
+        return name
+
+    if exc.param is not None:
+        renamed = field(exc.param)
+        if exc.message.startswith(exc.param):
+            exc.message = renamed + exc.message[len(exc.param) :]
+        exc.param = renamed
+    return exc
+
+
+async def _serve_one(
+    runtime: Runtime, planned: RerankRequest, indices: list[int], timing: Timing
+) -> RerankResponse:
+    try:
+        return await serve_surface(runtime, RERANK, planned, timing, slot=False)
+    except SrunError as exc:
+        raise in_score_fields(exc, indices) from None
+
+
+async def _serve_all(
+    runtime: Runtime, planned: list[tuple[RerankRequest, list[int]]], timing: Timing
+) -> list[RerankResponse]:
     timings = [Timing() for _ in planned]
     bodies = await asyncio.gather(
-        *(serve_surface(runtime, RERANK, r, t, slot=False) for r, t in zip(planned, timings, strict=True))
+        *(_serve_one(runtime, r, i, t) for (r, i), t in zip(planned, timings, strict=True))
     )
     timing.tokenize_s = sum(t.tokenize_s for t in timings)
     timing.queue_s = max(t.queue_s for t in timings)
@@ -135,7 +167,7 @@ async def serve(request: Request[Any, Any, Any], state: State, data: ScoreReques
     planned = requests(runtime, data, scored)
     with request_slot(runtime):
         done, bodies = await unless_disconnected(
-            request, _serve_all(runtime, [r for r, _ in planned], timing)
+            request, _serve_all(runtime, planned, timing)
         )
     if not done or bodies is None:
         return client_closed()
@@ -159,7 +191,11 @@ def _route(path: str, summary: str) -> Any:
     async def score(
         request: Request[Any, Any, Any], data: JSONBody[ScoreRequest], state: State
     ) -> Response[ScoreResponse]:
-        return await serve(request, state, data)
+        try:
+            return await serve(request, state, data)
+        except SrunError as exc:
+            exc.message = in_vllm_words(exc.message)  # a request-level refusal, in vLLM's words
+            raise
 
     return score
 

@@ -36,7 +36,7 @@ import numpy as np
 from vllm_srun.errors import RequestTooLarge
 from vllm_srun.families.task_heads.tokenize import FIRST, SECOND, SPECIAL, Encoded
 from vllm_srun.plugins.base import ItemError
-from vllm_srun.plugins.bodies import OVERFLOW_HINT
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, policy_words
 from vllm_srun.plugins.surfaces import InputUsage
 
 # Windows one input may be split into. Each window is a forward row, so the work of an input
@@ -88,7 +88,7 @@ def bound_chars(chars: Sequence[int], policy: Overflow, params: Sequence[str]) -
         if count > cap:
             raise RequestTooLarge(
                 f"{param}: {count} characters; at most {cap} are read for a budget of "
-                f"{policy.max_tokens} tokens under options.overflow '{policy.mode}'",
+                f"{policy.max_tokens} tokens {policy_words(policy.mode)}",
                 param=param,
             )
     return [None] * len(chars)
