@@ -285,6 +285,13 @@ class EngineModel(abc.ABC):
     def encode(self, batch: Batch) -> list[np.ndarray]:
         """One float32 array per row of the batch, shaped by that row's `output`."""
 
+    def output_refusal(self, output: str) -> str | None:
+        """None when `encode` gives rows of the work-item output `output`, else why not, in words
+        that name the engine. Families ask at load, so that a request for an output this engine
+        cannot give is refused when it is planned, not failed at forward time. The base answers
+        None: an engine that does not say is found out at forward time."""
+        return None
+
 
 class Engine(Plugin, abc.ABC):
     """Builds and runs networks. Engines without `auto_priority` are tried after the rest."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from vllm_srun.errors import PackageError
+from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
@@ -124,9 +124,12 @@ class TaskHeadsFamily(ModelFamily):
             raise PackageError(
                 f"tokenizer.json of {package.name!r} has {ids} token ids; config.json's vocab_size is {vocab}"
             )
-        kinds = output_kinds(layout, encoder, package)
+        kinds = output_kinds(layout, encoder, package).on_engine(engine_model)
         if "embeddings" in info.surfaces:
             info.outputs = kinds.served()
+            if not info.outputs:  # nothing a request could ask for: refused now, not per request
+                reasons = "; ".join(f"{kind}: {why}" for kind, why in kinds.refused.items())
+                raise ConfigError(f"model {name!r} gives none of its outputs on this engine ({reasons})")
         codec = None
         if layout.colbert is not None:
             settings = package.read_json(layout.tokenizer_config) if layout.tokenizer_config else {}

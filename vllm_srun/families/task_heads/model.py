@@ -339,6 +339,7 @@ class TaskHeadsModel(LoadedModel):
                     "options.overflow: 'window' does not apply to multi_vector rerank",
                     param="options.overflow",
                 )
+            self.outputs.check(kind, model=self.info.name)
         if kind == outputs.DENSE and head.kind == POOLED:
             self.outputs.check(kind, model=self.info.name)  # a PyLate package pools nothing
         if kind == outputs.MULTI_VECTOR and self.colbert is not None:

@@ -13,11 +13,14 @@
 - `tokens`: every token's last hidden state as the model leaves it (TEI's /embed_all).
 
 The engine output each kind needs is part of the work item's cache key (`task_heads/<output>`),
-so kinds never share an entry unless they are the same numbers ("hidden").
+so kinds never share an entry unless they are the same numbers ("hidden"). A model with an engine
+serves only the kinds whose engine output that engine gives (`on_engine`: an ONNX graph without
+masked-LM logits gives no SPLADE); an app replica, which has none, serves the package's kinds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +32,7 @@ from vllm_srun.plugins.bodies import UnsupportedOption
 if TYPE_CHECKING:
     from vllm_srun.families.task_heads.layout import Layout
     from vllm_srun.families.task_heads.tokenize import TextEncoder
+    from vllm_srun.plugins.base import EngineModel
     from vllm_srun.plugins.package import ModelPackage
 
 DENSE, SPARSE, MULTI_VECTOR, TOKENS = "dense", "sparse", "multi_vector", "tokens"
@@ -44,6 +48,8 @@ class OutputKinds:
     sparse: str | None = None  # "splade" or "lexical"
     multi_vector: str = "hidden"  # "colbert" where the package has the projection
     unused_ids: frozenset[int] = frozenset()
+    # The kinds the model's engine cannot give, with the engine's reason (`on_engine`).
+    refused: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def default(self) -> str:
@@ -54,7 +60,21 @@ class OutputKinds:
         if self.sparse is not None:
             kinds.append(SPARSE)
         late = self.dense or self.multi_vector == "colbert"  # a PyLate package has no dense kind
-        return [*kinds, MULTI_VECTOR, TOKENS] if late else [*kinds, TOKENS]
+        kinds = [*kinds, MULTI_VECTOR, TOKENS] if late else [*kinds, TOKENS]
+        return [kind for kind in kinds if kind not in self.refused]
+
+    def on_engine(self, engine_model: EngineModel | None) -> OutputKinds:
+        """These kinds without those whose engine output `engine_model` refuses (each kept with
+        the engine's reason). Dense is the head's own output, served as before; without an
+        engine model (an app replica) nothing is left out."""
+        if engine_model is None:
+            return self
+        refused = {}
+        for kind in self.served():
+            reason = None if kind == DENSE else engine_model.output_refusal(self.engine_output(kind))
+            if reason is not None:
+                refused[kind] = reason
+        return dataclasses.replace(self, refused=refused)
 
     def engine_output(self, kind: str) -> str:
         """The work-item output behind a non-dense kind."""
@@ -65,8 +85,10 @@ class OutputKinds:
 
     def check(self, kind: str, *, model: str, field: str = "options.output") -> None:
         if kind not in self.served():
+            why = f": {self.refused[kind]}" if kind in self.refused else ""
             raise UnsupportedOption(
-                f"{field}: model {model!r} gives no {kind!r} output; it gives {', '.join(self.served())}",
+                f"{field}: model {model!r} gives no {kind!r} output{why}; it gives "
+                f"{', '.join(self.served()) or 'nothing'}",
                 param=field,
             )
 
