@@ -7,24 +7,37 @@ thread that calls `encode`: onnxruntime's `run` is thread-safe.
 The graph may return a last hidden state [B, T, H], sequence logits [B, L] or token logits
 [B, T, L]; each row of a batch gets the output kind it asks for, pooled on the host from the
 hidden state where needed (mean over the row's tokens, first token, last token; never
-normalised: that is the family's job).
+normalised: that is the family's job). The output heads a package declares (SPLADE, bge-m3's
+lexical and ColBERT) run on the host too, from the graph's masked-LM logits or hidden state
+(outputs.py); `output_refusal` says at load which outputs this graph cannot give.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from vllm_srun.engines.onnxruntime.graph import HIDDEN_KINDS, check_graph, check_inputs, output_kinds
+from vllm_srun.engines.onnxruntime.outputs import HEAD_OUTPUTS, Projections, host_heads, read_projections
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
 
 
 def _available() -> bool:
     return importlib.util.find_spec("onnxruntime") is not None
+
+
+@dataclass(frozen=True)
+class OnnxHost:
+    """What `read` prepares before the device is taken: the checked graph's bytes and the
+    package's projection heads."""
+
+    graph: bytes
+    projections: Projections
 
 
 class OnnxRuntimeEngine(Engine):
@@ -48,44 +61,72 @@ class OnnxRuntimeEngine(Engine):
             return f"dtype {spec.dtype!r} is not supported (supported: {', '.join(self.dtypes)})"
         return None
 
-    def read(self, spec: ModelSpec, dtype: str) -> bytes:
-        """The graph's bytes, checked for custom operators and external data."""
+    def read(self, spec: ModelSpec, dtype: str) -> OnnxHost:
+        """The graph's bytes, checked for custom operators and external data, and the tensors of
+        the package's state dicts (torch.load with weights_only=True)."""
         if dtype not in self.dtypes:
             raise ConfigError(f"onnxruntime engine: dtype {dtype!r} is not supported (supported: float32)")
         path = Path(spec.extra["onnx"])
         data = path.read_bytes()
         check_graph(data, str(path))
-        return data
+        return OnnxHost(data, read_projections(spec))
 
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> OnnxEngineModel:
         reason = self.supports(spec, device)
         if reason is not None:
             raise ConfigError(f"onnxruntime engine cannot run {spec.architecture}: {reason}")
-        data = host if isinstance(host, bytes) else self.read(spec, dtype)
+        read = host if isinstance(host, OnnxHost) else self.read(spec, dtype)
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-        return OnnxEngineModel(session, spec, device, dtype, where=str(spec.extra["onnx"]))
+        session = ort.InferenceSession(read.graph, options, providers=["CPUExecutionProvider"])
+        return OnnxEngineModel(
+            session, spec, device, dtype, where=str(spec.extra["onnx"]), projections=read.projections
+        )
 
 
 class OnnxEngineModel(EngineModel):
     """One session; batches are padded to their longest row."""
 
-    def __init__(self, session: Any, spec: ModelSpec, device: Device, dtype: str, *, where: str) -> None:
+    def __init__(
+        self,
+        session: Any,
+        spec: ModelSpec,
+        device: Device,
+        dtype: str,
+        *,
+        where: str,
+        projections: Projections | None = None,
+    ) -> None:
         self.session = session
         self.device = device
         self.dtype = dtype
         self.inputs = check_inputs((i.name for i in session.get_inputs()), where)
-        self.kinds = output_kinds((o.name, len(o.shape)) for o in session.get_outputs())
+        outputs = session.get_outputs()
+        self.kinds = output_kinds((o.name, len(o.shape)) for o in outputs)
         if not self.kinds:
             raise ConfigError(f"{where}: no ONNX output is logits or a hidden state")
+        widths = {o.name: o.shape[-1] if o.shape else None for o in outputs}
+        self.heads = host_heads(spec, self.kinds, widths, projections or Projections())
         self.pad_id = int(spec.config.get("pad_token_id") or 0)
 
+    def output_refusal(self, output: str) -> str | None:
+        try:
+            self._output_of(output)
+        except ValueError as exc:
+            return f"the onnxruntime engine: {exc}"
+        return None
+
     def _output_of(self, kind: str) -> str:
+        """The graph output that rows of `kind` read; ValueError saying why there is none."""
         if "@" in kind:  # the native engine's early exits ("mean@3"): a graph gives its last layer
             raise ValueError(f"output {kind!r}: the onnxruntime engine cannot exit at an earlier layer")
+        if kind in HEAD_OUTPUTS:
+            if kind in self.heads.sources:
+                return self.heads.sources[kind]
+            reason = self.heads.refused.get(kind, "the package's head for it runs on the native engine only")
+            raise ValueError(f"the ONNX graph cannot give output {kind!r}: {reason}")
         source = "hidden" if kind in HIDDEN_KINDS else kind
         if source not in self.kinds:
             raise ValueError(
@@ -123,7 +164,9 @@ class OnnxEngineModel(EngineModel):
         for i, kind in enumerate(batch.outputs):
             out = values[self._output_of(kind)]
             n = int(lengths[i])
-            if kind == "logits":
+            if kind in HEAD_OUTPUTS:
+                row = self.heads.row(kind, out[i, :n])
+            elif kind == "logits":
                 row = out[i]
             elif kind in ("token_logits", "hidden"):
                 row = out[i, :n]
