@@ -77,3 +77,55 @@ def bge_m3_reference(path: Path, texts: list[str]) -> tuple[list[np.ndarray], li
         multi.append(torch.nn.functional.normalize(vecs[r, : count - 1], dim=-1).numpy())
         tokens.append(hidden[r, :count].numpy())
     return [d.numpy() for d in dense], lexical, multi, tokens
+
+
+def export_graph(path: Path, outputs: tuple[str, ...]) -> Path:
+    """Export the package's own Transformers model to `path/onnx/model.onnx`, giving `outputs`,
+    each one of "logits" (a *ForMaskedLM's per token), "last_hidden_state" and "pooled_logits"
+    (the first token's logits alone: a [batch, vocab] output, as a classifier graph has). The
+    legacy exporter from an eval() wrapper that calls the model with keyword arguments, the way
+    the fixture writer exports its graphs. Returns `path`."""
+    import warnings
+
+    import torch
+
+    from vllm_srun.plugins.architectures import uses_type_ids
+
+    _, model, _ = batch_of(path, ["a"])
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if uses_type_ids(model.config.to_dict()) else [])
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> Any:
+            out = self.model(**dict(zip(names, args, strict=True)), output_hidden_states=True)
+            values = {
+                "logits": getattr(out, "logits", None),
+                "last_hidden_state": out.hidden_states[-1],
+                "pooled_logits": None if getattr(out, "logits", None) is None else out.logits[:, 0],
+            }
+            return tuple(values[name] for name in outputs)
+
+    ids = torch.randint(5, 60, (2, 12), dtype=torch.int64)
+    args = (ids, torch.ones_like(ids)) + ((torch.zeros_like(ids),) if len(names) == 3 else ())
+    dynamic = {name: {0: "batch", 1: "sequence"} for name in (*names, *outputs)}
+    if "pooled_logits" in outputs:
+        dynamic["pooled_logits"] = {0: "batch"}
+    graph = path / "onnx" / "model.onnx"
+    graph.parent.mkdir(exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's notices
+        torch.onnx.export(
+            Wrapper().eval(),
+            args,
+            str(graph),
+            input_names=names,
+            output_names=list(outputs),
+            dynamic_axes=dynamic,
+            opset_version=17,
+            dynamo=False,
+            external_data=False,
+        )
+    return path
