@@ -122,16 +122,21 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return self
+                health = httpx.get(self.url + "/health", timeout=1.0)
             except httpx.HTTPError:
-                pass
+                time.sleep(0.1)
+                continue
+            if health.status_code == 200:
+                return self
+            if health.json().get("status") in ("failed", "degraded"):  # a model that will not load
+                raise RuntimeError(f"server answers {health.text}:\n{self.log()}")
             time.sleep(0.1)
         raise RuntimeError(f"server not ready in {timeout_s}s:\n{self.log()}")
 
     def log(self) -> str:
+        """The end of the server's output (its first failure is near the end)."""
         self._log.flush()
-        return self.log_path.read_text(errors="replace")
+        return self.log_path.read_text(errors="replace")[-6000:]
 
     def post(self, path: str, body: object) -> Any:
         """The JSON of a POST that must answer 200: the server's own numbers, by plain HTTP."""
