@@ -8,9 +8,9 @@ offline) and sends those token ids instead of the text: the server takes token i
 model's own, as OpenAI's API does, so the vectors are of other tokens. The last test shows
 that with a tiktoken encoding built here (the download is not possible in the suite).
 
-langchain-huggingface's HuggingFaceEndpointEmbeddings refuses any URL as `model`, and
-langchain-cohere pins cohere < 6 where this suite tests cohere 7: both are checked by hand
-(the README says how), not here.
+langchain-huggingface (it needs huggingface_hub < 2) and langchain-cohere (cohere < 6) cannot
+share this venv with huggingface_hub 2 and cohere 7: tests/legacy_clients runs them in a venv
+of their own (`bash .ci/legacy_clients`).
 """
 
 from __future__ import annotations
