@@ -220,3 +220,74 @@ def test_an_onnx_only_bge_m3_package_runs_its_heads_on_onnxruntime_under_auto(
     body = {"input": TEXTS, "options": {"output": "sparse"}}
     got, want = _embed(model, body).data, _embed(models[(BGE_M3, "native")], body).data
     assert max(_sparse_gap(_sparse(o), _sparse(n)) for o, n in zip(got, want, strict=True)) < ATOL
+
+
+def test_the_state_dicts_are_read_as_on_the_native_engine(packages: dict[str, Path], tmp_path: Path) -> None:
+    """torch.load(weights_only=True): a pickle of anything but tensors is refused unexecuted, and
+    a projection whose width does not fit the graph's hidden state is the package's error."""
+    import torch
+
+    from vllm_srun.errors import PackageError
+
+    package = shutil.copytree(packages[BGE_M3], tmp_path / "m3")
+    marker = tmp_path / "executed"
+    torch.save({"weight": _Touch(marker)}, package / "sparse_linear.pt")
+    with pytest.raises(PackageError, match=r"sparse_linear\.pt is not a tensor-only PyTorch state dict"):
+        Harness(tmp_path / "h").load_path(package, "onnxruntime")
+    assert not marker.exists()
+    shutil.copy(packages[BGE_M3] / "sparse_linear.pt", package / "sparse_linear.pt")
+    torch.save(torch.nn.Linear(7, 24).state_dict(), package / "colbert_linear.pt")
+    with pytest.raises(
+        PackageError, match=r"colbert_linear\.pt takes 7 features; the ONNX graph's 'last_hidden_state' has"
+    ):
+        Harness(tmp_path / "h").load_path(package, "onnxruntime")
+
+
+class _Touch:
+    """A pickle that would create a file if it were ever unpickled in full."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (Path.touch, (self.marker,))
+
+
+_WITHOUT_TORCH = """
+import sys
+sys.modules["torch"] = None
+from pathlib import Path
+from vllm_srun.engines.onnxruntime import OnnxRuntimeEngine
+from vllm_srun.families.task_heads import TaskHeadsFamily
+from vllm_srun.plugins.base import Device
+from vllm_srun.plugins.package import ModelPackage
+package = ModelPackage(Path(sys.argv[1]))
+family, engine = TaskHeadsFamily(), OnnxRuntimeEngine()
+spec = family.describe(package)
+engine_model = engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
+model = family.load(package, spec, engine_model, name="m3", verification=family.verify(package), numerics="float32")
+print(model.info.outputs)
+print(model.outputs.refused["sparse"])
+"""
+
+
+def test_without_torch_the_projection_heads_are_refused_at_load(packages: dict[str, Path]) -> None:
+    """onnxruntime needs no torch, but reading bge-m3's .pt files does: without it the model
+    serves dense and tokens, and says why not the rest."""
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TORCH, str(packages[BGE_M3])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    outputs, reason = run.stdout.strip().splitlines()[-2:]
+    assert outputs == "['dense', 'tokens']"
+    assert (
+        reason.startswith("the onnxruntime engine: ")
+        and "needs torch" in reason
+        and "sparse_linear.pt" in reason
+    )
