@@ -168,25 +168,41 @@ def resolve_model(architecture: str) -> Any:
     return getattr(importlib.import_module(module_name), attr)
 
 
-# Classes of a served model type that serve only once converted, with what to do.
+# The config key under which a family hands a LogitScore head (engines/native/heads.py) the
+# package's [true token id, false token id or None]: a causal LM read as a yes/no reranker.
+LOGIT_SCORE_IDS = "logit_score_token_ids"
+
+# Classes of a served model type that serve only in a form the family recognises, with what
+# to tell a package in any other form.
 CONVERT = {
     "Qwen3ForCausalLM": (
         "Qwen3ForCausalLM is a causal language model; the runtime serves no LM head. A reranker "
         "of this form (Qwen3-Reranker, which scores by the 'yes' and 'no' logits of its last "
-        "token) serves once converted to a one-label Qwen3ForSequenceClassification: keep the "
-        "model.* tensors, write score.weight = lm_head.weight[id of 'yes'] - lm_head.weight[id "
-        "of 'no'] (shape [1, hidden_size]), and set architectures to "
-        "['Qwen3ForSequenceClassification'] and num_labels to 1; its sigmoid is the reranker's "
-        "softmax probability of 'yes'. Format each pair with the reranker's prompt template"
+        "token) serves as shipped when it is a sentence-transformers CrossEncoder package: "
+        "modules.json with the Transformer (transformer_task 'text-generation') then a LogitScore "
+        "module (1_LogitScore/config.json naming true_token_id and false_token_id), and a chat "
+        "template that renders the query and document roles. Otherwise convert it to a one-label "
+        "Qwen3ForSequenceClassification: keep the model.* tensors, write score.weight = "
+        "lm_head.weight[id of 'yes'] - lm_head.weight[id of 'no'] (shape [1, hidden_size]), and "
+        "set architectures to ['Qwen3ForSequenceClassification'] and num_labels to 1; its sigmoid "
+        "is the reranker's softmax probability of 'yes'. Format each pair with the reranker's "
+        "prompt template"
     ),
 }
+
+
+def converts(config: Mapping[str, Any]) -> bool:
+    """Whether config.json's class serves only in a form a family recognises (`CONVERT`): a
+    package no family took is then told the forms, whatever the table says of the class."""
+    found = config.get("architectures") or []
+    return bool(found) and isinstance(found[0], str) and found[0] in CONVERT
 
 
 def refusal(config: Mapping[str, Any]) -> str:
     """What to tell a user whose package no row serves: what was found, what is supported,
     and the two ways out."""
     found = config.get("architectures") or []
-    if found and found[0] in CONVERT:
+    if found and isinstance(found[0], str) and found[0] in CONVERT:
         return CONVERT[found[0]]
     return (
         f"model_type {config.get('model_type')!r} with architectures {list(found)} is not one the "

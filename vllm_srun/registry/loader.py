@@ -12,7 +12,7 @@ import structlog
 
 from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
-from vllm_srun.plugins.architectures import refusal, served_kind
+from vllm_srun.plugins.architectures import converts, refusal, served_kind
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
 from vllm_srun.plugins.package import ONNX_PATHS, ModelPackage
@@ -60,7 +60,7 @@ def _config_problem(package: ModelPackage) -> str:
         return "" if not package.exists("config.json") else f"; {exc.message}"
     if not isinstance(config, dict):
         return f"; config.json is a JSON {type(config).__name__}, not an object"
-    if served_kind(config, has_onnx=any(package.exists(p) for p in ONNX_PATHS)) is None:
+    if converts(config) or served_kind(config, has_onnx=any(package.exists(p) for p in ONNX_PATHS)) is None:
         return f"; {refusal(config)}"
     return ""
 

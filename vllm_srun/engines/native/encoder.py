@@ -64,6 +64,9 @@ class EncoderModel(nn.Module):
     stacked: ClassVar[Sequence[Stacked]] = ()
     optional: ClassVar[tuple[str, ...]] = ()
     ignored: ClassVar[tuple[str, ...]] = ()
+    # The backbone-relative name of the input embedding table, which a head that reads the LM
+    # head may find it tied to (heads.LogitScoreHead); "" where no head needs it.
+    input_embeddings: ClassVar[str] = ""
 
     def __init__(self, config: Mapping[str, Any], *, head: str | None = None) -> None:
         super().__init__()
@@ -131,7 +134,10 @@ class EncoderModel(nn.Module):
         return self.task_head.token_logits(self, hidden)
 
     def load_weights(self, tensors: Mapping[str, torch.Tensor]) -> set[str]:
-        """Fill every parameter from `tensors` by checkpoint name; return the names loaded."""
+        """Fill every parameter from `tensors` by checkpoint name; return the names loaded (with
+        those of any head parameter computed from them, heads.Head.derived)."""
+        if self.task_head is not None:
+            tensors = {**tensors, **self.task_head.derived(self, tensors)}
         return load_named(self, tensors, rename=self._rename, stacked=self.stacked, harmless=self._harmless)
 
     def _roots(self) -> tuple[str, ...]:

@@ -17,7 +17,8 @@ from torch import nn
 
 from vllm_srun.engines.native.attention import Segments
 from vllm_srun.engines.native.layers import Activation, activation, first_tokens, mean_rows, num_labels
-from vllm_srun.errors import ConfigError
+from vllm_srun.errors import ConfigError, PackageError
+from vllm_srun.plugins.architectures import LOGIT_SCORE_IDS
 
 
 class EncoderModel(Protocol):
@@ -25,6 +26,7 @@ class EncoderModel(Protocol):
     named here structurally so the two modules do not import each other)."""
 
     prefix: str
+    input_embeddings: str
 
     def get_submodule(self, target: str) -> nn.Module: ...
 
@@ -56,6 +58,11 @@ class Head:
 
     def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def derived(self, model: EncoderModel, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Parameters of this head that are computed from the checkpoint's tensors rather than
+        stored in it, by parameter name (none by default)."""
+        return {}
 
 
 class Pooler(nn.Module):
@@ -234,6 +241,41 @@ class LastTokenScoreHead(Head):
         return model.score(hidden[last])  # type: ignore[no-any-return]
 
 
+class LogitScoreHead(LastTokenScoreHead):
+    """A causal LM read as a reranker by two vocabulary logits of each row's last token, as
+    sentence-transformers' LogitScore module scores it: logit[true] - logit[false], or
+    logit[true] alone when the package names no false token.
+
+    Both logits are rows of the LM head applied to the last hidden state, so their difference is
+    one linear map of it: `score.weight` = lm_head[true] - lm_head[false] (shape [1, hidden]),
+    built at load from the checkpoint's `lm_head.weight`, or from the input embeddings where
+    `tie_word_embeddings` shares them (Qwen3-0.6B's checkpoint stores no lm_head). The token ids
+    come from the config under `LOGIT_SCORE_IDS`, where the family puts the package's."""
+
+    def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
+        ids = config.get(LOGIT_SCORE_IDS)
+        if not isinstance(ids, list | tuple) or len(ids) != 2 or not isinstance(ids[0], int):
+            raise ConfigError(f"a LogitScore head needs {LOGIT_SCORE_IDS}: [true id, false id or null]")
+        vocab = int(config["vocab_size"])
+        for which, token in zip(("true", "false"), ids, strict=True):
+            if token is not None and not (isinstance(token, int) and 0 <= token < vocab):
+                raise ConfigError(f"LogitScore {which}_token_id {token!r} is outside the vocabulary (size {vocab})")
+        self.true_id, self.false_id = int(ids[0]), None if ids[1] is None else int(ids[1])
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        super().__init__(model, {**config, "num_labels": 1, "id2label": {"0": "LABEL_0"}})
+
+    def derived(self, model: EncoderModel, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        source = f"{model.prefix}.{model.input_embeddings}" if self.tied else "lm_head.weight"
+        rows = tensors.get(source)
+        if rows is None:
+            tied = "tie_word_embeddings is true" if self.tied else "tie_word_embeddings is false"
+            raise PackageError(f"the LogitScore head reads {source!r} ({tied}); the weights have none")
+        weight = rows[self.true_id]
+        if self.false_id is not None:
+            weight = weight - rows[self.false_id]
+        return {"score.weight": weight.reshape(1, -1)}
+
+
 # Head names as the architecture table (vllm_srun.plugins.architectures) spells them.
 HEADS: dict[str, type[Head]] = {
     "pooler": PoolerHead,
@@ -245,6 +287,7 @@ HEADS: dict[str, type[Head]] = {
     "token": TokenHead,
     "modernbert_token": ModernBertTokenHead,
     "last_token_score": LastTokenScoreHead,
+    "logit_score": LogitScoreHead,
 }
 
 

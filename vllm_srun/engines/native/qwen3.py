@@ -1,4 +1,5 @@
-"""Qwen3 decoders (Qwen3-Embedding, Qwen3 rerankers as one-label classifiers) over packed rows.
+"""Qwen3 decoders (Qwen3-Embedding, Qwen3 rerankers as one-label classifiers or as causal LMs
+scored by two vocabulary logits) over packed rows.
 
 A decoder served as an encoder: every row attends causally to its own earlier tokens only
 (`layout.attend(..., causal=True)`), so a packed row computes exactly what a batch of one
@@ -10,7 +11,9 @@ by `num_attention_heads // num_key_value_heads` query heads) with an RMSNorm ove
 Only the default rotary (`rope_theta`, no scaling) and full attention are implemented; any
 other rope type or a sliding-window layer is refused by name rather than run approximately.
 Attribute names follow the checkpoint (`embed_tokens`, `layers.N.self_attn.q_proj`, `norm`):
-`Qwen3Model` saves them bare, `Qwen3ForSequenceClassification` under `model.` beside `score`.
+`Qwen3Model` saves them bare, `Qwen3ForSequenceClassification` under `model.` beside `score`,
+`Qwen3ForCausalLM` under `model.` beside `lm_head` (absent where tied to `embed_tokens`), which
+only the LogitScore head reads (heads.LogitScoreHead).
 """
 
 from __future__ import annotations
@@ -177,10 +180,12 @@ class Qwen3Backbone(Backbone):
 
 class Qwen3(EncoderModel):
     """Qwen3: `model.embed_tokens`, `model.layers.N`, `model.norm`; heads by name
-    (last_token_score for *ForSequenceClassification)."""
+    (last_token_score for *ForSequenceClassification, logit_score for *ForCausalLM)."""
 
     prefix = "model"
-    ignored = ("lm_head.",)  # a causal LM's vocabulary projection, should a package carry one
+    # A causal LM's vocabulary projection: no module takes it; the LogitScore head reads its rows.
+    ignored = ("lm_head.",)
+    input_embeddings = "embed_tokens.weight"
 
     def build(self, config: Mapping[str, Any]) -> Backbone:
         return Qwen3Backbone(config)
