@@ -50,6 +50,12 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "invalid_request",
         re.compile(r"^input(\[\d+\])?: input has (at least )?\d+ tokens; "),
     ),
+    # The same on Cohere's embed with `truncate: NONE`: the request fails naming the text.
+    (
+        "POST /v1/embed|POST /v2/embed",
+        "invalid_request",
+        re.compile(r"^texts\[\d+\]: input has (at least )?\d+ tokens; "),
+    ),
     # A prompt (prompt, prompt_name, input_type) with token-id input: token ids are taken as
     # given. One field's value against another's form, which only a conditional could state.
     (

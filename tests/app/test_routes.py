@@ -66,6 +66,8 @@ def test_metrics_label_of_each_path_is_its_surface() -> None:
         "/vllm/v1/embeddings": "embeddings",
         "/pooling": "embeddings",
         "/vllm/pooling": "embeddings",
+        "/v1/embed": "embeddings",
+        "/v2/embed": "embeddings",
         "/v1/rerank": "rerank",
         "/rerank": "rerank",
         "/v2/rerank": "rerank",

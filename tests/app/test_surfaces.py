@@ -88,6 +88,8 @@ def test_models_lists_plugins_with_distribution_and_version(server: Server) -> N
         "/vllm/v1/embeddings",
         "/pooling",
         "/vllm/pooling",
+        "/v1/embed",
+        "/v2/embed",
         "/v1/rerank",
         "/rerank",
         "/v2/rerank",

@@ -228,6 +228,16 @@ def head_card(head: HeadInfo) -> HeadCard:
     )
 
 
+def input_types(model: LoadedModel) -> list[str]:
+    """The roles (query, document) an embedder takes as `input_type`: those its family states,
+    else those its package has prompts for."""
+    view = model.info.embedding
+    if view is None:
+        return []
+    prompts = model.prompts()
+    return list(view.input_types or [t for t in ("query", "document") if t in prompts])
+
+
 def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     """What the card says of a loaded model, from its family's ModelInfo."""
     info = model.info
@@ -264,14 +274,13 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     facts["limits"] = limits
     if info.embedding is not None:
         view = info.embedding
-        prompts = model.prompts()
         facts["embedding"] = EmbeddingCard(
             dimensions=list(view.dimensions or [view.dimension]),
             layers=list(view.layers),
             modalities=list(view.modalities),
             normalized=view.normalized,
             pooling=view.pooling,
-            input_types=list(view.input_types or [t for t in ("query", "document") if t in prompts]),
+            input_types=input_types(model),
             dimension=view.dimension,
             similarity_fn_name=view.similarity_fn_name,
         )

@@ -617,6 +617,8 @@ EMBEDDINGS: Surface[EmbeddingsRequest] = Surface(
         Route("/vllm/v1/embeddings", f"{_APP}.root_embeddings:vllm_v1_embeddings"),
         Route("/pooling", f"{_APP}.vllm_classify:pooling"),
         Route("/vllm/pooling", f"{_APP}.vllm_classify:vllm_pooling"),
+        Route("/v1/embed", f"{_APP}.cohere_embed:cohere_embed_v1"),
+        Route("/v2/embed", f"{_APP}.cohere_embed:cohere_embed_v2"),
     ),
     bulk=True,
     counted_field="input",
