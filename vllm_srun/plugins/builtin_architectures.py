@@ -172,10 +172,12 @@ BUILTIN: tuple[Architecture, ...] = (
         model_types=("qwen3",),
         target=f"{_NATIVE}.qwen3:Qwen3",
         # Decoders served as encoders: Qwen3-Embedding (a bare Qwen3Model with last-token
-        # pooling) and one-label rerankers. Qwen3ForCausalLM is refused (see `refusal`).
+        # pooling), one-label rerankers, and causal LMs read as yes/no rerankers, which the
+        # family serves only as sentence-transformers LogitScore packages (`CONVERT` otherwise).
         classes={
             "Qwen3Model": ("model", None),
             "Qwen3ForSequenceClassification": ("sequence", "last_token_score"),
+            "Qwen3ForCausalLM": ("sequence", "logit_score"),
         },
         fast_paths=("dense",),  # rotary
         fixtures={

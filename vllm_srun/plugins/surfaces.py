@@ -219,7 +219,14 @@ class RerankDocument(msgspec.Struct, forbid_unknown_fields=True):
 
 class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     """`layer` and `dimensions` name the pair scorer's exit; a model here serves one exit (its
-    last layer, at its own dimension), so any other is a 400 naming the field."""
+    last layer, at its own dimension), so any other is a 400 naming the field.
+
+    `prompt_name` (one of the package's sentence-transformers prompts) or a raw `prompt`, at
+    most one of them, is the instruction a reranker that formats pairs with a chat template
+    renders (a LogitScore package, as `CrossEncoder.predict(prompt_name=...)`); without either
+    its `default_prompt_name` applies. Other models refuse them (422)."""
+
+    schema_at_most_one: ClassVar[tuple[str, ...]] = ("prompt", "prompt_name")
 
     query: str
     documents: Annotated[list[str | RerankDocument], msgspec.Meta(min_length=1)]
@@ -228,6 +235,8 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     return_documents: bool = False
     layer: Annotated[int, msgspec.Meta(ge=1)] | None = None
     dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    prompt_name: str | None = None
+    prompt: str | None = None
     options: RerankOptions = msgspec.field(default_factory=RerankOptions)
 
 

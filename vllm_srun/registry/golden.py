@@ -33,6 +33,8 @@ PROBE_REQUESTS: dict[str, dict[str, Any]] = {
     "rerank": {"query": "good service", "documents": ["The service was good.", "A terrible film."]},
     "decisions": SELF_CHECK_REQUEST,
 }
+# The classify probe of a head that takes pairs only.
+PAIR_PROBE = (("good service", "The service was good."), ("good service", "A terrible film."))
 DEFAULT_ATOL = 1e-3
 
 
@@ -160,6 +162,9 @@ def _determinism(model: LoadedModel, device_class: str) -> GoldenResult:
     if surface is None:
         return GoldenResult("unverified", f"no golden records for {device_class} and no probe request")
     request = PROBE_REQUESTS[surface]
+    if surface == "classify" and model.info.heads and model.info.heads[0].inputs == ["pair"]:
+        # A pair scorer that takes pairs only (a LogitScore reranker's chat template).
+        request = {"input": [{"text": t, "text_pair": p} for t, p in PAIR_PROBE]}
     if surface == "embeddings" and model.info.outputs:
         # The first kind the model gives, which is its default where its engine gives that (a
         # SPLADE package whose graph has no masked-LM logits gives tokens only).

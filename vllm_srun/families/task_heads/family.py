@@ -11,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads.heads import POOLED, SURFACES_OF, heads_for, surfaces_of
 from vllm_srun.families.task_heads.layout import Layout, kind_of, read_layout
+from vllm_srun.families.task_heads.logit_score import PairTemplate
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.families.task_heads.outputs import output_kinds
 from vllm_srun.families.task_heads.sentence import declared_layers, load_post_pooling
@@ -95,6 +98,8 @@ class TaskHeadsFamily(ModelFamily):
         if layout.kind not in ("embedding", "sparse") and not labels:
             raise PackageError(f"config.json of {package.name!r} names no labels (id2label/num_labels)")
         heads = heads_for(layout.kind, labels, layout.config.get("problem_type"))
+        if layout.logit_score is not None:  # its chat template formats (query, document) pairs only
+            heads = [msgspec.structs.replace(h, inputs=["pair"]) for h in heads]
         embedding = (
             _embedding_view(layout, engine_model, spec) if any(h.kind == POOLED for h in heads) else None
         )
@@ -135,6 +140,9 @@ class TaskHeadsFamily(ModelFamily):
             settings = package.read_json(layout.tokenizer_config) if layout.tokenizer_config else {}
             settings = settings if isinstance(settings, dict) else {}
             codec = pylate.codec(layout.colbert, encoder.tokenizer, settings, name=package.name)
+        template = (
+            None if layout.logit_score is None else PairTemplate(layout.logit_score, encoder.tokenizer, model=name)
+        )
         return TaskHeadsModel(
             info,
             engine_model,
@@ -149,6 +157,7 @@ class TaskHeadsFamily(ModelFamily):
             num_layers=int(layout.config.get("num_hidden_layers") or 0),
             outputs=kinds,
             colbert=codec,
+            pair_template=template,
         )
 
     def descriptor(self) -> dict[str, Any]:

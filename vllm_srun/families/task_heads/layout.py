@@ -14,13 +14,14 @@ from typing import Any
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads import colbert as pylate
+from vllm_srun.families.task_heads import logit_score
 from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
 from vllm_srun.families.task_heads.sparse_encoder import (
     SparseEncoderConfig,
     is_sparse_encoder,
     read_sparse_encoder,
 )
-from vllm_srun.plugins.architectures import refusal, served_kind, standard_config
+from vllm_srun.plugins.architectures import LOGIT_SCORE_IDS, refusal, served_kind, standard_config
 from vllm_srun.plugins.package import ONNX_PATHS, ModelPackage, checkpoint_max_tokens, usable_positions
 
 
@@ -44,6 +45,8 @@ class Layout:
     state_dicts: dict[str, str] = field(default_factory=dict)
     sparse_encoder: SparseEncoderConfig | None = None  # a sentence-transformers SPLADE package
     colbert: pylate.ColbertConfig | None = None  # a PyLate ColBERT package
+    # A causal LM scored by two logits, as a sentence-transformers LogitScore package.
+    logit_score: logit_score.LogitScoreConfig | None = None
 
     @property
     def pooling(self) -> str | None:
@@ -65,6 +68,8 @@ class Layout:
             names.extend(self.sparse_encoder.files)
         if self.colbert is not None:
             names.extend(self.colbert.config_files)
+        if self.logit_score is not None:
+            names.extend(n for n in self.logit_score.config_files if n not in names)
         return names
 
 
@@ -76,6 +81,8 @@ def kind_of(config: dict[str, Any], package: ModelPackage) -> str | None:
     if found is None:
         return None
     kind, arch = found
+    if logit_score.reads_logits(config) and not logit_score.is_logit_score(package):
+        return None  # a causal LM serves only as a LogitScore package (`why_not`)
     if kind == "model":
         # SPLADE: a *ForMaskedLM checkpoint alone (naver/splade-*'s first form) or with a
         # sentence-transformers SparseEncoder's modules, where the row reads its masked-LM head.
@@ -128,7 +135,13 @@ def read_layout(package: ModelPackage) -> Layout:
     )
     sentence = read_sentence_config(package) if kind == "embedding" and colbert is None else None
     sparse_encoder = read_sparse_encoder(package) if kind == "sparse" and package.exists("modules.json") else None
+    scorer = logit_score.read_logit_score(package, config) if logit_score.reads_logits(config) else None
+    if scorer is not None:
+        # One label, scored from the LM head's rows of the package's two tokens.
+        config = {**config, LOGIT_SCORE_IDS: scorer.token_ids, "num_labels": 1, "id2label": {"0": "LABEL_0"}}
     max_tokens = checkpoint_max_tokens(package, config, tokenizer_config)
+    if scorer is not None and scorer.max_seq_length is not None:
+        max_tokens = min(scorer.max_seq_length, usable_positions(config))
     if sentence is not None and sentence.max_seq_length is not None:
         # sentence-transformers truncates at max_seq_length: that is the model's limit, within
         # the positions the checkpoint has.
@@ -146,6 +159,7 @@ def read_layout(package: ModelPackage) -> Layout:
         state_dicts=state_dicts,
         sparse_encoder=sparse_encoder,
         colbert=colbert,
+        logit_score=scorer,
         config=config,
         architecture=config["architectures"][0],
         kind=kind,
@@ -161,6 +175,8 @@ def why_not(config: dict[str, Any], package: ModelPackage) -> str:
     """Why `kind_of` refused a config, in words a user can act on."""
     if served_kind(config, has_onnx=False) is None and not any(package.exists(p) for p in ONNX_PATHS):
         return refusal(config)
+    if logit_score.reads_logits(config):
+        return refusal(config)  # a causal LM without the LogitScore module
     if package.exists("modules.json") and is_sparse_encoder(package):
         return (
             f"it is a sparse encoder (SpladePooling) of {(config.get('architectures') or [None])[0]!r}; "

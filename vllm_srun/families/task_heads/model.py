@@ -19,6 +19,7 @@ from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads import finish, outputs
 from vllm_srun.families.task_heads.heads import POOLED, SCORES, SURFACES_OF, TOKEN, pool_tokens
+from vllm_srun.families.task_heads.logit_score import PairTemplate, refuse_prompt
 from vllm_srun.families.task_heads.outputs import OutputKinds
 from vllm_srun.families.task_heads.sentence import (
     PostPooling,
@@ -151,6 +152,7 @@ class TaskHeadsModel(LoadedModel):
         num_layers: int = 0,
         outputs: OutputKinds | None = None,
         colbert: pylate.Codec | None = None,
+        pair_template: PairTemplate | None = None,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -166,6 +168,7 @@ class TaskHeadsModel(LoadedModel):
         self.num_layers = num_layers  # encoder layers: the last is the exit every surface serves
         self.outputs = outputs or OutputKinds()
         self.colbert = colbert  # a PyLate ColBERT package's rows (colbert.py)
+        self.pair_template = pair_template  # a LogitScore package's pair format (logit_score.py)
 
     def tokenizer(self) -> Tokenizer:
         return self.encoder.tokenizer
@@ -318,6 +321,8 @@ class TaskHeadsModel(LoadedModel):
     def _plan_rerank(self, request: RerankRequest) -> Plan:
         head = self._head("rerank", request.options.head)
         self._check_exit(request)
+        if self.pair_template is None:
+            refuse_prompt(request, self.info.name)
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
             raise InvalidRequest("documents: must not be empty")
@@ -354,8 +359,10 @@ class TaskHeadsModel(LoadedModel):
         else:
             bound_chars([len(request.query)], self._policy(request.options), ["query"])
             params = [f"documents[{i}]" for i in range(len(documents))]
+            prompt = None if self.pair_template is None else self.pair_template.prompt_of(request)
             plan = self._plan(
-                "rerank", head, request.options, [(request.query, d) for d in documents], params
+                "rerank", head, request.options, [(request.query, d) for d in documents], params,
+                prompt=prompt,
             )
             for planned, document in zip(plan.state.inputs, documents, strict=True):
                 planned.text = document
@@ -512,16 +519,22 @@ class TaskHeadsModel(LoadedModel):
         *,
         output: str | None = None,
         policy: Overflow | None = None,
+        prompt: str | None = None,
     ) -> Plan:
         """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
-        fields; by default input[i])."""
+        fields; by default input[i]); `prompt` is a LogitScore reranker's (its default if None)."""
         params = params or [f"input[{i}]" for i in range(len(pairs))]
         texts = [text for text, _ in pairs]
-        encs = self._encode_bounded(pairs, options, params)
+        encs = self._encode_bounded(pairs, options, params, prompt=prompt)
         return self._plan_encoded(surface, head, options, texts, encs, output=output, policy=policy)
 
     def _encode_bounded(
-        self, pairs: Sequence[tuple[str, str | None]], options: Options, params: Sequence[str]
+        self,
+        pairs: Sequence[tuple[str, str | None]],
+        options: Options,
+        params: Sequence[str],
+        *,
+        prompt: str | None = None,
     ) -> list[Encoded]:
         """`pairs` tokenized within their character bound (windows.bound_chars): an input past it
         under `reject` is tokenized only up to it and marked clipped."""
@@ -530,7 +543,12 @@ class TaskHeadsModel(LoadedModel):
             (t, p) if clip is None else (t[:clip], None if p is None else p[:clip])
             for (t, p), clip in zip(pairs, clips, strict=True)
         ]
-        encs = self.encoder.encode(bounded)
+        if self.pair_template is not None:  # each pair rendered through the chat template
+            template = self.pair_template
+            chosen = template.default_prompt() if prompt is None else prompt
+            encs = template.encode(bounded, params, prompt=chosen, mode=self._policy(options).mode)
+        else:
+            encs = self.encoder.encode(bounded)
         return [
             enc if clip is None else dataclasses.replace(enc, clipped=True)
             for enc, clip in zip(encs, clips, strict=True)

@@ -1,0 +1,262 @@
+"""The yes/no-logit form of Qwen3-Reranker, served as sentence-transformers ships it.
+
+The packages are written by sentence-transformers itself (`write_logit_score_reranker`): a tiny
+random Qwen3ForCausalLM as a CrossEncoder of a Transformer (transformer_task "text-generation")
+and a LogitScore module, with a Qwen3-Reranker-style chat template and prompts. Over real HTTP,
+each score is compared with `CrossEncoder(path).predict(pairs)` on seeded random queries and
+documents: `logit` with predict(activation_fn=Identity) (logit[yes] - logit[no]), and
+`relevance_score` with predict() (its sigmoid), within 1e-4 (float32; the largest difference
+seen is printed by test_rerank_matches_cross_encoder_predict with -s).
+
+- `yes-no`: LM head tied to the input embeddings (as Qwen3-0.6B), true "yes" and false "no",
+  prompts without a default: scored without a prompt, with `prompt_name`, with a raw `prompt`.
+- `yes-only`: an untied lm_head, the "yes" logit alone, a default_prompt_name: the default
+  applies unless the request names another prompt (or "" for none).
+- An over-long pair truncated as sentence-transformers truncates it (the template's tail kept);
+  windows refused; /v1/classify scores pairs too, and refuses a text without its pair.
+- Refused with the reason: a bare Qwen3ForCausalLM (how to convert it, and that the LogitScore
+  form serves), a template that reads the clock, one that drops the document, more modules.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from families.task_heads.harness import random_texts
+from helpers import Server
+
+from vllm_srun.testing.task_heads_fixtures import write_fixture, write_logit_score_reranker
+
+pytestmark = pytest.mark.torch
+
+PROMPTS = {
+    "query": "given a web search query find the document that answers it",
+    "city": "which city is the document about",
+}
+ATOL = 1e-4
+MEASURED: list[float] = []
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("logit-score")
+    yes_no = write_logit_score_reranker(root / "yes-no", prompts=PROMPTS)
+    yes_only = write_logit_score_reranker(
+        root / "yes-only", tied=False, false_token=None, prompts=PROMPTS, default_prompt_name="query"
+    )
+    plain = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
+    return {"yes-no": yes_no, "yes-only": yes_only, "qwen3-reranker": plain}
+
+
+@pytest.fixture(scope="module")
+def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
+    args: list[str] = [str(path) for path in packages.values()]
+    for name in packages:
+        args += ["--served-model-name", name]
+    return module_server(*args, "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def cross_encoders(packages: dict[str, Path]) -> dict[str, Any]:
+    from sentence_transformers import CrossEncoder
+
+    return {name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only")}
+
+
+def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, sigmoid scores) as CrossEncoder.predict gives them."""
+    import torch
+
+    logits = model.predict(pairs, activation_fn=torch.nn.Identity(), **kwargs)
+    scores = model.predict(pairs, **kwargs)
+    return np.asarray(logits, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+
+
+def _rerank(server: Server, model: str, query: str, documents: list[str], **extra: Any) -> tuple[np.ndarray, np.ndarray]:
+    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents, **extra})
+    assert response.status_code == 200, response.text
+    results = {r["index"]: r for r in response.json()["results"]}
+    logits = np.array([results[i]["logit"] for i in range(len(documents))])
+    scores = np.array([results[i]["relevance_score"] for i in range(len(documents))])
+    return logits, scores
+
+
+def _assert_matches(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
+    MEASURED.append(float(np.max(np.abs(got[0] - want[0]))))
+    np.testing.assert_allclose(got[0], want[0], atol=ATOL, rtol=0)
+    np.testing.assert_allclose(got[1], want[1], atol=ATOL, rtol=0)
+
+
+def test_the_fixture_is_the_form_sentence_transformers_saves(packages: dict[str, Path]) -> None:
+    from safetensors import safe_open
+
+    path = packages["yes-no"]
+    modules = json.loads((path / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "LogitScore"]
+    assert json.loads((path / "sentence_bert_config.json").read_text())["transformer_task"] == "text-generation"
+    assert (path / "chat_template.jinja").exists()
+    assert json.loads((path / "config_sentence_transformers.json").read_text())["prompts"] == PROMPTS
+    head = json.loads((path / "1_LogitScore" / "config.json").read_text())
+    assert head["false_token_id"] is not None and head["true_token_id"] != head["false_token_id"]
+    for name, tied in (("yes-no", True), ("yes-only", False)):
+        config = json.loads((packages[name] / "config.json").read_text())
+        assert (config["architectures"], config["tie_word_embeddings"]) == (["Qwen3ForCausalLM"], tied)
+        with safe_open(str(packages[name] / "model.safetensors"), framework="np") as f:
+            assert ("lm_head.weight" in f.keys()) is not tied
+    assert json.loads((packages["yes-only"] / "1_LogitScore" / "config.json").read_text())["false_token_id"] is None
+
+
+@pytest.mark.parametrize("prompt", [None, "query", "raw"])
+def test_rerank_matches_cross_encoder_predict(server: Server, cross_encoders: dict[str, Any], prompt: str | None) -> None:
+    seed = {None: 1, "query": 2, "raw": 3}[prompt]
+    query = random_texts(seed=seed, count=1, max_words=10)[0]
+    documents = random_texts(seed=seed + 10, count=12, max_words=40)
+    pairs = [(query, d) for d in documents]
+    raw = "tell me if " + random_texts(seed=seed + 20, count=1, max_words=6)[0]
+    extra = {None: {}, "query": {"prompt_name": "query"}, "raw": {"prompt": raw}}[prompt]
+    reference = {None: {}, "query": {"prompt_name": "query"}, "raw": {"prompt": raw}}[prompt]
+    got = _rerank(server, "yes-no", query, documents, **extra)
+    want = _predict(cross_encoders["yes-no"], pairs, **reference)
+    _assert_matches(got, want)
+    if prompt is not None:
+        # The instruction changes the scores: a server that dropped it would not pass above.
+        plain = _predict(cross_encoders["yes-no"], pairs)
+        assert np.max(np.abs(plain[0] - want[0])) > 1e-3
+    print(f"largest |logit - CrossEncoder.predict| so far: {max(MEASURED):.2e} over {len(MEASURED)} runs")
+
+
+def test_the_default_prompt_applies_and_the_true_logit_alone_scores(
+    server: Server, cross_encoders: dict[str, Any]
+) -> None:
+    query = random_texts(seed=31, count=1, max_words=8)[0]
+    documents = random_texts(seed=32, count=8, max_words=30)
+    pairs = [(query, d) for d in documents]
+    model = cross_encoders["yes-only"]
+    _assert_matches(_rerank(server, "yes-only", query, documents), _predict(model, pairs))
+    _assert_matches(_rerank(server, "yes-only", query, documents, prompt=""), _predict(model, pairs, prompt=""))
+    _assert_matches(
+        _rerank(server, "yes-only", query, documents, prompt_name="city"), _predict(model, pairs, prompt_name="city")
+    )
+
+
+def test_an_overlong_pair_is_truncated_as_sentence_transformers_truncates_it(
+    server: Server, cross_encoders: dict[str, Any]
+) -> None:
+    query = random_texts(seed=41, count=1, max_words=8)[0]
+    documents = [" ".join(random_texts(seed=42, count=30, max_words=20)), *random_texts(seed=43, count=3, max_words=20)]
+    model = cross_encoders["yes-no"]
+    assert len(model[0].preprocess([(query, documents[0])])["input_ids"][0]) == model.max_seq_length  # cut
+    want = _predict(model, [(query, d) for d in documents])
+    got = _rerank(server, "yes-no", query, documents, options={"overflow": "truncate"})
+    _assert_matches(got, want)
+    response = server.post("/v1/rerank", {"model": "yes-no", "query": query, "documents": documents})
+    assert response.status_code == 200, response.text
+    first = next(r for r in response.json()["results"] if r["index"] == 0)
+    assert first["error"] == "max_length_exceeded"  # reject, the default, names it
+
+
+def test_windows_are_refused(server: Server) -> None:
+    response = server.post(
+        "/v1/rerank", {"model": "yes-no", "query": "a query", "documents": ["a document"], "options": {"overflow": "window"}}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "options.overflow"
+
+
+def test_classify_scores_pairs_and_refuses_a_text_alone(server: Server, cross_encoders: dict[str, Any]) -> None:
+    query = random_texts(seed=51, count=1, max_words=8)[0]
+    documents = random_texts(seed=52, count=4, max_words=20)
+    response = server.post(
+        "/v1/classify", {"model": "yes-no", "input": [{"text": query, "text_pair": d} for d in documents]}
+    )
+    assert response.status_code == 200, response.text
+    got = [result["score"] for result in sorted(response.json()["results"], key=lambda r: r["index"])]
+    _, want = _predict(cross_encoders["yes-no"], [(query, d) for d in documents])
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, atol=ATOL, rtol=0)
+    response = server.post("/v1/classify", {"model": "yes-no", "input": ["a text without its pair"]})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["param"] == "input[0].text_pair"
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "status", "param"),
+    [
+        ("yes-no", {"prompt_name": "nope"}, 422, "prompt_name"),
+        ("yes-no", {"prompt_name": "query", "prompt": "x"}, 400, "prompt_name"),
+        ("qwen3-reranker", {"prompt": "x"}, 422, "prompt"),
+    ],
+)
+def test_prompt_refusals_name_the_field(server: Server, model: str, extra: dict[str, str], status: int, param: str) -> None:
+    response = server.post("/v1/rerank", {"model": model, "query": "q", "documents": ["d"], **extra})
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def _refusal(path: Path) -> str:
+    from vllm_srun.errors import ConfigError, PackageError
+    from vllm_srun.families.task_heads.family import TaskHeadsFamily
+    from vllm_srun.plugins.discovery import load_plugins
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.registry.loader import detect_family
+
+    package = ModelPackage(path)
+    with pytest.raises((ConfigError, PackageError)) as caught:
+        family = detect_family(load_plugins(), package)
+        assert isinstance(family, TaskHeadsFamily)
+        verification = family.verify(package)
+        family.load(package, family.describe(package), None, name=path.name, verification=verification, numerics="float32")
+    return str(caught.value)
+
+
+def _variant(packages: dict[str, Path], tmp_path: Path, edit: Callable[[Path], None]) -> Path:
+    path = Path(shutil.copytree(packages["yes-no"], tmp_path / "variant"))
+    edit(path)
+    return path
+
+
+def test_a_bare_causal_lm_is_refused_with_how_to_convert_it(packages: dict[str, Path], tmp_path: Path) -> None:
+    message = _refusal(_variant(packages, tmp_path, lambda p: (p / "modules.json").unlink()))
+    assert "Qwen3ForCausalLM" in message
+    assert "one-label Qwen3ForSequenceClassification" in message and "lm_head.weight" in message
+    assert "LogitScore" in message  # and that the sentence-transformers form serves as shipped
+
+
+def _template_edit(old: str, new: str) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        template = path / "chat_template.jinja"
+        text = template.read_text()
+        assert old in text
+        template.write_text(text.replace(old, new))
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (_template_edit("<|im_start|>user", '<|im_start|>user {{ strftime_now("%Y") }}'), "strftime_now"),
+        (_template_edit('{{ (messages | selectattr("role", "eq", "document") | first).content }}', "x"), "document"),
+        (_template_edit("<|im_start|>user", "{{ messages.__class__.__mro__ }}"), "sandbox"),
+    ],
+    ids=["reads-the-clock", "drops-the-document", "escapes-the-sandbox"],
+)
+def test_a_template_the_sandbox_cannot_serve_is_refused(
+    packages: dict[str, Path], tmp_path: Path, edit: Callable[[Path], None], named: str
+) -> None:
+    assert named in _refusal(_variant(packages, tmp_path, edit))
+
+
+def test_other_modules_are_refused(packages: dict[str, Path], tmp_path: Path) -> None:
+    def add_module(path: Path) -> None:
+        modules = json.loads((path / "modules.json").read_text())
+        modules.append({"idx": 2, "name": "2", "path": "", "type": "sentence_transformers.base.modules.Normalize"})
+        (path / "modules.json").write_text(json.dumps(modules))
+
+    message = _refusal(_variant(packages, tmp_path, add_module))
+    assert "modules.json" in message and "Normalize" in message
