@@ -260,3 +260,23 @@ def test_other_modules_are_refused(packages: dict[str, Path], tmp_path: Path) ->
 
     message = _refusal(_variant(packages, tmp_path, add_module))
     assert "modules.json" in message and "Normalize" in message
+
+
+def test_vllm_score_gives_the_same_scores(server: Server, cross_encoders: dict[str, Any]) -> None:
+    """An adapter onto the same surface: vLLM's /v1/score answers predict()'s sigmoid, and its
+    logit with use_activation false."""
+    query = random_texts(seed=61, count=1, max_words=8)[0]
+    documents = random_texts(seed=62, count=5, max_words=20)
+    want = _predict(cross_encoders["yes-no"], [(query, d) for d in documents])
+    for use_activation, expected in ((True, want[1]), (False, want[0])):
+        body = {"model": "yes-no", "text_1": query, "text_2": documents, "use_activation": use_activation}
+        response = server.post("/v1/score", body)
+        assert response.status_code == 200, response.text
+        got = [d["score"] for d in sorted(response.json()["data"], key=lambda d: d["index"])]
+        np.testing.assert_allclose(np.asarray(got, dtype=np.float64), expected, atol=ATOL, rtol=0)
+
+
+def test_the_card_says_the_head_takes_pairs(server: Server) -> None:
+    cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
+    assert "rerank" in cards["yes-no"]["surfaces"]
+    assert [head["inputs"] for head in cards["yes-no"]["heads"]] == [["pair"]]  # never a text alone
