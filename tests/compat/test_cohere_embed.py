@@ -84,6 +84,10 @@ def test_truncate_is_cohere_s(v1: cohere.Client, v2: cohere.ClientV2, server: Se
     long = " ".join(["fox"] * 300)  # past the fixture's 128 tokens
     end = v2.embed(texts=[long], model=MODEL, input_type="clustering")  # END, Cohere's default
     assert end.embeddings.float_ == ours(server, [long], options={"overflow": "truncate"})
+    # null is the default, as Cohere's clients send an unset truncate (langchain-cohere does).
+    body = {"texts": [long], "model": MODEL, "truncate": None, "input_type": None, "embedding_types": None}
+    null = httpx.post(f"{server.url}/v1/embed", json=body, timeout=30)
+    assert null.status_code == 200 and null.json()["embeddings"] == end.embeddings.float_, null.text
     start = v2.embed(texts=[long, "a"], model=MODEL, input_type="clustering", truncate="START")
     left = {"overflow": "truncate", "truncation_direction": "left"}
     assert start.embeddings.float_ == ours(server, [long, "a"], options=left)

@@ -12,8 +12,8 @@ for the same texts.
   `/v1/models` lists them in `input_types`), `classification` and `clustering` a prompt of that
   name if the package has one. Without one the text is embedded as it is: Cohere's input types
   are hints its own models read, and a model here without prompts reads none.
-- `truncate` is Cohere's: `END` (the default) keeps a text's first tokens, `START` its last,
-  `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
+- `truncate` is Cohere's: `END` (the default, also for null) keeps a text's first tokens,
+  `START` its last, `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
 - Only `float` embeddings are served: Cohere's int8, uint8, binary and base64 types come from
   its own quantisation, which it does not specify.
 - v1 answers `embeddings_floats` (a list of vectors) unless `embedding_types` is given, then
@@ -64,7 +64,7 @@ class CohereEmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
     model: str | None = None
     input_type: InputType | None = None
     embedding_types: Annotated[list[Literal["float"]], msgspec.Meta(min_length=1)] | None = None
-    truncate: Truncate = "END"
+    truncate: Truncate | None = None  # null as absent: END (langchain-cohere sends null)
 
 
 class CohereEmbedV2Request(CohereEmbedRequest, forbid_unknown_fields=True):
