@@ -16,6 +16,7 @@ set (the legacy run), the wrong versions are an error, so that run cannot pass b
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -197,6 +198,15 @@ def reranker(start_server: Callable[..., Server], tmp_path_factory: pytest.TempP
     """The one-label bert-reranker fixture, as `reranker` and Cohere's `rerank-v3.5`."""
     package = write_fixture(tmp_path_factory.mktemp("reranker") / "reranker", "bert-reranker")
     return start_server(str(package), "--served-model-name", "reranker", "rerank-v3.5")
+
+
+@pytest.fixture(scope="session")
+def embedder(start_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
+    """The bert-embedding fixture with query and document prompts, so Cohere's input_type counts."""
+    package = write_fixture(tmp_path_factory.mktemp("embedder") / "embed", "bert-embedding")
+    prompts = {"query": "query: ", "document": "passage: "}
+    (package / "config_sentence_transformers.json").write_text(json.dumps({"prompts": prompts}))
+    return start_server(str(package), "--served-model-name", "embedder", "embed-english-v3.0")
 
 
 @pytest.fixture(scope="session")

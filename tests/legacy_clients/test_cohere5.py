@@ -1,9 +1,11 @@
-"""cohere 5's clients at the server's root, as tests/compat/test_cohere.py checks cohere 7.
+"""cohere 5's clients at the server's root, as tests/compat/test_cohere.py and
+test_cohere_embed.py check cohere 7.
 
-`Client` (Cohere's v1 API) posts rerank to `/v1/rerank`, this server's own route; `ClientV2`
-posts `/v2/rerank`, the Cohere adapter. The reranker is the tiny random-weight bert-reranker
-fixture, so each score is compared with /v1/rerank's for the same query and text, fetched by
-plain HTTP: the same float, exactly (both are the one cached result, through JSON).
+`Client` (Cohere's v1 API) posts rerank to `/v1/rerank`, this server's own route, and embed to
+`/v1/embed`; `ClientV2` posts `/v2/rerank` and `/v2/embed`, the Cohere adapters. The models are
+tiny random-weight fixtures (a bert-reranker; a bert-embedding with query and document
+prompts), so each score is compared with /v1/rerank's and each vector with /v1/embeddings' for
+the same text, fetched by plain HTTP: the same floats, exactly (one result through JSON).
 """
 
 from __future__ import annotations
@@ -76,3 +78,39 @@ def test_bad_input_raises_the_clients_errors(reranker: Server) -> None:
             client.rerank(model=MODEL, query=QUERY, documents=[])
         with pytest.raises(cohere.NotFoundError):
             client.rerank(model="rerank-english-v2.0", query=QUERY, documents=DOCUMENTS)
+
+
+def vectors(server: Server, texts: list[str], **extra: object) -> list[list[float]]:
+    """/v1/embeddings' vector of each text."""
+    body = server.post("/v1/embeddings", {"model": "embedder", "input": texts, **extra})
+    return [item["embedding"] for item in body["data"]]
+
+
+def test_v1_client_embed_is_v1_embeddings(embedder: Server) -> None:
+    client = cohere.Client(base_url=embedder.url, api_key="x", timeout=30)
+    answer = client.embed(texts=DOCUMENTS, model="embedder")
+    assert answer.response_type == "embeddings_floats" and answer.embeddings == vectors(embedder, DOCUMENTS)
+    query = client.embed(texts=DOCUMENTS, model="embed-english-v3.0", input_type="search_query")
+    assert query.embeddings == vectors(embedder, DOCUMENTS, input_type="query") != answer.embeddings
+    by_type = client.embed(texts=DOCUMENTS, model="embedder", embedding_types=["float"])
+    assert by_type.response_type == "embeddings_by_type" and by_type.embeddings.float_ == answer.embeddings
+
+
+def test_v2_client_embed_is_v1_embeddings(embedder: Server) -> None:
+    client = cohere.ClientV2(base_url=embedder.url, api_key="x", timeout=30)
+    documents = client.embed(texts=DOCUMENTS, model="embedder", input_type="search_document")
+    assert documents.embeddings.float_ == vectors(embedder, DOCUMENTS, input_type="document")
+    short = client.embed(
+        texts=DOCUMENTS,
+        model="embedder",
+        input_type="clustering",
+        embedding_types=["float"],
+        output_dimension=8,
+    )
+    assert short.embeddings.float_ == vectors(embedder, DOCUMENTS, dimensions=8)
+    long = " ".join(["fox"] * 300)  # past the fixture's 128 tokens
+    with pytest.raises(cohere.BadRequestError):
+        client.embed(texts=[long], model="embedder", input_type="clustering", truncate="NONE")
+    kept = client.embed(texts=[long], model="embedder", input_type="clustering", truncate="START")
+    left = {"overflow": "truncate", "truncation_direction": "left"}
+    assert kept.embeddings.float_ == vectors(embedder, [long], options=left)
