@@ -190,6 +190,8 @@ def test_classify_scores_pairs_and_refuses_a_text_alone(server: Server, cross_en
         ("yes-no", {"prompt_name": "nope"}, 422, "prompt_name"),
         ("yes-no", {"prompt_name": "query", "prompt": "x"}, 400, "prompt_name"),
         ("qwen3-reranker", {"prompt": "x"}, 422, "prompt"),
+        # Rendered into every pair: bounded in characters before any is tokenized.
+        ("yes-no", {"prompt": "yes " * 2000}, 413, "prompt"),
     ],
 )
 def test_prompt_refusals_name_the_field(server: Server, model: str, extra: dict[str, str], status: int, param: str) -> None:

@@ -31,9 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_srun.errors import InvalidRequest, PackageError
+from vllm_srun.errors import InvalidRequest, PackageError, RequestTooLarge
 from vllm_srun.families.task_heads.sentence import MODULES, SENTENCE_BERT_CONFIG, ST_CONFIG
 from vllm_srun.families.task_heads.tokenize import SPECIAL, Encoded, _encoded
+from vllm_srun.families.task_heads.windows import Overflow, max_chars
 from vllm_srun.plugins.architectures import declared
 from vllm_srun.plugins.bodies import UnsupportedOption
 
@@ -331,12 +332,20 @@ class PairTemplate:
         return self._tails[prompt]
 
     def encode(
-        self, pairs: Sequence[tuple[str, str | None]], params: Sequence[str], *, prompt: str, mode: str
+        self, pairs: Sequence[tuple[str, str | None]], params: Sequence[str], *, prompt: str, policy: Overflow
     ) -> list[Encoded]:
         """Each pair rendered and tokenized; the template's tail positions are marked special,
         so truncation keeps them as sentence-transformers restores them. Windows are refused (a
-        window of the rendered text is no pair), and so is a text without its pair."""
-        if mode == "window":
+        window of the rendered text is no pair), and so is a text without its pair; a prompt
+        longer than any input may be (windows.max_chars) is a RequestTooLarge naming it, before
+        it is rendered into every pair."""
+        if len(prompt) > max_chars(policy):
+            raise RequestTooLarge(
+                f"prompt: {len(prompt)} characters; at most {max_chars(policy)} are read for a budget "
+                f"of {policy.max_tokens} tokens",
+                param="prompt",
+            )
+        if policy.mode == "window":
             raise UnsupportedOption(
                 f"options.overflow: 'window' is not served for model {self.model!r}, which scores "
                 "a pair by its chat template's last token; use 'truncate' or 'reject'",

@@ -538,15 +538,16 @@ class TaskHeadsModel(LoadedModel):
     ) -> list[Encoded]:
         """`pairs` tokenized within their character bound (windows.bound_chars): an input past it
         under `reject` is tokenized only up to it and marked clipped."""
-        clips = bound_chars([len(t) + len(p or "") for t, p in pairs], self._policy(options), params)
+        template, policy = self.pair_template, self._policy(options)
+        # A LogitScore reranker renders its prompt into every pair: it counts in each bound.
+        chosen = "" if template is None else template.default_prompt() if prompt is None else prompt
+        clips = bound_chars([len(t) + len(p or "") + len(chosen) for t, p in pairs], policy, params)
         bounded = [
             (t, p) if clip is None else (t[:clip], None if p is None else p[:clip])
             for (t, p), clip in zip(pairs, clips, strict=True)
         ]
-        if self.pair_template is not None:  # each pair rendered through the chat template
-            template = self.pair_template
-            chosen = template.default_prompt() if prompt is None else prompt
-            encs = template.encode(bounded, params, prompt=chosen, mode=self._policy(options).mode)
+        if template is not None:  # each pair rendered through the chat template
+            encs = template.encode(bounded, params, prompt=chosen, policy=policy)
         else:
             encs = self.encoder.encode(bounded)
         return [
