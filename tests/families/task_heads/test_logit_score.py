@@ -6,7 +6,7 @@ and a LogitScore module, with a Qwen3-Reranker-style chat template and prompts. 
 each score is compared with `CrossEncoder(path).predict(pairs)` on seeded random queries and
 documents: `logit` with predict(activation_fn=Identity) (logit[yes] - logit[no]), and
 `relevance_score` with predict() (its sigmoid), within 1e-4 (float32; the largest difference
-seen is printed by test_rerank_matches_cross_encoder_predict with -s).
+seen is printed at the module's end with -s).
 
 - `yes-no`: LM head tied to the input embeddings (as Qwen3-0.6B), true "yes" and false "no",
   prompts without a default: scored without a prompt, with `prompt_name`, with a raw `prompt`.
@@ -69,6 +69,14 @@ def cross_encoders(packages: dict[str, Path]) -> dict[str, Any]:
     return {name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only")}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def report() -> Any:
+    """With -s, the largest difference from CrossEncoder.predict seen in the module."""
+    yield
+    if MEASURED:
+        print(f"\nlargest |logit - CrossEncoder.predict| {max(MEASURED):.2e} over {len(MEASURED)} comparisons")
+
+
 def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
     """(logits, sigmoid scores) as CrossEncoder.predict gives them."""
     import torch
@@ -128,7 +136,6 @@ def test_rerank_matches_cross_encoder_predict(server: Server, cross_encoders: di
         # The instruction changes the scores: a server that dropped it would not pass above.
         plain = _predict(cross_encoders["yes-no"], pairs)
         assert np.max(np.abs(plain[0] - want[0])) > 1e-3
-    print(f"largest |logit - CrossEncoder.predict| so far: {max(MEASURED):.2e} over {len(MEASURED)} runs")
 
 
 def test_the_default_prompt_applies_and_the_true_logit_alone_scores(
