@@ -7,8 +7,9 @@
   on seeded random texts over the fixture vocabulary, with and without the prompt.
 - `qwen3-reranker`: a one-label Qwen3ForSequenceClassification scoring (query, document) pairs
   as its tokenizer pairs them; logits within 1e-4 of Transformers' (right-padded batch).
-- Windows under last-token pooling are refused with the reason; a Qwen3ForCausalLM (the
-  yes/no-logit Qwen3-Reranker) is refused with how to convert it.
+- Windows under last-token pooling are refused with the reason; a bare Qwen3ForCausalLM (the
+  yes/no-logit Qwen3-Reranker without sentence-transformers' LogitScore module) is refused with
+  how to convert it (the LogitScore form serves: test_logit_score.py).
 """
 
 from __future__ import annotations

@@ -289,3 +289,26 @@ def test_the_card_says_the_head_takes_pairs(server: Server) -> None:
     cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
     assert "rerank" in cards["yes-no"]["surfaces"]
     assert [head["inputs"] for head in cards["yes-no"]["heads"]] == [["pair"]]  # never a text alone
+
+
+def test_the_score_head_is_built_from_the_lm_head_rows(packages: dict[str, Path], th: Any, tmp_path: Path) -> None:
+    """On the native engine: the tied package's score row is embed_tokens[yes] - embed_tokens[no];
+    an untied package without its lm_head is refused naming the tensor it needed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm_srun.errors import PackageError
+
+    model = th.load_path(packages["yes-no"], "native", name="tied")
+    module = model.engine_model.module
+    head = json.loads((packages["yes-no"] / "1_LogitScore" / "config.json").read_text())
+    embed = load_file(str(packages["yes-no"] / "model.safetensors"))["model.embed_tokens.weight"]
+    want = embed[head["true_token_id"]] - embed[head["false_token_id"]]
+    torch.testing.assert_close(module.score.weight[0], want, atol=0, rtol=0)
+
+    untied = Path(shutil.copytree(packages["yes-only"], tmp_path / "untied"))
+    tensors = load_file(str(untied / "model.safetensors"))
+    del tensors["lm_head.weight"]
+    save_file(tensors, str(untied / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(PackageError, match="lm_head.weight"):
+        th.load_path(untied, "native", name="untied")
