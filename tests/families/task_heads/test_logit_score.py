@@ -12,6 +12,8 @@ seen is printed at the module's end with -s).
   prompts without a default: scored without a prompt, with `prompt_name`, with a raw `prompt`.
 - `yes-only`: an untied lm_head, the "yes" logit alone, a default_prompt_name: the default
   applies unless the request names another prompt (or "" for none).
+- `structured`: a template that reads typed message parts, no format saved: inferred as
+  sentence-transformers infers it.
 - An over-long pair truncated as sentence-transformers truncates it (the template's tail kept);
   windows refused; /v1/classify scores pairs too, and refuses a text without its pair.
 - Refused with the reason: a bare Qwen3ForCausalLM (how to convert it, and that the LogitScore
@@ -51,7 +53,21 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         root / "yes-only", tied=False, false_token=None, prompts=PROMPTS, default_prompt_name="query"
     )
     plain = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
-    return {"yes-no": yes_no, "yes-only": yes_only, "qwen3-reranker": plain}
+    return {"yes-no": yes_no, "yes-only": yes_only, "structured": _structured(yes_no, root), "qwen3-reranker": plain}
+
+
+def _structured(source: Path, root: Path) -> Path:
+    """`source` with a template that reads each message's content as typed parts and no message
+    format saved: sentence-transformers infers "structured" from the template, as must we."""
+    path = Path(shutil.copytree(source, root / "structured"))
+    template = (path / "chat_template.jinja").read_text()
+    assert template.count(".content }}") == 2 and "message.content %}" in template
+    template = template.replace(".content }}", ".content[0].text }}")
+    (path / "chat_template.jinja").write_text(template.replace("message.content %}", "message.content[0].text %}"))
+    settings = json.loads((path / "sentence_bert_config.json").read_text())
+    del settings["modality_config"]["message"]["format"]
+    (path / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +82,7 @@ def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> S
 def cross_encoders(packages: dict[str, Path]) -> dict[str, Any]:
     from sentence_transformers import CrossEncoder
 
-    return {name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only")}
+    return {name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only", "structured")}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -149,6 +165,19 @@ def test_the_default_prompt_applies_and_the_true_logit_alone_scores(
     _assert_matches(_rerank(server, "yes-only", query, documents, prompt=""), _predict(model, pairs, prompt=""))
     _assert_matches(
         _rerank(server, "yes-only", query, documents, prompt_name="city"), _predict(model, pairs, prompt_name="city")
+    )
+
+
+def test_typed_message_parts_when_the_template_reads_them(server: Server, cross_encoders: dict[str, Any]) -> None:
+    model = cross_encoders["structured"]
+    assert model[0].input_formatter.message_format == "structured"  # inferred from the template
+    query = random_texts(seed=71, count=1, max_words=8)[0]
+    documents = random_texts(seed=72, count=6, max_words=30)
+    pairs = [(query, d) for d in documents]
+    _assert_matches(_rerank(server, "structured", query, documents), _predict(model, pairs))
+    _assert_matches(
+        _rerank(server, "structured", query, documents, prompt_name="city"),
+        _predict(model, pairs, prompt_name="city"),
     )
 
 
