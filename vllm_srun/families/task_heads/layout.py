@@ -126,6 +126,10 @@ def read_layout(package: ModelPackage) -> Layout:
     if not package.exists("tokenizer.json"):
         raise PackageError(f"{package.name!r} has no tokenizer.json (a fast tokenizer is required)")
     onnx = next((p for p in ONNX_PATHS if package.exists(p)), None)
+    if logit_score.reads_logits(config):
+        # A causal LM's graph answers vocabulary logits, not the score: only the native engine,
+        # which builds the score from the weights, serves it.
+        onnx = None
     weights = _weight_files(package, has_onnx=onnx is not None)
     tokenizer_config = "tokenizer_config.json" if package.exists("tokenizer_config.json") else None
     colbert = (
