@@ -33,6 +33,7 @@ import pytest
 from families.task_heads.harness import random_texts
 from helpers import Server
 
+from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.testing.task_heads_fixtures import write_fixture, write_logit_score_reranker
 
 pytestmark = pytest.mark.torch
@@ -341,3 +342,25 @@ def test_the_score_head_is_built_from_the_lm_head_rows(packages: dict[str, Path]
     save_file(tensors, str(untied / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(PackageError, match=r"lm_head\.weight"):
         th.load_path(untied, "native", name="untied")
+
+
+def test_a_template_that_refuses_one_input_is_the_models_422(packages: dict[str, Path], tmp_path: Path) -> None:
+    """A template's raise_exception, reached only by some contents, refuses that document (the
+    load-time probes do not reach it), naming it: never a 500."""
+    from vllm_srun.families.task_heads.family import TaskHeadsFamily
+    from vllm_srun.plugins.package import ModelPackage
+    from vllm_srun.plugins.surfaces import RerankRequest
+
+    guard = (
+        '{% if "terrible" in (messages | selectattr("role", "eq", "document") | first).content %}'
+        '{{ raise_exception("no terrible documents") }}{% endif %}<|im_start|>user'
+    )
+    path = _variant(packages, tmp_path, _template_edit("<|im_start|>user", guard))
+    family, package = TaskHeadsFamily(), ModelPackage(path)
+    model = family.load(
+        package, family.describe(package), None, name="guarded", verification=family.verify(package), numerics="float32"
+    )
+    model.plan_surface("rerank", RerankRequest(query="a query", documents=["a good film"]))
+    with pytest.raises(UnsupportedOption) as caught:
+        model.plan_surface("rerank", RerankRequest(query="a query", documents=["a good film", "a terrible film"]))
+    assert caught.value.param == "documents[1]" and "no terrible documents" in str(caught.value)

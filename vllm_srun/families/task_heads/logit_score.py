@@ -55,6 +55,7 @@ SPECIAL_TOKEN_NAMES = (
 # template's tail: the common end of the renders is template, never content.
 ROLES = ("query", "document")
 _TAIL_FILLERS = ("0", "1 2 3 4")
+_TAILS_KEPT = 64  # the tails of this many prompts are kept (one render pair each to find again)
 # Pairs whose renders must differ in the query and in the document: a template that drops a
 # role would score a text without it (sentence-transformers refuses such a template too).
 _ROLE_PROBES = (("alpha", "bravo"), ("charlie", "bravo"), ("alpha", "foxtrot"))
@@ -322,14 +323,27 @@ class PairTemplate:
         if not self.config.restore_tail:
             return []
         if prompt not in self._tails:
-            first, second = self._ids([self.render(f, f, prompt) for f in _TAIL_FILLERS])
+            first, second = self._ids([self._render(f, f, prompt, "prompt") for f in _TAIL_FILLERS])
             count = 0
             for left, right in zip(reversed(first), reversed(second), strict=False):
                 if left != right:
                     break
                 count += 1
+            if len(self._tails) >= _TAILS_KEPT:  # raw prompts are the clients': keep a bounded few
+                self._tails.pop(next(iter(self._tails)))
             self._tails[prompt] = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
         return self._tails[prompt]
+
+    def _render(self, query: str, document: str, prompt: str, param: str) -> str:
+        """`render`, with a template's refusal of one input (its raise_exception, or an error
+        only some contents reach) answered as the model's refusal naming `param` (422)."""
+        try:
+            return self.render(query, document, prompt)
+        except Exception as exc:  # whatever the template raises
+            raise UnsupportedOption(
+                f"{param}: the chat template of model {self.model!r} cannot render it: {type(exc).__name__}: {exc}",
+                param=param,
+            ) from exc
 
     def encode(
         self, pairs: Sequence[tuple[str, str | None]], params: Sequence[str], *, prompt: str, policy: Overflow
@@ -359,7 +373,7 @@ class PairTemplate:
                     "template; give each input a text_pair",
                     param=field,
                 )
-        texts = [self.render(query, pair or "", prompt) for query, pair in pairs]
+        texts = [self._render(query, pair or "", prompt, param) for (query, pair), param in zip(pairs, params, strict=True)]
         tail = self.tail(prompt)
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         out: list[Encoded] = []
