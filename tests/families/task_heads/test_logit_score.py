@@ -54,7 +54,12 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         root / "yes-only", tied=False, false_token=None, prompts=PROMPTS, default_prompt_name="query"
     )
     plain = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
-    return {"yes-no": yes_no, "yes-only": yes_only, "structured": _structured(yes_no, root), "qwen3-reranker": plain}
+    return {
+        "yes-no": yes_no,
+        "yes-only": yes_only,
+        "structured": _structured(yes_no, root),
+        "qwen3-reranker": plain,
+    }
 
 
 def _structured(source: Path, root: Path) -> Path:
@@ -64,7 +69,9 @@ def _structured(source: Path, root: Path) -> Path:
     template = (path / "chat_template.jinja").read_text()
     assert template.count(".content }}") == 2 and "message.content %}" in template
     template = template.replace(".content }}", ".content[0].text }}")
-    (path / "chat_template.jinja").write_text(template.replace("message.content %}", "message.content[0].text %}"))
+    (path / "chat_template.jinja").write_text(
+        template.replace("message.content %}", "message.content[0].text %}")
+    )
     settings = json.loads((path / "sentence_bert_config.json").read_text())
     del settings["modality_config"]["message"]["format"]
     (path / "sentence_bert_config.json").write_text(json.dumps(settings, indent=2))
@@ -83,7 +90,9 @@ def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> S
 def cross_encoders(packages: dict[str, Path]) -> dict[str, Any]:
     from sentence_transformers import CrossEncoder
 
-    return {name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only", "structured")}
+    return {
+        name: CrossEncoder(str(packages[name]), device="cpu") for name in ("yes-no", "yes-only", "structured")
+    }
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -91,7 +100,9 @@ def report() -> Any:
     """With -s, the largest difference from CrossEncoder.predict seen in the module."""
     yield
     if MEASURED:
-        print(f"\nlargest |logit - CrossEncoder.predict| {max(MEASURED):.2e} over {len(MEASURED)} comparisons")
+        print(
+            f"\nlargest |logit - CrossEncoder.predict| {max(MEASURED):.2e} over {len(MEASURED)} comparisons"
+        )
 
 
 def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +114,9 @@ def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[n
     return np.asarray(logits, dtype=np.float64), np.asarray(scores, dtype=np.float64)
 
 
-def _rerank(server: Server, model: str, query: str, documents: list[str], **extra: Any) -> tuple[np.ndarray, np.ndarray]:
+def _rerank(
+    server: Server, model: str, query: str, documents: list[str], **extra: Any
+) -> tuple[np.ndarray, np.ndarray]:
     response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents, **extra})
     assert response.status_code == 200, response.text
     results = {r["index"]: r for r in response.json()["results"]}
@@ -124,7 +137,9 @@ def test_the_fixture_is_the_form_sentence_transformers_saves(packages: dict[str,
     path = packages["yes-no"]
     modules = json.loads((path / "modules.json").read_text())
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "LogitScore"]
-    assert json.loads((path / "sentence_bert_config.json").read_text())["transformer_task"] == "text-generation"
+    assert (
+        json.loads((path / "sentence_bert_config.json").read_text())["transformer_task"] == "text-generation"
+    )
     assert (path / "chat_template.jinja").exists()
     assert json.loads((path / "config_sentence_transformers.json").read_text())["prompts"] == PROMPTS
     head = json.loads((path / "1_LogitScore" / "config.json").read_text())
@@ -134,11 +149,16 @@ def test_the_fixture_is_the_form_sentence_transformers_saves(packages: dict[str,
         assert (config["architectures"], config["tie_word_embeddings"]) == (["Qwen3ForCausalLM"], tied)
         with safe_open(str(packages[name] / "model.safetensors"), framework="np") as f:
             assert ("lm_head.weight" in f.keys()) is not tied
-    assert json.loads((packages["yes-only"] / "1_LogitScore" / "config.json").read_text())["false_token_id"] is None
+    assert (
+        json.loads((packages["yes-only"] / "1_LogitScore" / "config.json").read_text())["false_token_id"]
+        is None
+    )
 
 
 @pytest.mark.parametrize("prompt", [None, "query", "raw"])
-def test_rerank_matches_cross_encoder_predict(server: Server, cross_encoders: dict[str, Any], prompt: str | None) -> None:
+def test_rerank_matches_cross_encoder_predict(
+    server: Server, cross_encoders: dict[str, Any], prompt: str | None
+) -> None:
     seed = {None: 1, "query": 2, "raw": 3}[prompt]
     query = random_texts(seed=seed, count=1, max_words=10)[0]
     documents = random_texts(seed=seed + 10, count=12, max_words=40)
@@ -163,13 +183,18 @@ def test_the_default_prompt_applies_and_the_true_logit_alone_scores(
     pairs = [(query, d) for d in documents]
     model = cross_encoders["yes-only"]
     _assert_matches(_rerank(server, "yes-only", query, documents), _predict(model, pairs))
-    _assert_matches(_rerank(server, "yes-only", query, documents, prompt=""), _predict(model, pairs, prompt=""))
     _assert_matches(
-        _rerank(server, "yes-only", query, documents, prompt_name="city"), _predict(model, pairs, prompt_name="city")
+        _rerank(server, "yes-only", query, documents, prompt=""), _predict(model, pairs, prompt="")
+    )
+    _assert_matches(
+        _rerank(server, "yes-only", query, documents, prompt_name="city"),
+        _predict(model, pairs, prompt_name="city"),
     )
 
 
-def test_typed_message_parts_when_the_template_reads_them(server: Server, cross_encoders: dict[str, Any]) -> None:
+def test_typed_message_parts_when_the_template_reads_them(
+    server: Server, cross_encoders: dict[str, Any]
+) -> None:
     model = cross_encoders["structured"]
     assert model[0].input_formatter.message_format == "structured"  # inferred from the template
     query = random_texts(seed=71, count=1, max_words=8)[0]
@@ -186,7 +211,10 @@ def test_an_overlong_pair_is_truncated_as_sentence_transformers_truncates_it(
     server: Server, cross_encoders: dict[str, Any]
 ) -> None:
     query = random_texts(seed=41, count=1, max_words=8)[0]
-    documents = [" ".join(random_texts(seed=42, count=30, max_words=20)), *random_texts(seed=43, count=3, max_words=20)]
+    documents = [
+        " ".join(random_texts(seed=42, count=30, max_words=20)),
+        *random_texts(seed=43, count=3, max_words=20),
+    ]
     model = cross_encoders["yes-no"]
     assert len(model[0].preprocess([(query, documents[0])])["input_ids"][0]) == model.max_seq_length  # cut
     want = _predict(model, [(query, d) for d in documents])
@@ -200,13 +228,21 @@ def test_an_overlong_pair_is_truncated_as_sentence_transformers_truncates_it(
 
 def test_windows_are_refused(server: Server) -> None:
     response = server.post(
-        "/v1/rerank", {"model": "yes-no", "query": "a query", "documents": ["a document"], "options": {"overflow": "window"}}
+        "/v1/rerank",
+        {
+            "model": "yes-no",
+            "query": "a query",
+            "documents": ["a document"],
+            "options": {"overflow": "window"},
+        },
     )
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == "options.overflow"
 
 
-def test_classify_scores_pairs_and_refuses_a_text_alone(server: Server, cross_encoders: dict[str, Any]) -> None:
+def test_classify_scores_pairs_and_refuses_a_text_alone(
+    server: Server, cross_encoders: dict[str, Any]
+) -> None:
     query = random_texts(seed=51, count=1, max_words=8)[0]
     documents = random_texts(seed=52, count=4, max_words=20)
     response = server.post(
@@ -231,7 +267,9 @@ def test_classify_scores_pairs_and_refuses_a_text_alone(server: Server, cross_en
         ("yes-no", {"prompt": "yes " * 2000}, 413, "prompt"),
     ],
 )
-def test_prompt_refusals_name_the_field(server: Server, model: str, extra: dict[str, str], status: int, param: str) -> None:
+def test_prompt_refusals_name_the_field(
+    server: Server, model: str, extra: dict[str, str], status: int, param: str
+) -> None:
     response = server.post("/v1/rerank", {"model": model, "query": "q", "documents": ["d"], **extra})
     assert response.status_code == status, response.text
     assert response.json()["error"]["param"] == param
@@ -249,7 +287,14 @@ def _refusal(path: Path) -> str:
         family = detect_family(load_plugins(), package)
         assert isinstance(family, TaskHeadsFamily)
         verification = family.verify(package)
-        family.load(package, family.describe(package), None, name=path.name, verification=verification, numerics="float32")
+        family.load(
+            package,
+            family.describe(package),
+            None,
+            name=path.name,
+            verification=verification,
+            numerics="float32",
+        )
     return str(caught.value)
 
 
@@ -259,7 +304,9 @@ def _variant(packages: dict[str, Path], tmp_path: Path, edit: Callable[[Path], N
     return path
 
 
-def test_a_bare_causal_lm_is_refused_with_how_to_convert_it(packages: dict[str, Path], tmp_path: Path) -> None:
+def test_a_bare_causal_lm_is_refused_with_how_to_convert_it(
+    packages: dict[str, Path], tmp_path: Path
+) -> None:
     message = _refusal(_variant(packages, tmp_path, lambda p: (p / "modules.json").unlink()))
     assert "Qwen3ForCausalLM" in message
     assert "one-label Qwen3ForSequenceClassification" in message and "lm_head.weight" in message
@@ -280,7 +327,10 @@ def _template_edit(old: str, new: str) -> Callable[[Path], None]:
     ("edit", "named"),
     [
         (_template_edit("<|im_start|>user", '<|im_start|>user {{ strftime_now("%Y") }}'), "strftime_now"),
-        (_template_edit('{{ (messages | selectattr("role", "eq", "document") | first).content }}', "x"), "document"),
+        (
+            _template_edit('{{ (messages | selectattr("role", "eq", "document") | first).content }}', "x"),
+            "document",
+        ),
         (_template_edit("<|im_start|>user", "{{ messages.__class__.__mro__ }}"), "sandbox"),
     ],
     ids=["reads-the-clock", "drops-the-document", "escapes-the-sandbox"],
@@ -294,7 +344,9 @@ def test_a_template_the_sandbox_cannot_serve_is_refused(
 def test_other_modules_are_refused(packages: dict[str, Path], tmp_path: Path) -> None:
     def add_module(path: Path) -> None:
         modules = json.loads((path / "modules.json").read_text())
-        modules.append({"idx": 2, "name": "2", "path": "", "type": "sentence_transformers.base.modules.Normalize"})
+        modules.append(
+            {"idx": 2, "name": "2", "path": "", "type": "sentence_transformers.base.modules.Normalize"}
+        )
         (path / "modules.json").write_text(json.dumps(modules))
 
     message = _refusal(_variant(packages, tmp_path, add_module))
@@ -321,7 +373,9 @@ def test_the_card_says_the_head_takes_pairs(server: Server) -> None:
     assert [head["inputs"] for head in cards["yes-no"]["heads"]] == [["pair"]]  # never a text alone
 
 
-def test_the_score_head_is_built_from_the_lm_head_rows(packages: dict[str, Path], th: Any, tmp_path: Path) -> None:
+def test_the_score_head_is_built_from_the_lm_head_rows(
+    packages: dict[str, Path], th: Any, tmp_path: Path
+) -> None:
     """On the native engine: the tied package's score row is embed_tokens[yes] - embed_tokens[no];
     an untied package without its lm_head is refused naming the tensor it needed."""
     import torch
@@ -344,7 +398,9 @@ def test_the_score_head_is_built_from_the_lm_head_rows(packages: dict[str, Path]
         th.load_path(untied, "native", name="untied")
 
 
-def test_a_template_that_refuses_one_input_is_the_models_422(packages: dict[str, Path], tmp_path: Path) -> None:
+def test_a_template_that_refuses_one_input_is_the_models_422(
+    packages: dict[str, Path], tmp_path: Path
+) -> None:
     """A template's raise_exception, reached only by some contents, refuses that document (the
     load-time probes do not reach it), naming it: never a 500."""
     from vllm_srun.families.task_heads.family import TaskHeadsFamily
@@ -358,9 +414,16 @@ def test_a_template_that_refuses_one_input_is_the_models_422(packages: dict[str,
     path = _variant(packages, tmp_path, _template_edit("<|im_start|>user", guard))
     family, package = TaskHeadsFamily(), ModelPackage(path)
     model = family.load(
-        package, family.describe(package), None, name="guarded", verification=family.verify(package), numerics="float32"
+        package,
+        family.describe(package),
+        None,
+        name="guarded",
+        verification=family.verify(package),
+        numerics="float32",
     )
     model.plan_surface("rerank", RerankRequest(query="a query", documents=["a good film"]))
     with pytest.raises(UnsupportedOption) as caught:
-        model.plan_surface("rerank", RerankRequest(query="a query", documents=["a good film", "a terrible film"]))
+        model.plan_surface(
+            "rerank", RerankRequest(query="a query", documents=["a good film", "a terrible film"])
+        )
     assert caught.value.param == "documents[1]" and "no terrible documents" in str(caught.value)

@@ -49,7 +49,13 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # The named special tokens Transformers hands a template (its special_tokens_map).
 SPECIAL_TOKEN_NAMES = (
-    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
 )
 # sentence-transformers' pair roles, in pair order, and the contents it renders to find the
 # template's tail: the common end of the renders is template, never content.
@@ -139,7 +145,9 @@ def read_logit_score(package: ModelPackage, config: Mapping[str, Any]) -> LogitS
     files.append(head_config)
     where = f"{head_config} in {name!r}"
     if head.get("module_input_name", "causal_logits") != "causal_logits":
-        raise PackageError(f"{where}: module_input_name {head['module_input_name']!r} (only causal_logits is served)")
+        raise PackageError(
+            f"{where}: module_input_name {head['module_input_name']!r} (only causal_logits is served)"
+        )
     true_id = _token_id(head.get("true_token_id"), "true_token_id", where)
     false_raw = head.get("false_token_id")
     false_id = None if false_raw is None else _token_id(false_raw, "false_token_id", where)
@@ -158,7 +166,9 @@ def read_logit_score(package: ModelPackage, config: Mapping[str, Any]) -> LogitS
             "reads a causal LM's logits ('text-generation')"
         )
     if settings.get("do_lower_case"):
-        raise PackageError(f"{SENTENCE_BERT_CONFIG} in {name!r}: do_lower_case is not served for a LogitScore reranker")
+        raise PackageError(
+            f"{SENTENCE_BERT_CONFIG} in {name!r}: do_lower_case is not served for a LogitScore reranker"
+        )
     limit = settings.get("max_seq_length")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 2):
         raise PackageError(f"{SENTENCE_BERT_CONFIG} in {name!r}: max_seq_length {limit!r}")
@@ -185,7 +195,9 @@ def read_logit_score(package: ModelPackage, config: Mapping[str, Any]) -> LogitS
         files.append(ST_CONFIG)
         st = _json_object(package, ST_CONFIG)
         raw = st.get("prompts") or {}
-        if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+        if not isinstance(raw, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+        ):
             raise PackageError(f"{ST_CONFIG} in {name!r}: prompts must map names to texts")
         prompts, default = dict(raw), st.get("default_prompt_name")
         if default is not None and default not in prompts:
@@ -219,9 +231,13 @@ def _chat_template_kwargs(processing: Any, name: str) -> tuple[dict[str, Any], b
     restore = values.pop("restore_suffix", True)
     sized = sorted(_SIZE_KEYS & set(values))
     if sized:
-        raise PackageError(f"{SENTENCE_BERT_CONFIG} in {name!r}: processing_kwargs.chat_template {sized} are not served")
+        raise PackageError(
+            f"{SENTENCE_BERT_CONFIG} in {name!r}: processing_kwargs.chat_template {sized} are not served"
+        )
     if not all(_plain(v) for v in values.values()):
-        raise PackageError(f"{SENTENCE_BERT_CONFIG} in {name!r}: processing_kwargs.chat_template values must be JSON")
+        raise PackageError(
+            f"{SENTENCE_BERT_CONFIG} in {name!r}: processing_kwargs.chat_template values must be JSON"
+        )
     return values, bool(restore)
 
 
@@ -331,7 +347,9 @@ class PairTemplate:
                 count += 1
             if len(self._tails) >= _TAILS_KEPT:  # raw prompts are the clients': keep a bounded few
                 self._tails.pop(next(iter(self._tails)))
-            self._tails[prompt] = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
+            self._tails[prompt] = (
+                first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
+            )
         return self._tails[prompt]
 
     def _render(self, query: str, document: str, prompt: str, param: str) -> str:
@@ -373,7 +391,10 @@ class PairTemplate:
                     "template; give each input a text_pair",
                     param=field,
                 )
-        texts = [self._render(query, pair or "", prompt, param) for (query, pair), param in zip(pairs, params, strict=True)]
+        texts = [
+            self._render(query, pair or "", prompt, param)
+            for (query, pair), param in zip(pairs, params, strict=True)
+        ]
         tail = self.tail(prompt)
         encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
         out: list[Encoded] = []
@@ -396,7 +417,9 @@ class PairTemplate:
         """The prompt a rerank request selects: `prompt` as given, `prompt_name` from the
         package's prompts, else its default_prompt_name's; "" for none."""
         if request.prompt is not None and request.prompt_name is not None:
-            raise InvalidRequest("prompt_name: give one of prompt and prompt_name, not both", param="prompt_name")
+            raise InvalidRequest(
+                "prompt_name: give one of prompt and prompt_name, not both", param="prompt_name"
+            )
         if request.prompt is not None:
             return request.prompt
         name = request.prompt_name or self.config.default_prompt_name
@@ -434,9 +457,15 @@ def _environment() -> Any:
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(
-        value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: Any = None,
+        separators: Any = None,
+        sort_keys: bool = False,
     ) -> str:
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+        return json.dumps(
+            value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
 
     class Namespace(jinja2.utils.Namespace):
         def __init__(*args: Any, **kwargs: Any) -> None:
@@ -453,7 +482,9 @@ def _environment() -> Any:
         @staticmethod
         def check(key: Any) -> None:
             if isinstance(key, str) and key.startswith("_"):
-                raise jinja2.exceptions.SecurityError(f"a namespace attribute may not start with '_' ({key!r})")
+                raise jinja2.exceptions.SecurityError(
+                    f"a namespace attribute may not start with '_' ({key!r})"
+                )
 
     class Dict:
         def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
@@ -466,4 +497,3 @@ def _environment() -> Any:
     env.filters["tojson"] = tojson
     env.globals.update(raise_exception=raise_exception, namespace=Namespace, dict=Dict())
     return env
-
