@@ -613,7 +613,10 @@ def write_logit_score_reranker(
             true_token_id=vocab["yes"], false_token_id=None if false_token is None else vocab[false_token]
         )
         model = CrossEncoder(
-            modules=[transformer, score], prompts=prompts, default_prompt_name=default_prompt_name, device="cpu"
+            modules=[transformer, score],
+            prompts=prompts,
+            default_prompt_name=default_prompt_name,
+            device="cpu",
         )
         model.save(str(out))
     return out

@@ -259,7 +259,9 @@ class LogitScoreHead(LastTokenScoreHead):
         vocab = int(config["vocab_size"])
         for which, token in zip(("true", "false"), ids, strict=True):
             if token is not None and not (isinstance(token, int) and 0 <= token < vocab):
-                raise ConfigError(f"LogitScore {which}_token_id {token!r} is outside the vocabulary (size {vocab})")
+                raise ConfigError(
+                    f"LogitScore {which}_token_id {token!r} is outside the vocabulary (size {vocab})"
+                )
         self.true_id, self.false_id = int(ids[0]), None if ids[1] is None else int(ids[1])
         self.tied = bool(config.get("tie_word_embeddings", False))
         super().__init__(model, {**config, "num_labels": 1, "id2label": {"0": "LABEL_0"}})

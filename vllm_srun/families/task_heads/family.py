@@ -140,9 +140,9 @@ class TaskHeadsFamily(ModelFamily):
             settings = package.read_json(layout.tokenizer_config) if layout.tokenizer_config else {}
             settings = settings if isinstance(settings, dict) else {}
             codec = pylate.codec(layout.colbert, encoder.tokenizer, settings, name=package.name)
-        template = (
-            None if layout.logit_score is None else PairTemplate(layout.logit_score, encoder.tokenizer, model=name)
-        )
+        template = None
+        if layout.logit_score is not None:  # pairs through the package's chat template
+            template = PairTemplate(layout.logit_score, encoder.tokenizer, model=name)
         return TaskHeadsModel(
             info,
             engine_model,
