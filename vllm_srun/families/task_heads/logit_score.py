@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -314,6 +315,7 @@ class PairTemplate:
                 "(sentence-transformers gives them the roles 'query' and 'document')"
             )
         self._tails: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
 
     def _message(self, role: str, text: str) -> dict[str, Any]:
         if self.config.message_format == "flat":
@@ -338,19 +340,22 @@ class PairTemplate:
         kept); none when the renders never diverge."""
         if not self.config.restore_tail:
             return []
-        if prompt not in self._tails:
-            first, second = self._ids([self._render(f, f, prompt, "prompt") for f in _TAIL_FILLERS])
-            count = 0
-            for left, right in zip(reversed(first), reversed(second), strict=False):
-                if left != right:
-                    break
-                count += 1
+        with self._lock:  # plans run on several threads (the planner pool, bulk chunks)
+            known = self._tails.get(prompt)
+        if known is not None:
+            return known
+        first, second = self._ids([self._render(f, f, prompt, "prompt") for f in _TAIL_FILLERS])
+        count = 0
+        for left, right in zip(reversed(first), reversed(second), strict=False):
+            if left != right:
+                break
+            count += 1
+        tail = first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
+        with self._lock:
             if len(self._tails) >= _TAILS_KEPT:  # raw prompts are the clients': keep a bounded few
                 self._tails.pop(next(iter(self._tails)))
-            self._tails[prompt] = (
-                first[len(first) - count :] if 0 < count < min(len(first), len(second)) else []
-            )
-        return self._tails[prompt]
+            self._tails[prompt] = tail
+        return tail
 
     def _render(self, query: str, document: str, prompt: str, param: str) -> str:
         """`render`, with a template's refusal of one input (its raise_exception, or an error
