@@ -520,9 +520,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             **_connection_limits(args).uvicorn_options(),
         )
         sockets = _listening(args)
-        # uvicorn shuts down on SIGTERM, then raises the signal again under the handler found at
-        # start. The default one would end the process before Redis is stopped.
-        signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis, args.uds))
+        # uvicorn shuts down on SIGTERM or SIGINT, then raises the signal again under the handler
+        # found at start. The default SIGTERM one would end the process before Redis is stopped;
+        # the default SIGINT one is asyncio's, which cancels a task, and a cancellation caught on
+        # the way out left the process exiting 0 instead of 130 (seen once under load).
+        signal.signal(signal.SIGTERM, partial(_stopped, embedded_redis, args.uds, 0))
+        signal.signal(signal.SIGINT, partial(_stopped, embedded_redis, args.uds, 130))
         server = _stopping_server(config, partial(stop_serving, app))
         server.run(sockets=sockets)
         if stopped_by:
@@ -556,16 +559,16 @@ def _listening(args: argparse.Namespace) -> list[Any]:
     return sockets
 
 
-def _stopped(embedded_redis: Any, uds: Path | None, signum: int, frame: Any) -> None:
-    """SIGTERM, raised again by uvicorn once its graceful shutdown is done and the app's
-    lifespan has closed: stop the embedded Redis and exit now. Leaving through asyncio.run
-    instead would first join every thread of its default executor (a model still loading, a
-    large request still tokenizing), for as long as they take."""
+def _stopped(embedded_redis: Any, uds: Path | None, code: int, signum: int, frame: Any) -> None:
+    """SIGTERM (exit 0) or SIGINT (exit 130, as after Ctrl-C), raised again by uvicorn once its
+    graceful shutdown is done and the app's lifespan has closed: stop the embedded Redis and
+    exit now. Leaving through asyncio.run instead would first join every thread of its default
+    executor (a model still loading, a large request still tokenizing), for as long as they take."""
     if embedded_redis is not None:
         embedded_redis.stop()
     if uds is not None:
         remove_socket(uds)
-    _exit_now(0)
+    _exit_now(code)
 
 
 def _stopping_server(config: Any, on_stop: Any) -> Any:

@@ -60,8 +60,9 @@ def test_every_surface_is_registered_once_with_its_types() -> None:
 def test_systemone_is_the_second_route_of_decisions() -> None:
     assert [r.path for r in DECISIONS.routes] == ["/v1/decisions", "/v1/systemone"]
     assert REGISTRY.by_path()["/v1/systemone"] is DECISIONS
-    # With the peers' routes: TEI's, Cohere's, vLLM's (and under /vllm) and Infinity's (/infinity).
-    assert len(REGISTRY.by_path()) == 28
+    # With the peers' routes: TEI's, Cohere's (rerank, and embed on /v1 and /v2), vLLM's (and
+    # under /vllm) and Infinity's (/infinity).
+    assert len(REGISTRY.by_path()) == 30
 
 
 def test_unknown_surface_is_a_400_naming_the_known_ones() -> None:
