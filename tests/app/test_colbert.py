@@ -88,3 +88,13 @@ def test_refusals_over_http(server: Server) -> None:
     assert r.status_code == 422 and r.json()["error"]["param"] == "input", r.text
     r = server.post("/v1/embeddings", {"input": "word " * 40, "input_type": "query"})
     assert r.status_code == 400 and "a query of this model takes at most 11" in r.text, r.text
+
+
+def test_cohere_embed_is_refused_for_want_of_a_dense_vector(server: Server) -> None:
+    """Cohere's embed answers one vector per text, which a PyLate package does not give: the
+    model's 422 naming `model` (Cohere's body has no options), never a 500."""
+    for path in ("/v1/embed", "/v2/embed"):
+        r = server.post(path, {"texts": ["good"]})
+        assert r.status_code == 422, (path, r.text)
+        error = r.json()["error"]
+        assert error["param"] == "model" and "'dense'" in error["message"], error

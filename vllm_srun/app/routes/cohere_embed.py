@@ -15,7 +15,8 @@ for the same texts.
 - `truncate` is Cohere's: `END` (the default, also for null) keeps a text's first tokens,
   `START` its last, `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
 - Only `float` embeddings are served: Cohere's int8, uint8, binary and base64 types come from
-  its own quantisation, which it does not specify.
+  its own quantisation, which it does not specify. Each is the model's dense vector: a model
+  without one (SPLADE, PyLate ColBERT) refuses the request, a 422 naming `model`.
 - v1 answers `embeddings_floats` (a list of vectors) unless `embedding_types` is given, then
   `embeddings_by_type` (`{"float": [...]}`), which v2 always answers.
 """
@@ -118,6 +119,7 @@ def prompt_fields(runtime: Runtime, data: CohereEmbedRequest) -> dict[str, Any]:
 def convert(runtime: Runtime, data: CohereEmbedRequest) -> EmbeddingsRequest:
     v2 = data if isinstance(data, CohereEmbedV2Request) else None
     options = Options(
+        output="dense",  # one vector per text: a model without one (SPLADE, PyLate) refuses it
         overflow="reject" if data.truncate == "NONE" else "truncate",
         truncation_direction="left" if data.truncate == "START" else "right",
         max_tokens=v2.max_tokens if v2 else None,
@@ -168,6 +170,8 @@ async def _serve(
         )
     except SrunError as exc:  # a request-level refusal (a character bound) in Cohere's words too
         exc.message = in_cohere_words(exc.message)
+        if exc.param == "options.output":  # Cohere's body has no options: the model is the cause
+            exc.param, exc.message = "model", "model" + exc.message[len("options.output") :]
         raise
 
 
