@@ -98,3 +98,13 @@ def test_cohere_embed_is_refused_for_want_of_a_dense_vector(server: Server) -> N
         assert r.status_code == 422, (path, r.text)
         error = r.json()["error"]
         assert error["param"] == "model" and "'dense'" in error["message"], error
+
+
+def test_vllm_pooling_is_refused_for_want_of_a_pooled_vector(server: Server) -> None:
+    """vLLM's /pooling answers each input's pooled vector, which a PyLate package does not give:
+    the model's 422 naming `model` (the body has no options), never a 500."""
+    for path in ("/pooling", "/vllm/pooling"):
+        r = server.post(path, {"input": "good"})
+        assert r.status_code == 422, (path, r.text)
+        error = r.json()["error"]
+        assert error["param"] == "model" and "'dense'" in error["message"], error

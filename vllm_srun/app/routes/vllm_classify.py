@@ -6,7 +6,8 @@ the classify and embeddings surfaces.
 head's probabilities in its label order (a one-label head's sigmoid), `label` the best one;
 `use_activation: false` answers the logits instead. /pooling takes `{model, input}` (texts or
 token ids, as /v1/embeddings reads them) and answers each input's pooled vector as `{index,
-object: "pooling", data}`: the embedding /v1/embeddings gives. `truncate_prompt_tokens` is
+object: "pooling", data}`: the embedding /v1/embeddings gives (a model without one, SPLADE or
+PyLate ColBERT, refuses it: a 422 naming `model`). `truncate_prompt_tokens` is
 vLLM's (-1: the model's limit); `priority` and `user` have no effect here.
 
 This server's own /v1/classify keeps its contract's body; vLLM's is here.
@@ -26,7 +27,7 @@ from litestar.params import JSONBody
 from vllm_srun.app.routes.root_embeddings import Input, decode_input
 from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, respond_in_vllm_words, truncation
 from vllm_srun.app.routes.vllm_score import UsageInfo
-from vllm_srun.errors import UnsupportedSurface
+from vllm_srun.errors import SrunError, UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
     CLASSIFY,
     EMBEDDINGS,
@@ -169,6 +170,7 @@ def _pooling_shape(body: EmbeddingsResponse) -> PoolingResponse:
 async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequest) -> Response[Any]:
     options = truncation(data.truncate_prompt_tokens, state.runtime, data.model)
     options.normalize = data.normalize
+    options.output = "dense"  # a pooled vector: a model without one (SPLADE, PyLate) refuses it
     converted = EmbeddingsRequest(
         input=decode_input(data.input),
         model=data.model,
@@ -176,7 +178,12 @@ async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequ
         dimensions=data.dimensions,
         options=options,
     )
-    return await respond_in_vllm_words(request, state, EMBEDDINGS, converted, _pooling_shape)
+    try:
+        return await respond_in_vllm_words(request, state, EMBEDDINGS, converted, _pooling_shape)
+    except SrunError as exc:
+        if exc.param == "options.output":  # vLLM's body has no options: the model is the cause
+            exc.param, exc.message = "model", "model" + exc.message[len("options.output") :]
+        raise
 
 
 @post("/pooling", status_code=200, summary="Pooled vectors of texts (vLLM-compatible)")
