@@ -129,17 +129,17 @@ class UnsupportedOption(UnsupportedSurface):
 # What an over-long input's message ends with on our routes; a peer's route says its own words
 # in its place (TEI's `truncate: true`).
 OVERFLOW_HINT = "(set options.overflow to 'truncate' or 'window')"
-# How a character bound names the policy it was read under ("under options.overflow 'truncate'");
-# a peer's route names its own field in its place.
-def policy_words(mode: str) -> str:
-    return f"under options.overflow '{mode}'"
-
-
 # The same on OpenAI-shaped embeddings, where an over-long input fails the whole request.
 REFUSAL_HINT = (
     "(set options.overflow to 'truncate', or serve with --auto-truncate; "
     "options.overflow 'reject' answers each input in place)"
 )
+
+
+def policy_words(mode: str) -> str:
+    """How a character bound names the policy it was read under ("under options.overflow
+    'truncate'"); a peer's route names its own field in its place."""
+    return f"under options.overflow '{mode}'"
 
 
 # Why one item (an input, a document, a question) has no result: upstream's ItemError codes,
