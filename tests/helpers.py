@@ -251,6 +251,14 @@ def read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, flo
     return got, time.monotonic() - started
 
 
+def serve_named(packages: dict[str, Path]) -> list[str]:
+    """`vllm-srun serve` arguments serving each package under its key as model name."""
+    args = [str(path) for path in packages.values()]
+    for name in packages:
+        args += ["--served-model-name", name]
+    return args
+
+
 def minilm_dir() -> Path:
     """The one real model, all-MiniLM-L6-v2, as its package ships it (skips where it is not installed)."""
     import pytest

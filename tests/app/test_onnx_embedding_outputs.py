@@ -21,7 +21,7 @@ from families.task_heads.output_references import (
     export_graph,
     splade_reference,
 )
-from helpers import Server, ok
+from helpers import Server, ok, serve_named
 
 NAMES = ("splade", "m3", "hidden-only")
 
@@ -46,8 +46,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    names = [arg for name in NAMES for arg in ("--served-model-name", name)]
-    return module_server(*(str(packages[n]) for n in NAMES), "--engine", "onnxruntime", *names)
+    return module_server(*serve_named({name: packages[name] for name in NAMES}), "--engine", "onnxruntime")
 
 
 def _embed(server: Server, model: str, texts: list[str], kind: str) -> dict:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server, minilm_dir, serve_named
 
 from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers
 
@@ -50,10 +50,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    args: list[str] = [str(packages[name]) for name in packages]
-    for name in packages:
-        args += ["--served-model-name", name]
-    return module_server(*args)
+    return module_server(*serve_named(packages))
 
 
 @pytest.fixture(scope="module")

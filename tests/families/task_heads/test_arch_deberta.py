@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from families.task_heads.harness import ATOL, random_texts, softmax
-from helpers import Server
+from helpers import Server, serve_named
 
 from vllm_srun.plugins.architectures import uses_type_ids
 from vllm_srun.testing.task_heads_fixtures import write_fixture
@@ -41,10 +41,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    args: list[str] = [str(path) for path in packages.values()]
-    for name in packages:
-        args += ["--served-model-name", name]
-    return module_server(*args, "--threads", "1")
+    return module_server(*serve_named(packages), "--threads", "1")
 
 
 class Reference:

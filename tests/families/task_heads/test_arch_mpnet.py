@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from compat.test_sentence_transformers import assert_close, embed
 from families.task_heads.harness import random_texts
-from helpers import Server
+from helpers import Server, serve_named
 
 from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers, write_fixture
 
@@ -72,10 +72,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    args: list[str] = [str(path) for path in packages.values()]
-    for name in packages:
-        args += ["--served-model-name", name]
-    return module_server(*args, "--threads", "1")
+    return module_server(*serve_named(packages), "--threads", "1")
 
 
 @pytest.fixture(scope="module")

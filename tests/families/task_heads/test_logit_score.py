@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pytest
 from families.task_heads.harness import random_texts
-from helpers import Server
+from helpers import Server, serve_named
 
 from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.testing.task_heads_fixtures import write_fixture, write_logit_score_reranker
@@ -80,10 +80,7 @@ def _structured(source: Path, root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    args: list[str] = [str(path) for path in packages.values()]
-    for name in packages:
-        args += ["--served-model-name", name]
-    return module_server(*args, "--threads", "1")
+    return module_server(*serve_named(packages), "--threads", "1")
 
 
 @pytest.fixture(scope="module")
