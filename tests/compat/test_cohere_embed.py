@@ -120,3 +120,18 @@ def test_bad_input_raises_the_client_s_errors(v1: cohere.Client, v2: cohere.Clie
     assert v2.embed(texts=TEXTS, model=MODEL, input_type="clustering", priority=1).embeddings.float_
     refused = httpx.post(f"{server.url}/v2/embed", json={"texts": ["a"], "images": ["x"]}, timeout=30)
     assert refused.status_code == 400 and "images" in refused.text
+
+
+def test_refusals_name_cohere_s_fields(server: Server) -> None:
+    """A refusal of what the surface calls options.max_tokens, dimensions or input names the
+    Cohere body's own field: max_tokens, output_dimension, texts."""
+    for body, status, param in (
+        ({"texts": ["a"], "max_tokens": 100_000}, 422, "max_tokens"),
+        ({"texts": ["a"], "output_dimension": 100_000}, 422, "output_dimension"),
+        ({"texts": ["a"] * 2049}, 413, "texts"),  # past --max-inputs' default, 2048
+        ({"texts": ["a", "fox " * 5000], "max_tokens": 1}, 413, "texts[1]"),  # the character bound
+    ):
+        refused = httpx.post(f"{server.url}/v2/embed", json={"model": MODEL, **body}, timeout=30)
+        error = refused.json()["error"]
+        assert refused.status_code == status and error["param"] == param, (param, refused.text)
+        assert error["message"].startswith(f"{param}: "), error

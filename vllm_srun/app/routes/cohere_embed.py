@@ -14,6 +14,8 @@ for the same texts.
   are hints its own models read, and a model here without prompts reads none.
 - `truncate` is Cohere's: `END` (the default, also for null) keeps a text's first tokens,
   `START` its last, `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
+- A refusal names the body's fields (`texts[i]`, `max_tokens`, `output_dimension`), never the
+  embeddings surface's (`input[i]`, `options.max_tokens`, `dimensions`).
 - Only `float` embeddings are served: Cohere's int8, uint8, binary and base64 types come from
   its own quantisation, which it does not specify. Each is the model's dense vector: a model
   without one (SPLADE, PyLate ColBERT) refuses the request, a 422 naming `model`.
@@ -56,6 +58,31 @@ def in_cohere_words(message: str) -> str:
         .replace(REFUSAL_HINT, COHERE_HINT)
         .replace(policy_words("truncate"), "under truncate END or START")
     )
+
+
+# The surface's fields that Cohere's body spells its own way; `input[i]` is `texts[i]`. Cohere's
+# body has no options: a refused `options.output` (no dense vector) is the model's doing.
+COHERE_FIELDS = {
+    "options.max_tokens": "max_tokens",
+    "dimensions": "output_dimension",
+    "options.output": "model",
+}
+
+
+def in_cohere_fields(exc: SrunError) -> SrunError:
+    """`exc` naming the Cohere body's field where it names the surface's (its `param`, and the
+    message that starts with it)."""
+    name = exc.param
+    if name is None:
+        return exc
+    renamed = COHERE_FIELDS.get(name)
+    if renamed is None and (name == "input" or name.startswith("input[")):
+        renamed = "texts" + name[len("input") :]
+    if renamed is not None:
+        if exc.message.startswith(name):
+            exc.message = renamed + exc.message[len(name) :]
+        exc.param = renamed
+    return exc
 
 
 class CohereEmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -170,9 +197,7 @@ async def _serve(
         )
     except SrunError as exc:  # a request-level refusal (a character bound) in Cohere's words too
         exc.message = in_cohere_words(exc.message)
-        if exc.param == "options.output":  # Cohere's body has no options: the model is the cause
-            exc.param, exc.message = "model", "model" + exc.message[len("options.output") :]
-        raise
+        raise in_cohere_fields(exc) from None
 
 
 @post("/v1/embed", status_code=200, summary="Embed texts (Cohere v1-compatible)")
