@@ -185,8 +185,17 @@ def test_refusals(models: dict[str, TaskHeadsModel], packages: dict[str, Path], 
         config["activation_function"] = "torch.nn.modules.activation.Tanh"
         (package / "1_Dense" / "config.json").write_text(json.dumps(config))
 
+    def long_queries(package: Path) -> None:
+        # Expanded to query_length whatever the text: past the position table every query would
+        # fail in the forward (an index past the position embeddings), so the load refuses it.
+        config = json.loads((package / "config_sentence_transformers.json").read_text())
+        positions = json.loads((package / "config.json").read_text())["max_position_embeddings"]
+        (package / "config_sentence_transformers.json").write_text(json.dumps(config | {"query_length": positions + 1}))
+
     with pytest.raises(PackageError, match=r"no token '\[query\] ' \(query_prefix\)"):
         harness.load_path(broken("prefix", no_prefix), "native")
+    with pytest.raises(PackageError, match=r"query_length \d+ .* positions"):
+        harness.load_path(broken("long-queries", long_queries), "native")
     with pytest.raises(PackageError, match=r"activation 'torch.nn.modules.activation.Tanh' is not served"):
         harness.load_path(broken("tanh", tanh), "native")
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads.sentence import MODULES, SENTENCE_BERT_CONFIG, ST_CONFIG
-from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.architectures import standard_config
+from vllm_srun.plugins.package import ModelPackage, usable_positions
 
 QUERY, DOCUMENT = "query", "document"
 # The output head the engine installs (engines/native/outputs.py); each Dense module's weights
@@ -140,6 +141,14 @@ def read_colbert(package: ModelPackage, hidden_size: int) -> ColbertConfig:
     if config.query_length < 3 or config.document_length < 3:
         raise PackageError(
             f"{ST_CONFIG} in {package.name!r}: query_length and document_length must be at least 3"
+        )
+    # An expanded query is query_length tokens whatever its text (a document is cut to the
+    # model's limit): past the position table every query would fail in the forward.
+    positions = usable_positions(standard_config(_object(package, "config.json")))
+    if config.do_query_expansion and config.query_length > positions:
+        raise PackageError(
+            f"{ST_CONFIG} in {package.name!r}: query_length {config.query_length} (every query, "
+            f"expanded) exceeds the model's {positions} positions"
         )
     return config
 
