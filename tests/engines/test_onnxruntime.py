@@ -148,6 +148,17 @@ def test_a_kind_the_graph_cannot_give_is_an_error(fixture_dir: Any) -> None:
     assert _encode(model, [], []) == []
 
 
+def test_tokens_that_are_not_keys_are_refused_not_ignored(fixture_dir: Any) -> None:
+    """A graph reads its own attention mask; a row whose last tokens are not keys (ColBERT's
+    query expansion) cannot be said to it, so the engine refuses rather than answer as if all were."""
+    model = _load(fixture_dir("bert-embedding"))
+    masked = Batch.from_items([WorkItem(token_ids=[5, 6, 7, 8], output="hidden", key_tokens=2)])
+    with pytest.raises(ValueError, match="not attention keys"):
+        model.encode(masked)
+    every = Batch.from_items([WorkItem(token_ids=[5, 6, 7, 8], output="hidden", key_tokens=4)])
+    np.testing.assert_array_equal(model.encode(every)[0], _encode(model, [[5, 6, 7, 8]], ["hidden"])[0])
+
+
 def test_one_session_serves_many_threads(fixture_dir: Any) -> None:
     path = fixture_dir("bert-token")
     model = _load(path)

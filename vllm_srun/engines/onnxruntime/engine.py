@@ -159,6 +159,10 @@ class OnnxEngineModel(EngineModel):
             return []
         names = sorted({self._output_of(kind) for kind in batch.outputs})
         feed, lengths = self._feed(batch)
+        if batch.key_lengths is not None and bool((batch.key_lengths < lengths).any()):
+            # A graph's attention mask is its own to read (key mask, positions, pooling): tokens
+            # that attend but are not keys cannot be said to it, and ignoring them is wrong numbers.
+            raise ValueError("the onnxruntime engine cannot run tokens that are not attention keys")
         values = dict(zip(names, self.session.run(names, feed), strict=True))
         rows: list[np.ndarray] = []
         for i, kind in enumerate(batch.outputs):
