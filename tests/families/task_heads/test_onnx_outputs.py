@@ -134,6 +134,30 @@ def test_bge_m3_on_onnxruntime_is_the_native_answer(
     )
 
 
+def test_a_splade_batch_runs_in_slices_that_bound_the_logits(
+    models: dict[tuple[str, str], TaskHeadsModel], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The graph answers [rows, width, vocab] logits per run: past LOGITS_BYTES a batch runs in
+    slices of rows, with the same answer as in one run."""
+    from vllm_srun.engines.onnxruntime import engine
+
+    model = models[("bert-splade", "onnxruntime")]
+    body = {"input": TEXTS, "options": {"output": "sparse"}}
+    whole = [_sparse(i) for i in _embed(model, body).data]
+    runs: list[int] = []
+    run = engine.OnnxEngineModel.encode
+
+    def counted(self: Any, batch: Any) -> Any:
+        runs.append(len(batch))
+        return run(self, batch)
+
+    monkeypatch.setattr(engine.OnnxEngineModel, "encode", counted)
+    monkeypatch.setattr(engine, "LOGITS_BYTES", 1)  # one row a run
+    sliced = [_sparse(i) for i in _embed(model, body).data]
+    assert sliced == whole
+    assert runs[0] == len(TEXTS) > 1 and runs[1:] == [1] * len(TEXTS)
+
+
 def test_maxsim_rerank_on_onnxruntime_is_the_native_answer(
     models: dict[tuple[str, str], TaskHeadsModel],
 ) -> None:

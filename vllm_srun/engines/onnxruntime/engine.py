@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from vllm_srun.engines.onnxruntime.graph import HIDDEN_KINDS, check_graph, check_inputs, output_kinds
-from vllm_srun.engines.onnxruntime.outputs import HEAD_OUTPUTS, Projections, host_heads, read_projections
+from vllm_srun.engines.onnxruntime.outputs import (
+    HEAD_OUTPUTS,
+    SPLADE,
+    Projections,
+    host_heads,
+    read_projections,
+)
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import Batch, Device, Engine, EngineModel, ModelSpec
 
@@ -86,6 +92,24 @@ class OnnxRuntimeEngine(Engine):
         )
 
 
+# A masked-LM graph answers float32 logits [rows, width, vocab] for a whole run: a batch asking
+# for SPLADE runs in slices of rows that keep them within this (a 30,522-word vocabulary at 512
+# tokens is 62 MB a row; a 16k-token batch in one run would be 2 GB).
+LOGITS_BYTES = 256 * 2**20
+
+
+def _rows(batch: Batch, start: int, stop: int) -> Batch:
+    """Rows [start, stop) of `batch` as a batch of their own."""
+    lo, hi = int(batch.offsets[start]), int(batch.offsets[stop])
+    return Batch(
+        token_ids=batch.token_ids[lo:hi],
+        offsets=batch.offsets[start : stop + 1] - lo,
+        outputs=batch.outputs[start:stop],
+        type_ids=None if batch.type_ids is None else batch.type_ids[lo:hi],
+        key_lengths=None if batch.key_lengths is None else batch.key_lengths[start:stop],
+    )
+
+
 class OnnxEngineModel(EngineModel):
     """One session; batches are padded to their longest row."""
 
@@ -110,6 +134,7 @@ class OnnxEngineModel(EngineModel):
         widths = {o.name: o.shape[-1] if o.shape else None for o in outputs}
         self.heads = host_heads(spec, self.kinds, widths, projections or Projections())
         self.pad_id = int(spec.config.get("pad_token_id") or 0)
+        self.vocab = max(int(spec.config.get("vocab_size") or 1), 1)
 
     def output_refusal(self, output: str) -> str | None:
         try:
@@ -154,9 +179,24 @@ class OnnxEngineModel(EngineModel):
             feed["position_ids"] = np.broadcast_to(np.arange(width, dtype=np.int64), mask.shape).copy()
         return feed, lengths
 
+    def _rows_per_run(self, batch: Batch) -> int:
+        """How many rows one session run may take: all of them, unless the batch asks for the
+        masked-LM logits, which the graph answers for every padded cell at once."""
+        if SPLADE not in batch.outputs:
+            return len(batch)
+        width = int(np.diff(batch.offsets).max())
+        return max(1, LOGITS_BYTES // (width * self.vocab * 4))
+
     def encode(self, batch: Batch) -> list[np.ndarray]:
         if len(batch) == 0:
             return []
+        step = self._rows_per_run(batch)
+        if step < len(batch):
+            return [
+                row
+                for start in range(0, len(batch), step)
+                for row in self.encode(_rows(batch, start, min(start + step, len(batch))))
+            ]
         names = sorted({self._output_of(kind) for kind in batch.outputs})
         feed, lengths = self._feed(batch)
         if batch.key_lengths is not None and bool((batch.key_lengths < lengths).any()):
