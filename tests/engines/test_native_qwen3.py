@@ -1,7 +1,8 @@
 """Qwen3 beyond the table-driven parity test (test_parity.py, right-padded references):
 left-padded references (how Qwen3-Embedding's tokenizer pads, positions then starting later in
-each row) agree with packed rows within 1e-4; causality (a row's prefix computes what the
-prefix alone does); and the configurations the module refuses by name."""
+each row) agree with packed rows within 1e-4; the token a classifier scores (the rightmost that
+is not the pad token, as Transformers picks it) within 1e-4; causality (a row's prefix computes
+what the prefix alone does); and the configurations the module refuses by name."""
 
 from __future__ import annotations
 
@@ -21,10 +22,12 @@ from vllm_srun.testing import task_heads_fixtures as fx  # noqa: E402
 ATOL = 1e-4
 
 
-def _model(kind: str, tmp_path: Path, nt: Any, labels: int = 2) -> tuple[Any, Any, int]:
-    _, fixture = fx.fixture_of("qwen3")
+def _model(
+    kind: str, tmp_path: Path, nt: Any, labels: int = 2, flavour: str = "qwen3"
+) -> tuple[Any, Any, int]:
+    _, fixture = fx.fixture_of(flavour)
     _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
-    config = fx._config("qwen3", vocab, ids)
+    config = fx._config(flavour, vocab, ids)
     config._attn_implementation = "eager"
     names = [f"LABEL_{i}" for i in range(labels)] if kind == "sequence" else None
     hf = nt.randomize(fx._model("qwen3", kind, names, config, multilabel=False), seed=5)
@@ -70,6 +73,60 @@ def test_left_padded_sequence_logits_agree_with_packed_rows(tmp_path: Path, nt: 
     out, _ = _left_padded(hf, rows)
     for g, want in zip(nt.encode(native, rows, "logits"), out.logits, strict=True):
         nt.assert_close(g, want, atol=ATOL)
+
+
+def test_the_scored_token_is_the_rightmost_that_is_not_the_pad_token(tmp_path: Path, nt: Any) -> None:
+    # Qwen's tokenizers append <|endoftext|>, which is also their pad token: Transformers scores
+    # the token before it (and before any run of pad ids), not the row's last one.
+    hf, native, vocab = _model("sequence", tmp_path, nt, labels=1, flavour="qwen3-eot-pad")
+    pad = int(hf.config.pad_token_id)
+    body = _rows(vocab, nt, pad)
+    rows = [
+        body[0] + [pad],  # as the tokenizer writes every text
+        body[1] + [pad, pad],
+        [*body[3][:7], pad, *body[3][7:], pad],  # a pad id inside the row too
+        body[4],  # no pad at all: its last token
+        [pad, pad, pad],  # pad ids only: the reference's argmax over none is the first token
+    ]
+    got = nt.encode(native, rows, "logits")
+    last = nt.encode(native, rows, "hidden")
+    for row, g in zip(rows, got, strict=True):
+        with torch.no_grad():  # each row alone: no padding for the reference to see
+            want = hf(input_ids=torch.tensor([row])).logits[0]
+        nt.assert_close(g, want, atol=ATOL)
+    # The right-padded batch (pad ids after every row) picks the same tokens.
+    for g, want in zip(got, nt_padded(hf, rows, pad), strict=True):
+        nt.assert_close(g, want, atol=ATOL)
+    # The row's own last token would have scored otherwise (the choice before this head).
+    with torch.no_grad():
+        weight = hf.score.weight.numpy()
+    for i in range(3):
+        assert abs(float((weight @ last[i][-1])[0]) - float(got[i][0])) > 1e-3
+
+
+def nt_padded(hf: Any, rows: list[list[int]], pad: int) -> Any:
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+    with torch.no_grad():
+        return hf(input_ids=ids, attention_mask=mask).logits
+
+
+def test_without_a_pad_token_the_last_token_is_scored(tmp_path: Path, nt: Any) -> None:
+    hf, _, vocab = _model("sequence", tmp_path, nt, labels=1, flavour="qwen3-eot-pad")
+    config = json.loads((tmp_path / "sequence" / "config.json").read_text())
+    config["pad_token_id"] = None
+    (tmp_path / "sequence" / "config.json").write_text(json.dumps(config))
+    native = nt.load_native(tmp_path / "sequence")
+    pad = int(hf.config.pad_token_id)
+    row = _rows(vocab, nt, pad)[0] + [pad]
+    hf.config.pad_token_id = None
+    with torch.no_grad():
+        want = hf(input_ids=torch.tensor([row])).logits[0]
+    nt.assert_close(nt.encode(native, [row], "logits")[0], want, atol=ATOL)
 
 
 def test_a_prefix_computes_what_it_computes_alone(tmp_path: Path, nt: Any) -> None:

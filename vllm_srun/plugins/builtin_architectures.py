@@ -181,16 +181,19 @@ BUILTIN: tuple[Architecture, ...] = (
         },
         fast_paths=("dense",),  # rotary
         fixtures={
-            "qwen3": Fixture(
+            # Heads x head_dim (64) differs from hidden_size (32), as in Qwen3-0.6B (16 x 128
+            # against 1024); a non-default theta, so a reader that ignores it fails. "qwen3-eot-pad"
+            # pads with the <|endoftext|> its tokenizer appends, as Qwen's tokenizers do: the
+            # reference classifier then scores the token before it.
+            flavour: Fixture(
                 config_class="Qwen3Config",
                 class_prefix="Qwen3",
-                tokenizer="bytelevel_eot",
-                # Heads x head_dim (64) differs from hidden_size (32), as in Qwen3-0.6B (16 x 128
-                # against 1024); a non-default theta, so a reader that ignores it fails.
+                tokenizer=tokenizer,
                 settings={"num_key_value_heads": 2, "head_dim": 16, "rope_theta": 1000.0},
                 special_ids=("pad", "bos", "eos"),
                 hub_config={"rope_theta": 1000.0, "rope_scaling": None},
             )
+            for flavour, tokenizer in (("qwen3", "bytelevel_eot"), ("qwen3-eot-pad", "bytelevel_eot_pad"))
         },
     ),
     Architecture(

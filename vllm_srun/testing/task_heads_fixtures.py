@@ -201,6 +201,14 @@ def _bytelevel_eot_tokenizer() -> Any:
     return tok, tok.get_vocab_size(with_added_tokens=True), {"pad": ids["pad"], "cls": eot, "sep": eos}
 
 
+def _bytelevel_eot_pad_tokenizer() -> Any:
+    """`_bytelevel_eot_tokenizer` with Qwen's pad token: `<|endoftext|>`, the very token it
+    appends, so every text ends in the pad id (a *ForSequenceClassification reference scores
+    the token before it)."""
+    tok, vocab_size, ids = _bytelevel_eot_tokenizer()
+    return tok, vocab_size, {**ids, "pad": ids["cls"]}
+
+
 def _unigram_tokenizer() -> Any:
     """A SentencePiece-style Unigram model (Metaspace, cased), like mmBERT's Gemma tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -234,6 +242,7 @@ TOKENIZERS = {
     "wordpiece": _wordpiece_tokenizer,
     "bytelevel": _bytelevel_tokenizer,
     "bytelevel_eot": _bytelevel_eot_tokenizer,
+    "bytelevel_eot_pad": _bytelevel_eot_pad_tokenizer,
     "unigram": _unigram_tokenizer,
 }
 

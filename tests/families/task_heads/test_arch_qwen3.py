@@ -7,6 +7,8 @@
   on seeded random texts over the fixture vocabulary, with and without the prompt.
 - `qwen3-reranker`: a one-label Qwen3ForSequenceClassification scoring (query, document) pairs
   as its tokenizer pairs them; logits within 1e-4 of Transformers' (right-padded batch).
+  `qwen3-eot-pad-reranker` pads with the <|endoftext|> its tokenizer appends, as Qwen's do:
+  Transformers scores the token before it, and so must the server.
 - Windows under last-token pooling are refused with the reason; a bare Qwen3ForCausalLM (the
   yes/no-logit Qwen3-Reranker without sentence-transformers' LogitScore module) is refused with
   how to convert it (the LogitScore form serves: test_logit_score.py).
@@ -23,8 +25,8 @@ from typing import Any
 import numpy as np
 import pytest
 from compat.test_sentence_transformers import assert_close, embed
-from families.task_heads.harness import random_texts
-from helpers import Server
+from families.task_heads.harness import Harness, random_texts
+from helpers import Server, serve_named
 
 from vllm_srun.testing.task_heads_fixtures import add_sentence_transformers, write_fixture
 
@@ -44,20 +46,23 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     embedding = write_fixture(root / "qwen3-embedding", variant="qwen3-embedding")
     add_sentence_transformers(embedding, prompts=PROMPTS)
     reranker = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
+    eot_pad = write_fixture(root / "qwen3-eot-pad-reranker", variant="qwen3-eot-pad-reranker")
     causal = Path(shutil.copytree(reranker, root / "qwen3-causal"))
     config = json.loads((causal / "config.json").read_text())
     config["architectures"] = ["Qwen3ForCausalLM"]
     (causal / "config.json").write_text(json.dumps(config))
-    return {"qwen3-embedding": embedding, "qwen3-reranker": reranker, "qwen3-causal": causal}
+    return {
+        "qwen3-embedding": embedding,
+        "qwen3-reranker": reranker,
+        "qwen3-eot-pad-reranker": eot_pad,
+        "qwen3-causal": causal,
+    }
 
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    served = ("qwen3-embedding", "qwen3-reranker")
-    args: list[str] = [str(packages[name]) for name in served]
-    for name in served:
-        args += ["--served-model-name", name]
-    return module_server(*args, "--threads", "1")
+    served = ("qwen3-embedding", "qwen3-reranker", "qwen3-eot-pad-reranker")
+    return module_server(*serve_named({name: packages[name] for name in served}), "--threads", "1")
 
 
 @pytest.fixture(scope="module")
@@ -148,18 +153,50 @@ def _pair_logits(path: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
     return out
 
 
-def test_reranker_scores_pairs_as_transformers_does(server: Server, packages: dict[str, Path]) -> None:
+@pytest.mark.parametrize("model", ["qwen3-reranker", "qwen3-eot-pad-reranker"])
+def test_reranker_scores_pairs_as_transformers_does(
+    server: Server, packages: dict[str, Path], model: str
+) -> None:
     query = random_texts(seed=21, count=1, max_words=10)[0]
     documents = random_texts(seed=22, count=10, max_words=40)
-    response = server.post("/v1/rerank", {"model": "qwen3-reranker", "query": query, "documents": documents})
+    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents})
     assert response.status_code == 200, response.text
     results = {r["index"]: r for r in response.json()["results"]}
-    want = _pair_logits(packages["qwen3-reranker"], [(query, d) for d in documents])
+    want = _pair_logits(packages[model], [(query, d) for d in documents])
     got = np.array([results[i]["logit"] for i in range(len(documents))])
     np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
     np.testing.assert_allclose(
         [results[i]["relevance_score"] for i in range(len(documents))], 1 / (1 + np.exp(-want)), atol=ATOL
     )
+
+
+def test_both_engines_score_the_token_transformers_scores(th: Harness, engine: str) -> None:
+    # The onnxruntime engine runs the graph Transformers exported, which picks the token itself
+    # from the ids (padded with the pad id, so padding is skipped as the pad token is); the
+    # native engine's head picks the same one from the packed ids.
+    from vllm_srun.plugins.surfaces import RerankRequest
+
+    path = th.package("qwen3-eot-pad-reranker")
+    query = random_texts(seed=23, count=1, max_words=10)[0]
+    documents = random_texts(seed=24, count=6, max_words=30)
+    response = th.roundtrip(
+        th.load("qwen3-eot-pad-reranker", engine), "rerank", RerankRequest(query, documents)
+    )
+    got = {r.index: r.logit for r in response.results}
+    want = _pair_logits(path, [(query, d) for d in documents])
+    np.testing.assert_allclose([got[i] for i in range(len(documents))], want, atol=ATOL, rtol=0)
+
+
+def test_the_eot_pad_fixture_ends_every_pair_in_its_pad_token(packages: dict[str, Path]) -> None:
+    # What makes the reranker test above count: each row ends in the pad id, which the reference
+    # skips (a head that scored each row's last token fails it).
+    from tokenizers import Tokenizer
+
+    path = packages["qwen3-eot-pad-reranker"]
+    pad = json.loads((path / "config.json").read_text())["pad_token_id"]
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    assert tokenizer.id_to_token(pad) == "<|endoftext|>"
+    assert tokenizer.encode("john lives", "in paris").ids[-1] == pad
 
 
 def test_a_causal_lm_reranker_is_refused_with_how_to_convert_it(packages: dict[str, Path]) -> None:

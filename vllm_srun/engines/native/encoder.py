@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -123,10 +124,13 @@ class EncoderModel(nn.Module):
                 out[number] = backbone.final(x) if number == len(stack) else x
         return out
 
-    def sequence_logits(self, hidden: torch.Tensor, segments: Segments, rows: list[int]) -> torch.Tensor:
+    def sequence_logits(
+        self, hidden: torch.Tensor, segments: Segments, rows: list[int], token_ids: np.ndarray
+    ) -> torch.Tensor:
+        """The head's logits of `rows`; `token_ids` are the batch's packed ids on the host."""
         if self.task_head is None or self.task_head.kind != "sequence":
             raise NotImplementedError(f"{type(self).__name__} has no sequence classification head")
-        return self.task_head.sequence_logits(self, hidden, segments, rows)
+        return self.task_head.sequence_logits(self, hidden, segments, rows, token_ids)
 
     def token_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.task_head is None or self.task_head.kind != "token":

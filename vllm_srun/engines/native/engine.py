@@ -344,14 +344,14 @@ class NativeModel(EngineModel):
                 batch.offsets, dev, attention=self.attention, key_lengths=batch.key_lengths
             )
             if exits:
-                return self._exit_outputs(ids, types, segments, resolved)
+                return self._exit_outputs(ids, types, segments, resolved, batch.token_ids)
             if path == "packed" or not len(lengths):
                 hidden = self.module(ids, types, segments)
             elif path == "onnx":
                 hidden = self._onnx_forward(batch, lengths)
             else:
                 hidden = self._dense_forward(ids, types, lengths, batch.key_lengths)
-            return self._outputs(hidden, segments, kinds)
+            return self._outputs(hidden, segments, kinds, batch.token_ids)
 
     def _exit_outputs(
         self,
@@ -359,6 +359,7 @@ class NativeModel(EngineModel):
         types: torch.Tensor | None,
         segments: Segments,
         resolved: list[tuple[str, int | None]],
+        token_ids: np.ndarray,
     ) -> list[np.ndarray]:
         """Each row's output from the layer it exits at: one forward, as deep as the deepest."""
         last = self.exit_layers[-1]
@@ -367,7 +368,7 @@ class NativeModel(EngineModel):
         results: list[np.ndarray | None] = [None] * len(wanted)
         for number, hidden in states.items():
             kinds = [kind if layer == number else None for kind, layer in wanted]
-            for i, value in enumerate(self._outputs(hidden, segments, kinds, keep_rows=True)):
+            for i, value in enumerate(self._outputs(hidden, segments, kinds, token_ids, keep_rows=True)):
                 if value is not None:
                     results[i] = value
         return [r for r in results if r is not None]
@@ -408,11 +409,13 @@ class NativeModel(EngineModel):
         hidden: torch.Tensor,
         segments: Segments,
         kinds: Sequence[str | None],
+        token_ids: np.ndarray,
         *,
         keep_rows: bool = False,
     ) -> list[Any]:
         """Each row's output of its kind from `hidden`; a row whose kind is None gets none (with
-        `keep_rows`, None in its place)."""
+        `keep_rows`, None in its place). `token_ids` are the batch's packed ids, which a
+        sequence head may read (heads.Head)."""
         import torch
 
         from vllm_srun.engines.native.layers import first_tokens, mean_rows
@@ -439,7 +442,7 @@ class NativeModel(EngineModel):
             elif kind == "last":
                 per_row(rows, host(hidden[[spans[r][1] - 1 for r in rows]]))
             elif kind == "logits":
-                per_row(rows, host(self.module.sequence_logits(hidden, segments, rows)))
+                per_row(rows, host(self.module.sequence_logits(hidden, segments, rows, token_ids)))
             elif kind in HEAD_OUTPUTS:
                 head = self.module.output_heads[kind]
                 per_row(rows, [host(head.rows(self.module, hidden[spans[r][0] : spans[r][1]])) for r in rows])

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,7 +44,12 @@ def install(model: nn.Module, path: str, module: nn.Module) -> None:
 
 
 class Head:
-    """A head: `kind` is "sequence" or "token"; `__init__` installs the modules."""
+    """A head: `kind` is "sequence" or "token"; `__init__` installs the modules.
+
+    `sequence_logits` scores the asked-for `rows` of a packed batch; `token_ids` are the
+    batch's packed ids on the host (Batch.token_ids, aligned with `hidden`), for a head whose
+    choice of token depends on them (LastTokenScoreHead). Handing them over costs nothing: no
+    other head reads them."""
 
     kind: ClassVar[str]
 
@@ -52,7 +58,12 @@ class Head:
         self.labels = num_labels(config)
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         raise NotImplementedError
 
@@ -101,7 +112,12 @@ class PoolerHead(Head):
         install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         pooler = model.get_submodule(f"{model.prefix}.pooler")
         return model.classifier(pooler(first_tokens(hidden, segments, rows)))  # type: ignore[no-any-return]
@@ -118,7 +134,12 @@ class DenseHead(Head):
         install(model, "classifier", ClassificationHead(self.hidden, self.labels, activation(self.act)))
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         return model.classifier(first_tokens(hidden, segments, rows))  # type: ignore[no-any-return]
 
@@ -140,7 +161,12 @@ class PreClassifierHead(Head):
         install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         x = torch.relu(model.pre_classifier(first_tokens(hidden, segments, rows)))
         return model.classifier(x)  # type: ignore[no-any-return]
@@ -158,7 +184,12 @@ class ContextPoolerHead(Head):
         install(model, "classifier", nn.Linear(width, self.labels))
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         return model.classifier(model.pooler(first_tokens(hidden, segments, rows)))  # type: ignore[no-any-return]
 
@@ -193,7 +224,12 @@ class ModernBertHead(Head):
         install(model, "classifier", nn.Linear(self.hidden, self.labels))
 
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
         pool = mean_rows if self.pooling == "mean" else first_tokens
         return model.classifier(model.head(pool(hidden, segments, rows).to(hidden.dtype)))  # type: ignore[no-any-return]
@@ -222,23 +258,47 @@ class ModernBertTokenHead(ModernBertHead):
 
 
 class LastTokenScoreHead(Head):
-    """A decoder's *ForSequenceClassification: `score` (no bias) on each row's last token.
+    """A decoder's *ForSequenceClassification: `score` (no bias) on one token of each row.
 
-    Transformers scores the rightmost token that is not `pad_token_id` of each padded row; a
-    packed row has no padding, so that is the row's last token (for any row that does not end
-    in the pad token itself, which no tokenizer template here appends)."""
+    The token is the one Transformers scores (GenericForSequenceClassification): the rightmost
+    whose id is not config.json's `pad_token_id`, wherever the padding is, so a row that ends
+    in pad ids (a tokenizer that appends its pad token, as Qwen's `<|endoftext|>` is both)
+    is scored at the token before them; a row of pad ids only at its first token (the
+    reference's argmax over no match, on an unpadded row); with no `pad_token_id`, the last
+    token (the reference then runs a batch of one only)."""
 
     kind = "sequence"
+    # Whether the scored token skips trailing pad ids (the reference's choice) or is the row's
+    # last, as a LogitScore module reads it.
+    skips_pad: ClassVar[bool] = True
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
+        pad = config.get("pad_token_id")
+        self.pad_id = int(pad) if self.skips_pad and isinstance(pad, int) else None
         install(model, "score", nn.Linear(self.hidden, self.labels, bias=False))
 
+    def scored_tokens(self, segments: Segments, rows: list[int], token_ids: np.ndarray) -> list[int]:
+        """The packed position each of `rows` is scored at."""
+        ends = [segments.starts[r] + segments.lengths[r] for r in rows]
+        if self.pad_id is None:
+            return [end - 1 for end in ends]
+        out = []
+        for r, end in zip(rows, ends, strict=True):
+            start = segments.starts[r]
+            kept = np.flatnonzero(token_ids[start:end] != self.pad_id)
+            out.append(start + (int(kept[-1]) if len(kept) else 0))
+        return out
+
     def sequence_logits(
-        self, model: EncoderModel, hidden: torch.Tensor, segments: Segments, rows: list[int]
+        self,
+        model: EncoderModel,
+        hidden: torch.Tensor,
+        segments: Segments,
+        rows: list[int],
+        token_ids: np.ndarray,
     ) -> torch.Tensor:
-        last = [segments.starts[r] + segments.lengths[r] - 1 for r in rows]
-        return model.score(hidden[last])  # type: ignore[no-any-return]
+        return model.score(hidden[self.scored_tokens(segments, rows, token_ids)])  # type: ignore[no-any-return]
 
 
 class LogitScoreHead(LastTokenScoreHead):
@@ -250,7 +310,11 @@ class LogitScoreHead(LastTokenScoreHead):
     one linear map of it: `score.weight` = lm_head[true] - lm_head[false] (shape [1, hidden]),
     built at load from the checkpoint's `lm_head.weight`, or from the input embeddings where
     `tie_word_embeddings` shares them (Qwen3-0.6B's checkpoint stores no lm_head). The token ids
-    come from the config under `LOGIT_SCORE_IDS`, where the family puts the package's."""
+    come from the config under `LOGIT_SCORE_IDS`, where the family puts the package's. The
+    scored token is the row's last, whatever its id: sentence-transformers left-pads, so the
+    module reads the last position, a real token."""
+
+    skips_pad = False
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         ids = config.get(LOGIT_SCORE_IDS)
