@@ -129,6 +129,23 @@ def test_without_a_pad_token_the_last_token_is_scored(tmp_path: Path, nt: Any) -
     nt.assert_close(nt.encode(native, [row], "logits")[0], want, atol=ATOL)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_tagger_is_score_on_every_token(tmp_path: Path, nt: Any, bias: bool) -> None:
+    # Qwen3ForTokenClassification: `score` with a bias unless token_classification_bias is false.
+    _, fixture = fx.fixture_of("qwen3")
+    _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
+    config = fx._config("qwen3", vocab, ids)
+    config._attn_implementation = "eager"
+    config.token_classification_bias = bias
+    hf = nt.randomize(fx._model("qwen3", "token", ["O", "B", "I"], config, multilabel=False), seed=6)
+    assert (hf.score.bias is not None) is bias
+    native = nt.load_native(nt.save(hf, tmp_path / "token"))
+    rows = _rows(vocab, nt, hf.config.pad_token_id)
+    out, width = _left_padded(hf, rows)
+    for i, (row, got) in enumerate(zip(rows, nt.encode(native, rows, "token_logits"), strict=True)):
+        nt.assert_close(got, out.logits[i, width - len(row) :], atol=ATOL)
+
+
 def test_a_prefix_computes_what_it_computes_alone(tmp_path: Path, nt: Any) -> None:
     # Causal: no token sees a later one, so the first k states of a row are the k-token row's.
     _, native, vocab = _model("model", tmp_path, nt)

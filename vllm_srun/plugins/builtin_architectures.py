@@ -172,11 +172,13 @@ BUILTIN: tuple[Architecture, ...] = (
         model_types=("qwen3",),
         target=f"{_NATIVE}.qwen3:Qwen3",
         # Decoders served as encoders: Qwen3-Embedding (a bare Qwen3Model with last-token
-        # pooling), one-label rerankers, and causal LMs read as yes/no rerankers, which the
-        # family serves only as sentence-transformers LogitScore packages (`CONVERT` otherwise).
+        # pooling), one-label rerankers, token taggers, and causal LMs read as yes/no
+        # rerankers, which the family serves only as sentence-transformers LogitScore packages
+        # (`CONVERT` otherwise).
         classes={
             "Qwen3Model": ("model", None),
             "Qwen3ForSequenceClassification": ("sequence", "last_token_score"),
+            "Qwen3ForTokenClassification": ("token", "score_token"),
             "Qwen3ForCausalLM": ("sequence", "logit_score"),
         },
         fast_paths=("dense",),  # rotary

@@ -9,6 +9,8 @@
   as its tokenizer pairs them; logits within 1e-4 of Transformers' (right-padded batch).
   `qwen3-eot-pad-reranker` pads with the <|endoftext|> its tokenizer appends, as Qwen's do:
   Transformers scores the token before it, and so must the server.
+- `qwen3-token`: a Qwen3ForTokenClassification tagger; /v1/classify with return_tokens gives
+  each token the softmax of Transformers' logits within 1e-4.
 - Windows under last-token pooling are refused with the reason; a bare Qwen3ForCausalLM (the
   yes/no-logit Qwen3-Reranker without sentence-transformers' LogitScore module) is refused with
   how to convert it (the LogitScore form serves: test_logit_score.py).
@@ -47,6 +49,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     add_sentence_transformers(embedding, prompts=PROMPTS)
     reranker = write_fixture(root / "qwen3-reranker", variant="qwen3-reranker")
     eot_pad = write_fixture(root / "qwen3-eot-pad-reranker", variant="qwen3-eot-pad-reranker")
+    tagger = write_fixture(root / "qwen3-token", variant="qwen3-token")
     causal = Path(shutil.copytree(reranker, root / "qwen3-causal"))
     config = json.loads((causal / "config.json").read_text())
     config["architectures"] = ["Qwen3ForCausalLM"]
@@ -55,13 +58,14 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "qwen3-embedding": embedding,
         "qwen3-reranker": reranker,
         "qwen3-eot-pad-reranker": eot_pad,
+        "qwen3-token": tagger,
         "qwen3-causal": causal,
     }
 
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    served = ("qwen3-embedding", "qwen3-reranker", "qwen3-eot-pad-reranker")
+    served = ("qwen3-embedding", "qwen3-reranker", "qwen3-eot-pad-reranker", "qwen3-token")
     return module_server(*serve_named({name: packages[name] for name in served}), "--threads", "1")
 
 
@@ -211,3 +215,37 @@ def test_a_causal_lm_reranker_is_refused_with_how_to_convert_it(packages: dict[s
     assert "Qwen3ForCausalLM" in message
     assert "one-label Qwen3ForSequenceClassification" in message
     assert "lm_head.weight" in message
+
+
+def test_tagger_tokens_match_transformers(server: Server, packages: dict[str, Path]) -> None:
+    # Qwen3ForTokenClassification: `score` (with a bias) on every token; each token's
+    # probabilities are the softmax of Transformers' logits, its appended <|endoftext|> left out
+    # as a special token.
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    path = packages["qwen3-token"]
+    texts = random_texts(seed=31, count=4, max_words=30)
+    response = server.post(
+        "/v1/classify", {"model": "qwen3-token", "input": texts, "options": {"return_tokens": True}}
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["kind"], body["labels"]) == ("token", ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"])
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    model = transformers.Qwen3ForTokenClassification.from_pretrained(
+        str(path), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    assert model.score.bias is not None
+    for text, result in zip(texts, sorted(body["results"], key=lambda r: r["index"]), strict=True):
+        encoding = tokenizer.encode(text)
+        assert encoding.special_tokens_mask[-1] == 1 and not any(encoding.special_tokens_mask[:-1])
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([encoding.ids])).logits[0, :-1].numpy()
+        want = np.exp(logits - logits.max(-1, keepdims=True))
+        want /= want.sum(-1, keepdims=True)
+        got = np.array([token["probabilities"] for token in result["tokens"]])
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=0)
+        spans = [text[t["start"] : t["end"]] for t in result["tokens"]]
+        assert "".join(spans).replace(" ", "") == text.replace(" ", "")

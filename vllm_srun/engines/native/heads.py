@@ -239,16 +239,32 @@ class ModernBertHead(Head):
 
 
 class TokenHead(Head):
-    """`classifier` on every token: the token tagger of BERT-like encoders."""
+    """One linear on every token, at `module`: `classifier` (with a bias), the token tagger of
+    BERT-like encoders."""
 
     kind = "token"
+    module: ClassVar[str] = "classifier"
 
     def __init__(self, model: EncoderModel, config: Mapping[str, Any]) -> None:
         super().__init__(model, config)
-        install(model, "classifier", nn.Linear(self.hidden, self.labels))
+        install(model, self.module, nn.Linear(self.hidden, self.labels, bias=self.has_bias(config)))
+
+    def has_bias(self, config: Mapping[str, Any]) -> bool:
+        return True
 
     def token_logits(self, model: EncoderModel, hidden: torch.Tensor) -> torch.Tensor:
-        return model.classifier(hidden)  # type: ignore[no-any-return]
+        return getattr(model, self.module)(hidden)  # type: ignore[no-any-return]
+
+
+class ScoreTokenHead(TokenHead):
+    """A decoder's *ForTokenClassification (Transformers' GenericForTokenClassification): the
+    linear is `score`, with a bias unless config.json's `token_classification_bias` is false;
+    its dropout does nothing at inference."""
+
+    module = "score"
+
+    def has_bias(self, config: Mapping[str, Any]) -> bool:
+        return bool(config.get("token_classification_bias", True))
 
 
 class ModernBertTokenHead(ModernBertHead):
@@ -351,6 +367,7 @@ HEADS: dict[str, type[Head]] = {
     "context_pooler": ContextPoolerHead,
     "modernbert": ModernBertHead,
     "token": TokenHead,
+    "score_token": ScoreTokenHead,
     "modernbert_token": ModernBertTokenHead,
     "last_token_score": LastTokenScoreHead,
     "logit_score": LogitScoreHead,

@@ -11,7 +11,8 @@ by `num_attention_heads // num_key_value_heads` query heads) with an RMSNorm ove
 Only the default rotary (`rope_theta`, no scaling) and full attention are implemented; any
 other rope type or a sliding-window layer is refused by name rather than run approximately.
 Attribute names follow the checkpoint (`embed_tokens`, `layers.N.self_attn.q_proj`, `norm`):
-`Qwen3Model` saves them bare, `Qwen3ForSequenceClassification` under `model.` beside `score`,
+`Qwen3Model` saves them bare, `Qwen3ForSequenceClassification` and
+`Qwen3ForTokenClassification` under `model.` beside `score`,
 `Qwen3ForCausalLM` under `model.` beside `lm_head` (absent where tied to `embed_tokens`), which
 only the LogitScore head reads (heads.LogitScoreHead).
 """
@@ -180,7 +181,8 @@ class Qwen3Backbone(Backbone):
 
 class Qwen3(EncoderModel):
     """Qwen3: `model.embed_tokens`, `model.layers.N`, `model.norm`; heads by name
-    (last_token_score for *ForSequenceClassification, logit_score for *ForCausalLM)."""
+    (last_token_score for *ForSequenceClassification, score_token for *ForTokenClassification,
+    logit_score for *ForCausalLM)."""
 
     prefix = "model"
     # A causal LM's vocabulary projection: no module takes it; the LogitScore head reads its rows.
