@@ -222,9 +222,11 @@ class RerankRequest(msgspec.Struct, forbid_unknown_fields=True):
     last layer, at its own dimension), so any other is a 400 naming the field.
 
     `prompt_name` (one of the package's sentence-transformers prompts) or a raw `prompt`, at
-    most one of them, is the instruction a reranker that formats pairs with a chat template
-    renders (a LogitScore package, as `CrossEncoder.predict(prompt_name=...)`); without either
-    its `default_prompt_name` applies. Other models refuse them (422)."""
+    most one of them, is applied to each pair as `CrossEncoder.predict(prompt_name=...,
+    prompt=...)` applies it: a cross-encoder puts it before the query, a LogitScore package
+    renders it through its chat template as the instruction; without either the package's
+    `default_prompt_name` applies. A bi-encoder (the query and documents embedded apart)
+    refuses them (422)."""
 
     schema_at_most_one: ClassVar[tuple[str, ...]] = ("prompt", "prompt_name")
 

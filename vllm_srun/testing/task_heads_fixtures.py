@@ -629,3 +629,26 @@ def write_logit_score_reranker(
         )
         model.save(str(out))
     return out
+
+
+def write_cross_encoder(
+    out: Path,
+    *,
+    variant: str = "bert-reranker",
+    prompts: dict[str, str] | None = None,
+    default_prompt_name: str | None = None,
+) -> Path:
+    """Write the reranker `variant` (a one-label *ForSequenceClassification fixture) as
+    sentence-transformers 6 saves a CrossEncoder of it with `prompts` and `default_prompt_name`:
+    built with sentence-transformers itself (modules.json, config_sentence_transformers.json,
+    the checkpoint and tokenizer as it saves them). Needs torch and sentence-transformers; reads
+    nothing from the network. Returns `out`."""
+    import tempfile
+
+    from sentence_transformers import CrossEncoder
+
+    with tempfile.TemporaryDirectory() as scratch:
+        raw = write_fixture(Path(scratch) / variant, variant=variant)
+        model = CrossEncoder(str(raw), prompts=prompts, default_prompt_name=default_prompt_name, device="cpu")
+        model.save(str(out))
+    return Path(out)

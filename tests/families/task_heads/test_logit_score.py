@@ -259,7 +259,8 @@ def test_classify_scores_pairs_and_refuses_a_text_alone(
     [
         ("yes-no", {"prompt_name": "nope"}, 422, "prompt_name"),
         ("yes-no", {"prompt_name": "query", "prompt": "x"}, 400, "prompt_name"),
-        ("qwen3-reranker", {"prompt": "x"}, 422, "prompt"),
+        # A cross-encoder takes a raw prompt (test_cross_encoder.py), a name only of its prompts.
+        ("qwen3-reranker", {"prompt_name": "x"}, 422, "prompt_name"),
         # Rendered into every pair: bounded in characters before any is tokenized.
         ("yes-no", {"prompt": "yes " * 2000}, 413, "prompt"),
     ],

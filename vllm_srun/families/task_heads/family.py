@@ -158,6 +158,7 @@ class TaskHeadsFamily(ModelFamily):
             outputs=kinds,
             colbert=codec,
             pair_template=template,
+            pair_prompts=layout.pair_prompts,
         )
 
     def descriptor(self) -> dict[str, Any]:

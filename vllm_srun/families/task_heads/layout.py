@@ -15,6 +15,7 @@ from vllm_srun import defaults
 from vllm_srun.errors import PackageError
 from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads import logit_score
+from vllm_srun.families.task_heads.cross_encoder import PairPrompts, read_pair_prompts
 from vllm_srun.families.task_heads.sentence import SentenceConfig, read_sentence_config
 from vllm_srun.families.task_heads.sparse_encoder import (
     SparseEncoderConfig,
@@ -47,6 +48,9 @@ class Layout:
     colbert: pylate.ColbertConfig | None = None  # a PyLate ColBERT package
     # A causal LM scored by two logits, as a sentence-transformers LogitScore package.
     logit_score: logit_score.LogitScoreConfig | None = None
+    # A pair scorer's prompts, as sentence-transformers' CrossEncoder reads them (none for a
+    # package it reads none from); None for a model that scores no pairs, and a LogitScore one.
+    pair_prompts: PairPrompts | None = None
 
     @property
     def pooling(self) -> str | None:
@@ -70,6 +74,8 @@ class Layout:
             names.extend(self.colbert.config_files)
         if self.logit_score is not None:
             names.extend(n for n in self.logit_score.config_files if n not in names)
+        if self.pair_prompts is not None:
+            names.extend(n for n in self.pair_prompts.config_files if n not in names)
         return names
 
 
@@ -140,6 +146,7 @@ def read_layout(package: ModelPackage) -> Layout:
     sentence = read_sentence_config(package) if kind == "embedding" and colbert is None else None
     sparse_encoder = read_sparse_encoder(package) if kind == "sparse" and package.exists("modules.json") else None
     scorer = logit_score.read_logit_score(package, config) if logit_score.reads_logits(config) else None
+    pair_prompts = read_pair_prompts(package) if kind == "sequence" and scorer is None else None
     if scorer is not None:
         # One label, scored from the LM head's rows of the package's two tokens.
         config = {**config, LOGIT_SCORE_IDS: scorer.token_ids, "num_labels": 1, "id2label": {"0": "LABEL_0"}}
@@ -164,6 +171,7 @@ def read_layout(package: ModelPackage) -> Layout:
         sparse_encoder=sparse_encoder,
         colbert=colbert,
         logit_score=scorer,
+        pair_prompts=pair_prompts,
         config=config,
         architecture=config["architectures"][0],
         kind=kind,

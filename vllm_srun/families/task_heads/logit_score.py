@@ -32,10 +32,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vllm_srun.errors import InvalidRequest, PackageError, RequestTooLarge
+from vllm_srun.errors import PackageError
+from vllm_srun.families.task_heads.cross_encoder import bound_prompt, resolve
 from vllm_srun.families.task_heads.sentence import MODULES, SENTENCE_BERT_CONFIG, ST_CONFIG
 from vllm_srun.families.task_heads.tokenize import SPECIAL, Encoded, _encoded
-from vllm_srun.families.task_heads.windows import Overflow, max_chars
+from vllm_srun.families.task_heads.windows import Overflow
 from vllm_srun.plugins.architectures import declared
 from vllm_srun.plugins.bodies import UnsupportedOption
 
@@ -376,12 +377,7 @@ class PairTemplate:
         window of the rendered text is no pair), and so is a text without its pair; a prompt
         longer than any input may be (windows.max_chars) is a RequestTooLarge naming it, before
         it is rendered into every pair."""
-        if len(prompt) > max_chars(policy):
-            raise RequestTooLarge(
-                f"prompt: {len(prompt)} characters; at most {max_chars(policy)} are read for a budget "
-                f"of {policy.max_tokens} tokens",
-                param="prompt",
-            )
+        bound_prompt(prompt, policy)
         if policy.mode == "window":
             raise UnsupportedOption(
                 f"options.overflow: 'window' is not served for model {self.model!r}, which scores "
@@ -419,35 +415,8 @@ class PairTemplate:
         return "" if name is None else self.config.prompts[name]
 
     def prompt_of(self, request: RerankRequest) -> str:
-        """The prompt a rerank request selects: `prompt` as given, `prompt_name` from the
-        package's prompts, else its default_prompt_name's; "" for none."""
-        if request.prompt is not None and request.prompt_name is not None:
-            raise InvalidRequest(
-                "prompt_name: give one of prompt and prompt_name, not both", param="prompt_name"
-            )
-        if request.prompt is not None:
-            return request.prompt
-        name = request.prompt_name or self.config.default_prompt_name
-        if name is None:
-            return ""
-        if name not in self.config.prompts:
-            known = ", ".join(repr(p) for p in self.config.prompts) or "none"
-            raise UnsupportedOption(
-                f"prompt_name: model {self.model!r} has no prompt named {name!r}; its prompts: {known}",
-                param="prompt_name",
-            )
-        return self.config.prompts[name]
-
-
-def refuse_prompt(request: RerankRequest, model: str) -> None:
-    """A rerank prompt asked of a model that formats no pairs with one: its refusal (422)."""
-    for field in ("prompt", "prompt_name"):
-        if getattr(request, field) is not None:
-            raise UnsupportedOption(
-                f"{field}: model {model!r} takes no rerank prompt (only a LogitScore reranker, "
-                "whose chat template renders it, does)",
-                param=field,
-            )
+        """The prompt a rerank request selects (cross_encoder.resolve); "" for none."""
+        return resolve(self.config.prompts, self.config.default_prompt_name, request, model=self.model)
 
 
 def _environment() -> Any:

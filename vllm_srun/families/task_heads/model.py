@@ -18,8 +18,9 @@ from vllm_srun.defaults import FALLBACK_MAX_TOKENS
 from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads import colbert as pylate
 from vllm_srun.families.task_heads import finish, outputs
+from vllm_srun.families.task_heads.cross_encoder import PairPrompts, bound_prompt, refuse_prompt
 from vllm_srun.families.task_heads.heads import POOLED, SCORES, SURFACES_OF, TOKEN, pool_tokens
-from vllm_srun.families.task_heads.logit_score import PairTemplate, refuse_prompt
+from vllm_srun.families.task_heads.logit_score import PairTemplate
 from vllm_srun.families.task_heads.outputs import OutputKinds
 from vllm_srun.families.task_heads.sentence import (
     PostPooling,
@@ -153,6 +154,7 @@ class TaskHeadsModel(LoadedModel):
         outputs: OutputKinds | None = None,
         colbert: pylate.Codec | None = None,
         pair_template: PairTemplate | None = None,
+        pair_prompts: PairPrompts | None = None,
     ) -> None:
         super().__init__(info, engine_model)
         self.encoder = encoder
@@ -169,6 +171,7 @@ class TaskHeadsModel(LoadedModel):
         self.outputs = outputs or OutputKinds()
         self.colbert = colbert  # a PyLate ColBERT package's rows (colbert.py)
         self.pair_template = pair_template  # a LogitScore package's pair format (logit_score.py)
+        self.pair_prompts = pair_prompts  # a cross-encoder's prompts (cross_encoder.py)
 
     def tokenizer(self) -> Tokenizer:
         return self.encoder.tokenizer
@@ -321,7 +324,7 @@ class TaskHeadsModel(LoadedModel):
     def _plan_rerank(self, request: RerankRequest) -> Plan:
         head = self._head("rerank", request.options.head)
         self._check_exit(request)
-        if self.pair_template is None:
+        if head.kind == POOLED:
             refuse_prompt(request, self.info.name)
         documents = [d.text if isinstance(d, RerankDocument) else d for d in request.documents]
         if not documents:
@@ -359,10 +362,9 @@ class TaskHeadsModel(LoadedModel):
         else:
             bound_chars([len(request.query)], self._policy(request.options), ["query"])
             params = [f"documents[{i}]" for i in range(len(documents))]
-            prompt = None if self.pair_template is None else self.pair_template.prompt_of(request)
             plan = self._plan(
                 "rerank", head, request.options, [(request.query, d) for d in documents], params,
-                prompt=prompt,
+                prompt=self._rerank_prompt(request),
             )
             for planned, document in zip(plan.state.inputs, documents, strict=True):
                 planned.text = document
@@ -370,6 +372,22 @@ class TaskHeadsModel(LoadedModel):
             top_n=request.top_n, return_documents=request.return_documents, output=kind
         )
         return plan
+
+    def _rerank_prompt(self, request: RerankRequest) -> str:
+        """The prompt a pair scorer's rerank request selects ("" for none): a LogitScore
+        reranker's through its template, a cross-encoder's as CrossEncoder.predict resolves it."""
+        if self.pair_template is not None:
+            return self.pair_template.prompt_of(request)
+        if self.pair_prompts is None:  # a head that scores pairs but no CrossEncoder reads
+            refuse_prompt(request, self.info.name)
+            return ""
+        return self.pair_prompts.prompt_of(request, model=self.info.name)
+
+    def _default_prompt(self) -> str:
+        """The prompt a pair scorer's inputs get when the request names none ("" for none)."""
+        if self.pair_template is not None:
+            return self.pair_template.default_prompt()
+        return self.pair_prompts.default_prompt() if self.pair_prompts is not None else ""
 
     def _refuse_ids(self, inputs: Sequence[str | list[int]]) -> None:
         if any(isinstance(i, list) for i in inputs):
@@ -522,7 +540,7 @@ class TaskHeadsModel(LoadedModel):
         prompt: str | None = None,
     ) -> Plan:
         """Tokenize and plan `pairs`, each first bounded in characters (`params` names their
-        fields; by default input[i]); `prompt` is a LogitScore reranker's (its default if None)."""
+        fields; by default input[i]); `prompt` is a pair scorer's (its default if None)."""
         params = params or [f"input[{i}]" for i in range(len(pairs))]
         texts = [text for text, _ in pairs]
         encs = self._encode_bounded(pairs, options, params, prompt=prompt)
@@ -539,8 +557,12 @@ class TaskHeadsModel(LoadedModel):
         """`pairs` tokenized within their character bound (windows.bound_chars): an input past it
         under `reject` is tokenized only up to it and marked clipped."""
         template, policy = self.pair_template, self._policy(options)
-        # A LogitScore reranker renders its prompt into every pair: it counts in each bound.
-        chosen = "" if template is None else template.default_prompt() if prompt is None else prompt
+        # A pair scorer's prompt goes into every pair (rendered by a LogitScore reranker's
+        # template, else before each first text, as CrossEncoder.predict puts it): it counts in
+        # each bound, and one longer than any input may be is refused before it is copied.
+        chosen = self._default_prompt() if prompt is None else prompt
+        if chosen:
+            bound_prompt(chosen, policy)
         clips = bound_chars([len(t) + len(p or "") + len(chosen) for t, p in pairs], policy, params)
         bounded = [
             (t, p) if clip is None else (t[:clip], None if p is None else p[:clip])
@@ -549,7 +571,7 @@ class TaskHeadsModel(LoadedModel):
         if template is not None:  # each pair rendered through the chat template
             encs = template.encode(bounded, params, prompt=chosen, policy=policy)
         else:
-            encs = self.encoder.encode(bounded)
+            encs = self.encoder.encode([(chosen + t, p) for t, p in bounded] if chosen else bounded)
         return [
             enc if clip is None else dataclasses.replace(enc, clipped=True)
             for enc, clip in zip(encs, clips, strict=True)

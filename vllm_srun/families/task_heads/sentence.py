@@ -189,7 +189,7 @@ def read_sentence_config(package: ModelPackage) -> SentenceConfig:
         settings.update(max_seq_length=limit, do_lower_case=bool(data.get("do_lower_case", False)))
     if package.exists(ST_CONFIG):
         config_files.append(ST_CONFIG)
-        settings.update(_prompts(package))
+        settings.update(read_prompts(package))
     relative, mode, include_prompt = pooling
     return SentenceConfig(
         pooling=mode,
@@ -201,7 +201,10 @@ def read_sentence_config(package: ModelPackage) -> SentenceConfig:
     )
 
 
-def _prompts(package: ModelPackage) -> dict[str, Any]:
+def read_prompts(package: ModelPackage) -> dict[str, Any]:
+    """`prompts`, `default_prompt_name` and `similarity_fn_name` of the package's
+    config_sentence_transformers.json; PackageError for prompts that are not texts by name or a
+    default that is none of them."""
     data = _json_object(package, ST_CONFIG)
     prompts = data.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(
