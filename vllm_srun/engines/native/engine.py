@@ -123,7 +123,7 @@ class NativeEngine(Engine):
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> NativeModel:
         import torch
 
-        from vllm_srun.engines.native.weights import torch_dtype
+        from vllm_srun.engines.native.weights import meta_build, torch_dtype
 
         target = torch_device_of(device)
         if dtype == "int8" and target.type != "cpu":
@@ -134,7 +134,7 @@ class NativeEngine(Engine):
         tensors = host if host is not None else self.read(spec, dtype)
         # Built on the meta device: no time spent on random init that the weights overwrite.
         try:
-            with torch.device("meta"):
+            with meta_build():
                 config = row.standard_config(spec.config)
                 module = cls(config, head=row.head_of(spec.architecture))
                 if spec.extra.get("outputs"):

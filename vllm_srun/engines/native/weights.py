@@ -7,10 +7,13 @@ never runs with zeros or random weights.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_srun.errors import PackageError
 
@@ -18,6 +21,44 @@ if TYPE_CHECKING:
     import torch
 
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
+
+_META_BUILDS = threading.Lock()
+
+
+@contextlib.contextmanager
+def meta_build() -> Iterator[None]:
+    """Build modules on the meta device, skipping the random init the weights overwrite.
+
+    A meta tensor has no values, yet torch still runs `reset_parameters` on it, through Python
+    decompositions whose first call imports torch._dynamo (1.5-3 s of every model load, for
+    nothing). Inside, the `torch.nn.init` functions return a meta tensor untouched; any other
+    tensor (another thread's real module) is initialised by the original function, as always.
+    """
+    import torch
+    import torch.nn.init as init
+
+    def passing_meta(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def init_unless_meta(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+            return original(tensor, *args, **kwargs)
+
+        return init_unless_meta
+
+    with _META_BUILDS:
+        names = [
+            n for n in vars(init) if n.endswith("_") and not n.startswith("_") and callable(getattr(init, n))
+        ]
+        originals = {name: getattr(init, name) for name in names}
+        try:
+            for name, original in originals.items():
+                setattr(init, name, passing_meta(original))
+            with torch.device("meta"):
+                yield
+        finally:
+            for name, original in originals.items():
+                setattr(init, name, original)
 
 
 def torch_dtype(name: str) -> torch.dtype:
