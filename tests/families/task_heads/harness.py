@@ -114,6 +114,30 @@ def pool(hidden: np.ndarray, mode: str) -> np.ndarray:
     return out
 
 
+def cross_encoder_predict(
+    model: Any, pairs: list[tuple[str, str]], **kwargs: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(logits, scores) of a sentence-transformers CrossEncoder: `predict` without and with its
+    activation."""
+    import torch
+
+    logits = model.predict(pairs, activation_fn=torch.nn.Identity(), **kwargs)
+    scores = model.predict(pairs, **kwargs)
+    return np.asarray(logits, dtype=np.float64), np.asarray(scores, dtype=np.float64)
+
+
+def rerank_over_http(
+    server: Any, model: str, query: str, documents: list[str], **extra: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """(logit, relevance_score) of each document, in input order, from the server's /v1/rerank."""
+    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents, **extra})
+    assert response.status_code == 200, response.text
+    results = {r["index"]: r for r in response.json()["results"]}
+    logits = np.array([results[i]["logit"] for i in range(len(documents))])
+    scores = np.array([results[i]["relevance_score"] for i in range(len(documents))])
+    return logits, scores
+
+
 def rows_of(model: TaskHeadsModel, surface: Surface, request: Request) -> tuple[list[list[int]], list[Any]]:
     """The token ids and token type ids (None for single texts) of each work item the request plans."""
     plan = model.plan_surface(surface, request)

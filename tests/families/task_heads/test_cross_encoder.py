@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from families.task_heads.harness import random_texts
+from families.task_heads.harness import cross_encoder_predict, random_texts, rerank_over_http
 from helpers import Server, serve_named
 
 from vllm_srun.testing.task_heads_fixtures import write_cross_encoder, write_fixture
@@ -59,25 +59,6 @@ def cross_encoders(packages: dict[str, Path]) -> dict[str, Any]:
     return {
         name: CrossEncoder(str(packages[name]), device="cpu") for name in ("prompted", "defaulted", "plain")
     }
-
-
-def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-    import torch
-
-    logits = model.predict(pairs, activation_fn=torch.nn.Identity(), **kwargs)
-    scores = model.predict(pairs, **kwargs)
-    return np.asarray(logits, dtype=np.float64), np.asarray(scores, dtype=np.float64)
-
-
-def _rerank(
-    server: Server, model: str, query: str, documents: list[str], **extra: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents, **extra})
-    assert response.status_code == 200, response.text
-    results = {r["index"]: r for r in response.json()["results"]}
-    logits = np.array([results[i]["logit"] for i in range(len(documents))])
-    scores = np.array([results[i]["relevance_score"] for i in range(len(documents))])
-    return logits, scores
 
 
 def _assert_matches(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
@@ -126,11 +107,11 @@ def test_rerank_matches_cross_encoder_predict(
 ) -> None:
     query, documents = _pairs(seed=len(model) + 7 * len(extra.get("prompt_name", extra.get("prompt", ""))))
     pairs = [(query, d) for d in documents]
-    want = _predict(cross_encoders[model], pairs, **extra)
-    _assert_matches(_rerank(server, model, query, documents, **extra), want)
+    want = cross_encoder_predict(cross_encoders[model], pairs, **extra)
+    _assert_matches(rerank_over_http(server, model, query, documents, **extra), want)
     if extra.get("prompt") or extra.get("prompt_name") or (model == "defaulted" and not extra):
         # The prompt changes the scores: a server that dropped it would not pass above.
-        unprompted = _predict(cross_encoders["plain"], pairs)
+        unprompted = cross_encoder_predict(cross_encoders["plain"], pairs)
         assert np.max(np.abs(want[0] - unprompted[0])) > 1e-3
 
 
@@ -138,7 +119,7 @@ def test_the_default_prompt_applies_on_classify_pairs_and_other_rerank_routes(
     server: Server, cross_encoders: dict[str, Any]
 ) -> None:
     query, documents = _pairs(seed=41)
-    _, scores = _predict(cross_encoders["defaulted"], [(query, d) for d in documents])
+    _, scores = cross_encoder_predict(cross_encoders["defaulted"], [(query, d) for d in documents])
     response = server.post(
         "/v1/classify", {"model": "defaulted", "input": [{"text": query, "text_pair": d} for d in documents]}
     )

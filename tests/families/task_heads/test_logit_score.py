@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from families.task_heads.harness import random_texts
+from families.task_heads.harness import cross_encoder_predict, random_texts, rerank_over_http
 from helpers import Server, serve_named
 
 from vllm_srun.plugins.bodies import UnsupportedOption
@@ -102,26 +102,6 @@ def report() -> Any:
         )
 
 
-def _predict(model: Any, pairs: list[tuple[str, str]], **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(logits, sigmoid scores) as CrossEncoder.predict gives them."""
-    import torch
-
-    logits = model.predict(pairs, activation_fn=torch.nn.Identity(), **kwargs)
-    scores = model.predict(pairs, **kwargs)
-    return np.asarray(logits, dtype=np.float64), np.asarray(scores, dtype=np.float64)
-
-
-def _rerank(
-    server: Server, model: str, query: str, documents: list[str], **extra: Any
-) -> tuple[np.ndarray, np.ndarray]:
-    response = server.post("/v1/rerank", {"model": model, "query": query, "documents": documents, **extra})
-    assert response.status_code == 200, response.text
-    results = {r["index"]: r for r in response.json()["results"]}
-    logits = np.array([results[i]["logit"] for i in range(len(documents))])
-    scores = np.array([results[i]["relevance_score"] for i in range(len(documents))])
-    return logits, scores
-
-
 def _assert_matches(got: tuple[np.ndarray, np.ndarray], want: tuple[np.ndarray, np.ndarray]) -> None:
     MEASURED.append(float(np.max(np.abs(got[0] - want[0]))))
     np.testing.assert_allclose(got[0], want[0], atol=ATOL, rtol=0)
@@ -163,12 +143,12 @@ def test_rerank_matches_cross_encoder_predict(
     raw = "tell me if " + random_texts(seed=seed + 20, count=1, max_words=6)[0]
     extra = {None: {}, "query": {"prompt_name": "query"}, "raw": {"prompt": raw}}[prompt]
     reference = {None: {}, "query": {"prompt_name": "query"}, "raw": {"prompt": raw}}[prompt]
-    got = _rerank(server, "yes-no", query, documents, **extra)
-    want = _predict(cross_encoders["yes-no"], pairs, **reference)
+    got = rerank_over_http(server, "yes-no", query, documents, **extra)
+    want = cross_encoder_predict(cross_encoders["yes-no"], pairs, **reference)
     _assert_matches(got, want)
     if prompt is not None:
         # The instruction changes the scores: a server that dropped it would not pass above.
-        plain = _predict(cross_encoders["yes-no"], pairs)
+        plain = cross_encoder_predict(cross_encoders["yes-no"], pairs)
         assert np.max(np.abs(plain[0] - want[0])) > 1e-3
 
 
@@ -179,13 +159,16 @@ def test_the_default_prompt_applies_and_the_true_logit_alone_scores(
     documents = random_texts(seed=32, count=8, max_words=30)
     pairs = [(query, d) for d in documents]
     model = cross_encoders["yes-only"]
-    _assert_matches(_rerank(server, "yes-only", query, documents), _predict(model, pairs))
     _assert_matches(
-        _rerank(server, "yes-only", query, documents, prompt=""), _predict(model, pairs, prompt="")
+        rerank_over_http(server, "yes-only", query, documents), cross_encoder_predict(model, pairs)
     )
     _assert_matches(
-        _rerank(server, "yes-only", query, documents, prompt_name="city"),
-        _predict(model, pairs, prompt_name="city"),
+        rerank_over_http(server, "yes-only", query, documents, prompt=""),
+        cross_encoder_predict(model, pairs, prompt=""),
+    )
+    _assert_matches(
+        rerank_over_http(server, "yes-only", query, documents, prompt_name="city"),
+        cross_encoder_predict(model, pairs, prompt_name="city"),
     )
 
 
@@ -197,10 +180,12 @@ def test_typed_message_parts_when_the_template_reads_them(
     query = random_texts(seed=71, count=1, max_words=8)[0]
     documents = random_texts(seed=72, count=6, max_words=30)
     pairs = [(query, d) for d in documents]
-    _assert_matches(_rerank(server, "structured", query, documents), _predict(model, pairs))
     _assert_matches(
-        _rerank(server, "structured", query, documents, prompt_name="city"),
-        _predict(model, pairs, prompt_name="city"),
+        rerank_over_http(server, "structured", query, documents), cross_encoder_predict(model, pairs)
+    )
+    _assert_matches(
+        rerank_over_http(server, "structured", query, documents, prompt_name="city"),
+        cross_encoder_predict(model, pairs, prompt_name="city"),
     )
 
 
@@ -214,8 +199,8 @@ def test_an_overlong_pair_is_truncated_as_sentence_transformers_truncates_it(
     ]
     model = cross_encoders["yes-no"]
     assert len(model[0].preprocess([(query, documents[0])])["input_ids"][0]) == model.max_seq_length  # cut
-    want = _predict(model, [(query, d) for d in documents])
-    got = _rerank(server, "yes-no", query, documents, options={"overflow": "truncate"})
+    want = cross_encoder_predict(model, [(query, d) for d in documents])
+    got = rerank_over_http(server, "yes-no", query, documents, options={"overflow": "truncate"})
     _assert_matches(got, want)
     response = server.post("/v1/rerank", {"model": "yes-no", "query": query, "documents": documents})
     assert response.status_code == 200, response.text
@@ -247,7 +232,7 @@ def test_classify_scores_pairs_and_refuses_a_text_alone(
     )
     assert response.status_code == 200, response.text
     got = [result["score"] for result in sorted(response.json()["results"], key=lambda r: r["index"])]
-    _, want = _predict(cross_encoders["yes-no"], [(query, d) for d in documents])
+    _, want = cross_encoder_predict(cross_encoders["yes-no"], [(query, d) for d in documents])
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, atol=ATOL, rtol=0)
     response = server.post("/v1/classify", {"model": "yes-no", "input": ["a text without its pair"]})
     assert response.status_code == 422, response.text
@@ -356,7 +341,7 @@ def test_vllm_score_gives_the_same_scores(server: Server, cross_encoders: dict[s
     logit with use_activation false."""
     query = random_texts(seed=61, count=1, max_words=8)[0]
     documents = random_texts(seed=62, count=5, max_words=20)
-    want = _predict(cross_encoders["yes-no"], [(query, d) for d in documents])
+    want = cross_encoder_predict(cross_encoders["yes-no"], [(query, d) for d in documents])
     for use_activation, expected in ((True, want[1]), (False, want[0])):
         body = {"model": "yes-no", "text_1": query, "text_2": documents, "use_activation": use_activation}
         response = server.post("/v1/score", body)

@@ -30,7 +30,7 @@ def meta_build() -> Iterator[None]:
     """Build modules on the meta device, skipping the random init the weights overwrite.
 
     A meta tensor has no values, yet torch still runs `reset_parameters` on it, through Python
-    decompositions whose first call imports torch._dynamo (1.5-3 s of every model load, for
+    decompositions whose first call imports torch._dynamo (seconds of every model load, for
     nothing). Inside, the `torch.nn.init` functions return a meta tensor untouched; any other
     tensor (another thread's real module) is initialised by the original function, as always.
     """
