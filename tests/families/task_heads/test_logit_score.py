@@ -410,3 +410,28 @@ def test_a_template_that_refuses_one_input_is_the_models_422(
             "rerank", RerankRequest(query="a query", documents=["a good film", "a terrible film"])
         )
     assert caught.value.param == "documents[1]" and "no terrible documents" in str(caught.value)
+
+
+def test_every_engine_path_of_the_score_head_agrees_with_packed_rows(
+    packages: dict[str, Path], th: Any
+) -> None:
+    """The LogitScore head is no row of tests/engines/test_parity.py (its package is a
+    sentence-transformers CrossEncoder, not a Transformers class), so its small-batch paths are
+    checked here: each gives the packed rows' logits (1e-5), one row alone and three together."""
+    from vllm_srun.plugins.base import Batch, WorkItem
+
+    native = th.load_path(packages["yes-no"], "native", name="paths").engine_model
+    assert native.paths[0] == "packed" and len(native.paths) > 1, native.paths
+    vocab = int(json.loads((packages["yes-no"] / "config.json").read_text())["vocab_size"])
+    rng = np.random.default_rng(7)
+    rows = [[int(t) for t in rng.integers(1, vocab, size=n)] for n in (5, 23, 1)]
+    for batch in [[r] for r in rows] + [rows]:
+
+        def run(path: str, batch: list[list[int]] = batch) -> list[np.ndarray]:
+            items = [WorkItem(token_ids=r, output="logits") for r in batch]
+            return list(native.encode(Batch.from_items(items), path=path))
+
+        packed = run("packed")
+        for path in native.paths[1:]:
+            for got, want in zip(run(path), packed, strict=True):
+                np.testing.assert_allclose(got, want, atol=1e-5, rtol=0, err_msg=f"path {path}")
