@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -17,6 +21,23 @@ from contract.hook import (  # noqa: F401
     upstream_contract,
 )
 from helpers import Proc, RedisProcess, Server, write_keywords
+
+from vllm_srun.engines.native.graph_cache import CACHE_ENV
+
+
+def _session_graph_cache() -> None:
+    """One small-batch graph cache for every process of this run (pytest's own, the servers
+    and workers it starts, xdist's workers, which inherit it): each fixture's graph is exported
+    once, by the first load, and the user's own cache is never touched. Made by the first
+    process that imports this file and removed when that process exits."""
+    if CACHE_ENV in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="vllm-srun-test-cache-")
+    os.environ[CACHE_ENV] = folder
+    atexit.register(shutil.rmtree, folder, True)
+
+
+_session_graph_cache()
 
 
 @pytest.fixture

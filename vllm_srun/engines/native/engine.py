@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -141,7 +141,9 @@ class NativeEngine(Engine):
                     from vllm_srun.engines.native.outputs import install_outputs
 
                     # Plain attribute: the heads read their modules from the model at call time.
-                    module.output_heads = install_outputs(module, tuple(spec.extra["outputs"]), config, tensors)
+                    module.output_heads = install_outputs(
+                        module, tuple(spec.extra["outputs"]), config, tensors
+                    )
         except ConfigError:
             raise
         except KeyError as exc:
@@ -169,6 +171,7 @@ class NativeEngine(Engine):
             torch_device=target,
             kernels=kernels,
             fast_paths=row.fast_paths,
+            graph_identity=_graph_identity(spec, config, dtype),
         )
         model.prepare_small_batches()
         return model
@@ -189,8 +192,12 @@ class NativeModel(EngineModel):
         torch_device: torch.device | None = None,
         kernels: dict[str, Any] | None = None,
         fast_paths: Sequence[str] = ("dense", "onnx"),
+        graph_identity: str | None = None,
     ) -> None:
         self.module = module
+        # What built the module (graph_cache.graph_key's `identity`); None keeps its small-batch
+        # graph out of the cache.
+        self.graph_identity = graph_identity
         self.fast_paths = tuple(fast_paths)
         self.device = device
         self.dtype = dtype
@@ -281,12 +288,31 @@ class NativeModel(EngineModel):
             return
         import torch
 
-        try:
-            threads = tuning.forward_threads() or torch.get_num_threads()
-            session = onnx_path.OnnxSmallBatch(self.module, threads)
-        except Exception as exc:  # an export or session failure costs speed, never an answer
-            log.warning("small_batch_onnx_unavailable", error=f"{type(exc).__name__}: {exc}")
-            return
+        from vllm_srun.engines.native import graph_cache
+
+        key = None if self.graph_identity is None else graph_cache.graph_key(self.module, self.graph_identity)
+        threads = tuning.forward_threads() or torch.get_num_threads()
+        while True:
+            try:
+                session = onnx_path.OnnxSmallBatch(self.module, threads, key)
+            except Exception as exc:  # an export or session failure costs speed, never an answer
+                log.warning("small_batch_onnx_unavailable", error=f"{type(exc).__name__}: {exc}")
+                return
+            worst = self._probe(session)
+            if worst <= PROBE_ATOL:
+                return
+            if not session.from_cache:
+                log.warning("small_batch_onnx_differs", max_abs_diff=worst)
+                return
+            # A kept graph that no longer reproduces this module: exported afresh, once.
+            log.warning("small_batch_onnx_cache_stale", max_abs_diff=worst)
+            assert key is not None
+            graph_cache.drop_graph(key)
+
+    def _probe(self, session: Any) -> float:
+        """The largest difference between `session` and the torch dense forward on the probe
+        rows, one row alone and all together; `session` serves small batches when it is within
+        PROBE_ATOL (it is left in place then, and taken away otherwise)."""
         vocab = self.module.vocab_size
         rows = [[t % vocab for t in row] for row in _PROBE]
         self._onnx, worst = session, 0.0
@@ -295,8 +321,8 @@ class NativeModel(EngineModel):
             pairs = zip(self.encode(batch, path="dense"), self.encode(batch, path="onnx"), strict=True)
             worst = max(worst, *(float(np.abs(a - b).max()) for a, b in pairs))
         if not worst <= PROBE_ATOL:
-            log.warning("small_batch_onnx_differs", max_abs_diff=worst)
             self._onnx = None
+        return worst
 
     def dense_rows(self, lengths: np.ndarray) -> bool:
         """Whether a batch with these row lengths runs on a small-batch (padded block) path."""
@@ -452,3 +478,12 @@ class NativeModel(EngineModel):
                 bounds = np.cumsum([0] + [segments.lengths[r] for r in rows])
                 per_row(rows, [values[a:b] for a, b in itertools.pairwise(bounds)])
         return results if keep_rows else [r for r in results if r is not None]
+
+
+def _graph_identity(spec: ModelSpec, config: Mapping[str, Any], dtype: str) -> str:
+    """What built a native module, for its small-batch graph's cache key: the architecture,
+    the configuration it was built from, the output heads asked for and the dtype."""
+    import json
+
+    built = {"architecture": spec.architecture, "config": config, "outputs": spec.extra.get("outputs")}
+    return json.dumps({**built, "dtype": dtype}, sort_keys=True, default=repr)

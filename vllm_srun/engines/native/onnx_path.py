@@ -4,10 +4,12 @@ For one row or a few rows of similar length, onnxruntime's CPU kernels run the s
 forward faster than eager PyTorch (fewer dispatches, fused elementwise work around the
 matmuls); for large mixed batches the packed path wins (bench/single_forward.py measures
 both). The graph is exported from the loaded module itself (its forward on a padded `Block`,
-so the numbers are the native ones up to float rounding) into a private temporary folder kept for
-the model's life, and opened once, on the forward threads' intra-op thread count; nothing the
-package ships is run. onnxruntime holds its own copy of the weights, the one extra copy the
-engine allows itself for this path, and says what it added (`memory_bytes`).
+so the numbers are the native ones up to float rounding) into the graph cache (graph_cache: a
+later start of the same model opens it with no export) or, where there is none, a private
+temporary folder kept for the model's life, and opened once, on the forward threads' intra-op
+thread count; nothing the package ships is run. onnxruntime holds its own copy of the weights,
+the one extra copy the engine allows itself for this path, and says what it added
+(`memory_bytes`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from vllm_srun.engines.native import graph_cache
 
 if TYPE_CHECKING:
     from vllm_srun.engines.native.encoder import EncoderModel
@@ -44,20 +48,49 @@ class OnnxSmallBatch:
     passed the engine's probe.
     """
 
-    def __init__(self, model: EncoderModel, threads: int) -> None:
+    def __init__(self, model: EncoderModel, threads: int, key: str | None = None) -> None:
         _return_freed_memory()
         before = _resident_bytes()
-        # Kept for the session's life: the graph's weights are a file beside it.
-        self._folder = tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-")
-        path = str(Path(self._folder.name) / "dense.onnx")
-        _export(model, path)
         self.threads = threads
-        self.session: Any = _open(path, threads)
+        # Whether the graph came from the cache as it was (graph_cache), not from an export here.
+        self.from_cache = False
+        self._folder: tempfile.TemporaryDirectory[str] | None = None
+        self.session: Any = self._open_cached(key) if key is not None else None
+        if self.session is None:
+            self.session = _open(self._export(model, key), threads)
         # The exporter drops inputs the graph does not read (token types, for most models).
         self.inputs = {i.name for i in self.session.get_inputs()}
         _return_freed_memory()
         after = _resident_bytes()
         self.memory_bytes = None if before is None or after is None else max(0, after - before)
+
+    def _open_cached(self, key: str) -> Any:
+        """A session over the graph the cache keeps under `key`; None when there is none, or
+        when it does not open (a damaged entry, dropped so that it is exported afresh)."""
+        path = graph_cache.cached_graph(key)
+        if path is None:
+            return None
+        try:
+            session = _open(str(path), self.threads)
+        except Exception:
+            graph_cache.drop_graph(key)
+            return None
+        self.from_cache = True
+        return session
+
+    def _export(self, model: EncoderModel, key: str | None) -> str:
+        """Export `model` into the cache under `key`, else into a private temporary folder kept
+        for the session's life (the graph's weights are a file beside it); the graph's path."""
+        if key is not None:
+            stored = graph_cache.store_graph(
+                key, lambda folder: _export(model, str(folder / graph_cache.GRAPH_FILE))
+            )
+            if stored is not None:
+                return str(stored)
+        self._folder = tempfile.TemporaryDirectory(prefix="vllm-srun-onnx-")
+        path = str(Path(self._folder.name) / graph_cache.GRAPH_FILE)
+        _export(model, path)
+        return path
 
     def hidden(self, ids: np.ndarray, types: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Hidden states [rows, width, hidden] of right-padded int64 `ids`, `types`, `valid`."""
