@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import subprocess
@@ -55,14 +56,40 @@ class Proc:
 
 
 class Server(Proc):
-    """`vllm-srun serve` on a free port; `url` once it answers /health/live."""
+    """`vllm-srun serve` on a port the OS picks as the server binds it (`--port 0`, so no other
+    process can take it between the choice and the bind); `port` and `url` once its log says
+    where it listens."""
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self._port: int | None = None
         super().__init__(
-            [sys.executable, "-m", "vllm_srun.cli", "serve", *args, "--port", str(self.port)], log_path, env
+            [sys.executable, "-m", "vllm_srun.cli", "serve", *args, "--port", "0"], log_path, env
         )
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = self._listening_port()
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _listening_port(self, timeout_s: float = 60.0) -> int:
+        """The TCP port of serve's `listening` line (logged as it binds, before models load)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.log().splitlines():
+                if '"listening"' in line and "http://" in line:
+                    return int(json.loads(line)["url"].rsplit(":", 1)[1])
+            if not self.alive():
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} before listening:\n{self.log()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not listening in {timeout_s}s:\n{self.log()}")
+            time.sleep(0.05)
 
     def wait_ready(self, timeout_s: float = 60.0, path: str | None = None) -> Server:
         """Until `path` answers 200: /health (every model ready) unless this is a replica,
@@ -88,7 +115,11 @@ class Server(Proc):
 
 
 class RedisProcess(Proc):
-    """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH)."""
+    """A real redis-server on a TCP port of 127.0.0.1 (the bundled binary if none on PATH).
+
+    Redis cannot be told to bind a port of the OS's choosing (`--port 0` turns TCP off), so the
+    port is chosen just before the start; a start that finds it taken meanwhile is made again
+    on another port."""
 
     def __init__(
         self,
@@ -97,18 +128,27 @@ class RedisProcess(Proc):
         maxmemory: str | None = None,
         policy: str = "allkeys-lru",
     ) -> None:
-        self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no"]
+        self._options = ["--save", "", "--appendonly", "no"]
         if maxmemory:  # as compose.yaml runs the cache (allkeys-lru) or the state Redis (noeviction)
-            args += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
-        super().__init__(args, log_path)
-        self.wait()
+            self._options += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
+        for attempt in range(5):
+            self.port = port or free_port()
+            self.url = f"redis://127.0.0.1:{self.port}/0"
+            args = [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1", *self._options]
+            super().__init__(args, log_path)
+            try:
+                self.wait()
+                return
+            except RuntimeError:
+                if port is not None or attempt == 4 or "already in use" not in self.log():
+                    raise
+                self.stop()
 
     def wait(self, timeout_s: float = 10.0) -> None:
+        """Until the server accepts connections; a RuntimeError with its log when it exits or
+        does not within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and self.alive():
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                     return
