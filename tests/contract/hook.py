@@ -123,6 +123,26 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     return result
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand this worker's log to the controller, whose summary adds them."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["upstream_contract"] = {
+            "checked": LOG.checked,
+            "violations": [[v.test, v.line] for v in LOG.violations],
+        }
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: a worker's log joins this process's (its summary is the run's)."""
+    got = getattr(node, "workeroutput", {}).get("upstream_contract")
+    if got:
+        with LOG._lock:
+            LOG.checked += got["checked"]
+            LOG.violations += [Violation(test, line) for test, line in got["violations"]]
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not LOG.checked:
         return
