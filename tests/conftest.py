@@ -17,10 +17,12 @@ from contract.hook import (  # noqa: F401
     pytest_configure,
     pytest_runtest_call,
     pytest_runtest_protocol,
+    pytest_sessionfinish,
     pytest_terminal_summary,
+    pytest_testnodedown,
     upstream_contract,
 )
-from helpers import Proc, RedisProcess, Server, write_keywords
+from helpers import Proc, RedisProcess, Server, minilm_dir, write_keywords
 
 from vllm_srun.engines.native.graph_cache import CACHE_ENV
 
@@ -38,6 +40,49 @@ def _session_graph_cache() -> None:
 
 
 _session_graph_cache()
+
+# Modules whose tests bound a latency or a wall time within a few seconds (a live probe that
+# answers within a second under hostile load, a lease lapsing on time, a stop within its grace):
+# marked `serial`, which .ci/run runs in a pass of its own after the parallel one, so no other
+# test of the run shares the cores with them.
+SERIAL = {
+    "tests/app/test_hostile.py",
+    "tests/app/test_hostile_load.py",
+    "tests/app/test_streams_hostile.py",
+    "tests/queue/test_client.py",
+    "tests/queue/test_coalescer.py",
+    "tests/queue/test_leases.py",
+    "tests/test_proxy.py",
+    "tests/test_shutdown.py",
+    "tests/topology/test_faults.py",
+    "tests/topology/test_redis_restart.py",
+    "tests/topology/test_state_full.py",
+}
+# A module that names any of these starts processes (servers, workers, the CLI): not `quick`.
+_STARTS_PROCESSES = (
+    "subprocess",
+    "Server(",
+    "start_server",
+    "module_server",
+    "start_worker",
+    "topology",
+    "procs",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`serial` for the modules above; `quick` for every test of a module that starts no
+    process and is not marked slow (`pytest -m quick`, the inner loop)."""
+    root = Path(str(config.rootpath))
+    starts: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.path))
+        if path not in starts:
+            starts[path] = any(word in path.read_text() for word in _STARTS_PROCESSES)
+        if path.relative_to(root).as_posix() in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        if not starts[path] and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.fixture
@@ -81,6 +126,44 @@ def module_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Server]]:
+    """Like module_server, but one server per distinct argument list for the whole run (for
+    each xdist worker), shared by every module that asks for the same one. Only for tests that
+    read: none may change what a later test sees (its cache may fill, which changes no answer)."""
+    servers: dict[tuple[str, ...], Server] = {}
+    root = tmp_path_factory.mktemp("shared-server")
+
+    def start(*args: str) -> Server:
+        if args not in servers:
+            servers[args] = Server(list(args), root / f"server-{len(servers)}.log").wait_ready()
+        return servers[args]
+
+    yield start
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def minilm_server(shared_server: Callable[..., Server]) -> Server:
+    """The real all-MiniLM-L6-v2 as one model named `all-MiniLM-L6-v2` and `minilm`."""
+    return shared_server(str(minilm_dir()), "--served-model-name", "all-MiniLM-L6-v2", "minilm")
+
+
+@pytest.fixture(scope="session")
+def reranker_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight bert-reranker fixture, written once for the run."""
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    return write_fixture(tmp_path_factory.mktemp("shared-reranker") / "reranker", variant="bert-reranker")
+
+
+@pytest.fixture(scope="session")
+def reranker_server(shared_server: Callable[..., Server], reranker_package: Path) -> Server:
+    """`reranker_package` as one model named `reranker` and `rerank-v3.5` (Cohere's name)."""
+    return shared_server(str(reranker_package), "--served-model-name", "reranker", "rerank-v3.5")
 
 
 @pytest.fixture

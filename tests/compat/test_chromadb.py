@@ -11,12 +11,11 @@ our vectors (1e-6: chromadb computes them in float32).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server
 
 chromadb = pytest.importorskip("chromadb")
 from chromadb.config import Settings  # noqa: E402
@@ -38,8 +37,8 @@ ULP = 1e-7  # an ulp of float32 at the size of a unit vector's components (measu
 
 
 @pytest.fixture(scope="module")
-def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
+def server(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 def ours(server: Server, texts: list[str]) -> np.ndarray:

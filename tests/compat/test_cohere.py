@@ -7,7 +7,6 @@ every score is checked against what /v1/rerank answers for the same query and te
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import cohere
@@ -15,8 +14,6 @@ import httpx
 import pytest
 from helpers import Server
 from tokenizers import Tokenizer
-
-from vllm_srun.testing.task_heads_fixtures import write_fixture
 
 MODEL = "reranker"
 QUERY = "where do foxes live"
@@ -30,13 +27,13 @@ TOLERANCE = 1e-6
 
 
 @pytest.fixture(scope="module")
-def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_fixture(tmp_path_factory.mktemp("cohere") / "reranker", variant="bert-reranker")
+def package(reranker_package: Path) -> Path:
+    return reranker_package
 
 
 @pytest.fixture(scope="module")
-def server(module_server: Callable[..., Server], package: Path) -> Server:
-    return module_server(str(package), "--served-model-name", MODEL, "rerank-v3.5")
+def server(reranker_server: Server) -> Server:
+    return reranker_server
 
 
 @pytest.fixture(scope="module")

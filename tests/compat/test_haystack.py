@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -52,14 +52,13 @@ KEY = Secret.from_token("unused")
 
 
 @pytest.fixture(scope="module")
-def embedder(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
+def embedder(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 @pytest.fixture(scope="module")
-def reranker(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
-    package = write_fixture(tmp_path_factory.mktemp("haystack") / "reranker", variant="bert-reranker")
-    return module_server(str(package), "--served-model-name", RERANKER)
+def reranker(reranker_server: Server) -> Server:
+    return reranker_server
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -40,25 +40,25 @@ DOCUMENTS = [
     "foxes live in dens in forests and grasslands",
 ]
 SAME = 1e-12
+MINILM = "all-MiniLM-L6-v2"  # the shared server's first name for it (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("infinity-client")
     return {
-        "reranker": write_fixture(root / "reranker", variant="bert-reranker"),
         "sequence": write_fixture(root / "sequence", variant="bert-sequence"),
     }
 
 
 @pytest.fixture(scope="module")
-def minilm(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", "minilm")
+def minilm(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 @pytest.fixture(scope="module")
-def reranker(module_server: Callable[..., Server], packages: dict[str, Path]) -> Server:
-    return module_server(str(packages["reranker"]), "--served-model-name", "reranker")
+def reranker(reranker_server: Server) -> Server:
+    return reranker_server
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +74,15 @@ def test_embeddings_equal_v1_embeddings(minilm: Server) -> None:
     texts = ["foxes live in dens", "a recipe for bread"]
     answer = embeddings.sync(client=client(minilm), body=OpenAIEmbeddingInputText(input_=texts))
     assert isinstance(answer, OpenAIEmbeddingResult), answer
-    ours = minilm.post("/v1/embeddings", {"model": "minilm", "input": texts}).json()
+    ours = minilm.post("/v1/embeddings", {"model": MINILM, "input": texts}).json()
     got = np.asarray([item.embedding for item in answer.data])
     np.testing.assert_allclose(got, [item["embedding"] for item in ours["data"]], atol=SAME)
-    assert answer.model == "minilm" and answer.usage.prompt_tokens == ours["usage"]["prompt_tokens"]
+    assert answer.model == MINILM and answer.usage.prompt_tokens == ours["usage"]["prompt_tokens"]
     # The client sends `dimensions: 0` and `modality: "text"` unless told otherwise; a dimension
     # given is MiniLM's Matryoshka-free truncation, as /v1/embeddings gives it.
     short = embeddings.sync(client=client(minilm), body=OpenAIEmbeddingInputText(input_=texts, dimensions=8))
     assert isinstance(short, OpenAIEmbeddingResult), short
-    cut = minilm.post("/v1/embeddings", {"model": "minilm", "input": texts, "dimensions": 8}).json()
+    cut = minilm.post("/v1/embeddings", {"model": MINILM, "input": texts, "dimensions": 8}).json()
     np.testing.assert_allclose(
         [i.embedding for i in short.data], [i["embedding"] for i in cut["data"]], atol=SAME
     )
@@ -138,7 +138,7 @@ def test_models_and_health(minilm: Server, classifier: Server) -> None:
     listed = models.sync(client=client(minilm))
     assert isinstance(listed, OpenAIModelInfo), listed
     [card] = listed.data
-    assert card.id == "minilm" and set(card.capabilities) == {"embed", "rerank"}
+    assert card.id == MINILM and set(card.capabilities) == {"embed", "rerank"}
     [card] = models.sync(client=client(classifier)).data  # type: ignore[union-attr]
     assert card.id == "sentiment" and card.capabilities == ["classify"]
     alive = health.sync(client=client(minilm))

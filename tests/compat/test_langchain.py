@@ -16,11 +16,10 @@ of their own (`bash .ci/legacy_clients`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
+from helpers import Server
 
 pytest.importorskip("langchain_openai")
 import tiktoken
@@ -36,8 +35,8 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
+def server(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 def ours(server: Server, inputs: list[str] | list[list[int]], **extra: object) -> np.ndarray:

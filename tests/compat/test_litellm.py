@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
-
-from vllm_srun.testing.task_heads_fixtures import write_fixture
+from helpers import Server
 
 # LiteLLM fetches its model price map from the internet at import unless told to use its copy.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -44,14 +41,13 @@ FLOAT32 = 1e-6  # a float32 vector through base64
 
 
 @pytest.fixture(scope="module")
-def reranker(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
-    package = write_fixture(tmp_path_factory.mktemp("litellm") / "reranker", variant="bert-reranker")
-    return module_server(str(package), "--served-model-name", MODEL)
+def reranker(reranker_server: Server) -> Server:
+    return reranker_server
 
 
 @pytest.fixture(scope="module")
-def minilm(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", "minilm")
+def minilm(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 @pytest.fixture(scope="module")

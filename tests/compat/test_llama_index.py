@@ -14,13 +14,10 @@ workaround the README names, and both are tested here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import numpy as np
 import pytest
-from helpers import Server, minilm_dir
-
-from vllm_srun.testing.task_heads_fixtures import write_fixture
+from helpers import Server
 
 pytest.importorskip("llama_index.core")
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
@@ -43,14 +40,13 @@ LONG = " ".join(f"sentence number {i} talks about retrieval, embeddings and sear
 
 
 @pytest.fixture(scope="module")
-def embedder(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
+def embedder(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 @pytest.fixture(scope="module")
-def reranker(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
-    package = write_fixture(tmp_path_factory.mktemp("llama-index") / "reranker", variant="bert-reranker")
-    return module_server(str(package), "--served-model-name", RERANKER)
+def reranker(reranker_server: Server) -> Server:
+    return reranker_server
 
 
 def ours(server: Server, texts: list[str], **options: object) -> np.ndarray:

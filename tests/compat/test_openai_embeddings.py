@@ -37,8 +37,8 @@ def expected(reference: Any, texts: list[str]) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def server(module_server: Callable[..., Server]) -> Server:
-    return module_server(str(minilm_dir()), "--served-model-name", MODEL)
+def server(minilm_server: Server) -> Server:
+    return minilm_server
 
 
 @pytest.fixture(scope="module")
