@@ -198,7 +198,7 @@ def test_no_secret_value_is_in_the_manifests_and_the_secret_is_documented(
     ]
     assert volumes and all(ref in SECRET_KEYS.values() for ref in volumes)
     assert {v["key"] for v in volumes} == set(SECRET_KEYS)
-    for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "README.md").read_text()):
+    for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "docs" / "deployment.md").read_text()):
         assert "create secret generic vllm-srun" in text
         assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS)
 
