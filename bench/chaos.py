@@ -18,7 +18,7 @@ until its own deadline. Each logical request is then *answered* (200 with the ri
 (any 5xx but 503). Bulk items are *answered* when the job's stored results hold them,
 *lost* when missing or failed, and *duplicated* when the job counted more items than it holds.
 Job submissions pause for the two seconds before the Redis kill: a job created within the
-fsync second before a crash may be gone (README, "A Redis restart"), which is a documented loss,
+fsync second before a crash may be gone (docs/deployment.md, "A Redis restart"), which is a documented loss,
 not the one this run looks for. Exits 1 unless lost, wrong, duplicated and unexpected 5xx are 0.
 
 Everything listens on 127.0.0.1; traffic is bounded by `--clients` and the duration.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import copy
 import os
 import re
+import subprocess
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from helpers import REPO
+from helpers import REPO, free_port
 
 BASE = REPO / "deploy" / "kubernetes" / "base"
 # The oldest and newest Kubernetes the manifests are checked against (autoscaling/v2 is GA from 1.23).
@@ -98,7 +100,7 @@ def test_probes_and_topology(objects: list[dict[str, Any]]) -> None:
     assert all(o["metadata"].get("namespace") == "vllm-srun" for o in objects if o["kind"] != "Namespace")
 
 
-def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]]) -> None:
+def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]], tmp_path: Path) -> None:
     from vllm_srun.cli import build_parser
 
     for name in ("app", "worker"):
@@ -107,14 +109,16 @@ def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]]) -> N
         parsed = build_parser().parse_args([args[0], "/models/default", *args[1:]])
         assert parsed.redis == "redis://state-redis:6379/0"
         assert parsed.cache_redis == "redis://cache-redis:6379/0" and parsed.strict_redis
-        # The password is the Secret's, through the environment: the CLI adds it to both URLs.
-        env = {e["name"]: e for e in container(find(objects, "Deployment", name))["env"]}
-        assert env["VLLM_SRUN_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["redis-password"]
-        os.environ["VLLM_SRUN_REDIS_PASSWORD"] = "p@ss"
+        # The password is the Secret's file, named in the environment: the CLI adds it to both URLs.
+        workload = find(objects, "Deployment", name)
+        env = {e["name"]: e for e in container(workload)["env"]}
+        assert secret_file(workload, env["VLLM_SRUN_REDIS_PASSWORD_FILE"]["value"]) == "redis-password"
+        (tmp_path / name).write_text("p@ss")  # what the kubelet writes: the value, no newline
+        os.environ["VLLM_SRUN_REDIS_PASSWORD_FILE"] = str(tmp_path / name)
         try:
             parsed = build_parser().parse_args([args[0], "/models/default", *args[1:]])
         finally:
-            del os.environ["VLLM_SRUN_REDIS_PASSWORD"]
+            del os.environ["VLLM_SRUN_REDIS_PASSWORD_FILE"]
         assert parsed.redis == "redis://:p%40ss@state-redis:6379/0"
         assert parsed.cache_redis == "redis://:p%40ss@cache-redis:6379/0"
     # The app's key file is named through the environment too, and the CLI takes it from there.
@@ -168,16 +172,23 @@ def workloads(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
 
 
+def secret_file(workload: dict[str, Any], path: str) -> str:
+    """The key of the Secret `vllm-srun` that the kubelet writes at `path`, read-only."""
+    mount = next(m for m in container(workload)["volumeMounts"] if Path(path).is_relative_to(m["mountPath"]))
+    assert mount.get("readOnly") is True
+    volume = next(v for v in workload["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "vllm-srun"
+    return next(
+        i["key"] for i in volume["secret"]["items"] if Path(mount["mountPath"]) / i["path"] == Path(path)
+    )
+
+
 def test_no_secret_value_is_in_the_manifests_and_the_secret_is_documented(
     objects: list[dict[str, Any]],
 ) -> None:
     assert not [o for o in objects if o["kind"] == "Secret"]
-    refs = [
-        e["valueFrom"]["secretKeyRef"]
-        for w in workloads(objects)
-        for e in container(w).get("env", [])
-        if "valueFrom" in e
-    ]
+    # Every secret is a file (*_FILE): none is in a container's environment.
+    assert not [e for w in workloads(objects) for e in container(w).get("env", []) if "valueFrom" in e]
     volumes = [
         {"name": v["secret"]["secretName"], "key": item["key"]}
         for w in workloads(objects)
@@ -185,8 +196,9 @@ def test_no_secret_value_is_in_the_manifests_and_the_secret_is_documented(
         if "secret" in v
         for item in v["secret"]["items"]
     ]
-    assert refs and volumes and all(ref in SECRET_KEYS.values() for ref in refs + volumes)
-    for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "README.md").read_text()):
+    assert volumes and all(ref in SECRET_KEYS.values() for ref in volumes)
+    assert {v["key"] for v in volumes} == set(SECRET_KEYS)
+    for text in ((BASE / "kustomization.yaml").read_text(), (REPO / "docs" / "deployment.md").read_text()):
         assert "create secret generic vllm-srun" in text
         assert all(f"--from-literal={key}=" in text for key in SECRET_KEYS)
 
@@ -202,12 +214,10 @@ def test_the_apps_keys_are_the_secrets_key_file_readable_by_its_user_alone(
     env = {e["name"]: e for e in container(app)["env"]}
     assert API_KEY_ENV not in env  # one key in the env would bypass the file's callers
     path = Path(env[API_KEY_FILE_ENV]["value"])
+    assert secret_file(app, str(path)) == "api-keys"
     mount = next(m for m in container(app)["volumeMounts"] if path.is_relative_to(m["mountPath"]))
-    assert mount.get("readOnly") is True
     secret = next(v for v in pod["volumes"] if v["name"] == mount["name"])["secret"]
-    assert secret["secretName"] == "vllm-srun"
-    (item,) = secret["items"]
-    assert item["key"] == "api-keys" and Path(mount["mountPath"]) / item["path"] == path
+    item = next(i for i in secret["items"] if i["key"] == "api-keys")
     # The kubelet writes the file root-owned with the pod's fsGroup: the non-root user reads it
     # through the group, and no one else can.
     assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
@@ -221,17 +231,65 @@ def test_the_apps_keys_are_the_secrets_key_file_readable_by_its_user_alone(
     assert len(read_key_file(written)) == 1
 
 
+def kubelet_expanded(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a command: $(NAME) from the container's env, $$ an escaped $."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]) if m[1] else "$", text
+    )
+
+
 @pytest.mark.parametrize("name", REDIS)
-def test_each_redis_requires_the_secrets_password(objects: list[dict[str, Any]], name: str) -> None:
-    redis = container(next(w for w in workloads(objects) if w["metadata"]["name"] == name))
-    args = redis["args"]
-    # The kubelet expands $(VAR) from the container's env; redis-cli reads REDISCLI_AUTH.
-    assert args[args.index("--requirepass") + 1] == "$(REDISCLI_AUTH)"
-    env = {e["name"]: e for e in redis["env"]}
-    assert env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"] == SECRET_KEYS["redis-password"]
-    for probe in ("readinessProbe", "livenessProbe"):
-        if probe in redis:
-            assert redis[probe]["exec"]["command"] == ["sh", "-c", "redis-cli ping | grep -q PONG"]
+def test_each_redis_reads_the_secrets_password_file(
+    objects: list[dict[str, Any]], name: str, tmp_path: Path
+) -> None:
+    import redis
+
+    from vllm_srun.queue.redis_server import find_redis_server
+
+    workload = next(w for w in workloads(objects) if w["metadata"]["name"] == name)
+    spec = container(workload)
+    env = {e["name"]: e["value"] for e in spec["env"]}
+    assert secret_file(workload, env["VLLM_SRUN_REDIS_PASSWORD_FILE"]) == "redis-password"
+    assert not [a for a in spec["command"] + spec["args"] if "requirepass" in a and "$password" not in a]
+    # The container's command and args, run as the kubelet would, on the bundled redis-server.
+    (tmp_path / "redis-password").write_text("p@ss-word")  # the kubelet writes no newline
+    local = {"VLLM_SRUN_REDIS_PASSWORD_FILE": str(tmp_path / "redis-password")}
+    port = free_port()
+    args = [kubelet_expanded(a, local) for a in spec["args"]]
+    args[args.index("--dir") + 1] = str(tmp_path)
+    argv = (
+        [kubelet_expanded(a, local) for a in spec["command"]]
+        + args
+        + ["--port", str(port), "--bind", "127.0.0.1"]
+    )
+    path = f"{Path(find_redis_server()).parent}:{os.environ['PATH']}"
+    proc = subprocess.Popen(
+        argv, env={"PATH": path, **local}, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                redis.Redis(port=port, password="p@ss-word").ping()
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port).ping()
+        for probe in ("readinessProbe", "livenessProbe"):
+            if probe in spec:
+                command = spec[probe]["exec"]["command"]
+                command = [*command[:2], command[2].replace("redis-cli", f"redis-cli -p {port}")]
+                assert subprocess.run(command, env={"PATH": path, **local}, timeout=10).returncode == 0
+        assert b"p@ss-word" not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    # An empty file does not start a Redis open to all.
+    (tmp_path / "redis-password").write_text("")
+    empty = subprocess.run(argv, env={"PATH": path, **local}, capture_output=True, text=True, timeout=10)
+    assert empty.returncode != 0 and "no Redis password" in empty.stderr
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

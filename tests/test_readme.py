@@ -1,4 +1,6 @@
-"""The README's quickstart, run as written, over real HTTP."""
+"""The README's quickstart, run as written, over real HTTP; the README is the front page (at most
+200 lines, its two set-up commands and a compose block that works as it reads), and what it held
+before lives on the documentation site's pages (tests/test_docs_site.py builds them)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,64 @@ def test_quickstart_as_written(tmp_path: Path) -> None:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=20)
         log.close()
+
+
+README_LINES = 200
+# Where the README's sections moved (docs/): a sentence of each, found there verbatim.
+MOVED = {
+    "getting-started.md": [
+        "Without `--redis`, `serve` starts a private `redis-server`",
+        "- Result cache: shared by",
+    ],
+    "models.md": ["| architecture (`model_type`) | classes | surfaces | example hub models |"],
+    "api/index.md": ["| route | body |", "a web page cannot post to it without a CORS"],
+    "coming-from/tei.md": ["| TEI `POST /embed` | same |", "TEI's routes answer errors in TEI's shape"],
+    "coming-from/vllm.md": ["| vLLM `POST /score`, `/v1/score` |"],
+    "coming-from/infinity.md": ['| Infinity, `infinity_client.Client(base_url=".../infinity")` |'],
+    "coming-from/openai.md": ["| OpenAI `embeddings.create`", "**langchain-openai**"],
+    "coming-from/cohere.md": ["| Cohere `ClientV2.rerank`"],
+    "router.md": ["## Managed mode", "## Upstream contract 2.3.0"],
+    "bulk-jobs.md": ["vllm-srun jobs submit requests.jsonl"],
+    "deployment.md": [
+        "**Two Redis roles.**",
+        "**A cluster: `kubectl apply -k deploy/kubernetes/base`.**",
+        "## Secrets",
+    ],
+    "performance.md": ["## Benchmark", "- **Intra-op threads**"],
+    "plugins/index.md": ["Entry-point groups `vllm_srun.families`"],
+    "development.md": ["`bash .ci/run` installs the project"],
+}
+
+
+def readme_blocks(heading: str) -> list[list[str]]:
+    section = (REPO / "README.md").read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return [block.splitlines() for block in re.findall(r"```\n(.*?)```", section, re.S)]
+
+
+def test_the_readme_is_a_front_page() -> None:
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_LINES
+    # The two commands: the server on its embedded default, and the tests.
+    (serve,), (tests,) = readme_blocks("Set up")
+    assert serve.startswith("pip install torch==") and serve.endswith("vllm-srun serve /tmp/kw")
+    assert tests == "bash .ci/run"
+    # Every link into the docs names a page that exists.
+    for target in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (REPO / target).is_file(), target
+
+
+def test_the_readmes_compose_block_is_up_the_key_and_a_curl() -> None:
+    (block,) = readme_blocks("Run it with compose")
+    up, key, curl = block
+    assert up == "docker compose up"
+    # The key command runs where compose puts the key file (tests/topology/test_compose_secrets.py
+    # runs `vllm-srun api-key` with that service's environment).
+    assert key == "docker compose exec -T app vllm-srun api-key"
+    assert curl.startswith("curl -s localhost:8000/") and f"Bearer $({key})" in curl
+
+
+def test_what_the_readme_held_is_on_the_docs_pages() -> None:
+    for page, sentences in MOVED.items():
+        text = (REPO / "docs" / page).read_text()
+        for sentence in sentences:
+            assert sentence in text, (page, sentence)

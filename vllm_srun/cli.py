@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from vllm_srun import defaults
+from vllm_srun.deploy_secrets import API_KEY_ENV, API_KEY_FILE_ENV
 from vllm_srun.errors import SrunError
 from vllm_srun.managed import file_mode, remove_socket
 
-API_KEY_ENV = "VLLM_SRUN_API_KEY"
-API_KEY_FILE_ENV = "VLLM_SRUN_API_KEY_FILE"
-# A password for --redis and --cache-redis URLs that carry none (a Secret's value, kept off argv).
-REDIS_PASSWORD_ENV = "VLLM_SRUN_REDIS_PASSWORD"
 # Left in a directory `vllm-srun fixture` wrote, so writing there again may replace it.
 FIXTURE_MARKER = ".vllm-srun-fixture"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -276,6 +273,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout-s", type=SECONDS, default=defaults.CHECK_TIMEOUT_S, help="per-endpoint timeout"
     )
 
+    init = sub.add_parser(
+        "init-secrets",
+        help="write the Redis password and API key files a deployment reads, once (compose's secret-init)",
+    )
+    init.add_argument("directory", type=Path, help="where the files go (the secrets volume)")
+    init.add_argument("--owner", type=_owner, default=None, help="UID:GID of app and workers' files")
+    init.add_argument("--redis-owner", type=_owner, default=None, help="UID:GID of Redis's password file")
+    sub.add_parser(
+        "api-key", help=f"print the API key clients send (from ${API_KEY_FILE_ENV} or ${API_KEY_ENV})"
+    )
+
     # Listed for --help only: main() hands everything after "bench" to the bench's own parser.
     sub.add_parser("bench", help="run the benchmark from the repository root (vllm-srun bench --help)")
 
@@ -335,15 +343,30 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
 
 
 def _redis_url(url: str) -> str:
-    """A Redis URL with $VLLM_SRUN_REDIS_PASSWORD as its password where it names none."""
+    """A Redis URL with $VLLM_SRUN_REDIS_PASSWORD (or $VLLM_SRUN_REDIS_PASSWORD_FILE's) as its
+    password where it names none."""
     from urllib.parse import quote, urlsplit
 
-    password = os.environ.get(REDIS_PASSWORD_ENV)
+    from vllm_srun.deploy_secrets import redis_password
+
+    try:
+        password = redis_password(os.environ)
+    except SrunError as exc:  # argparse names the option: "argument --redis: ..."
+        raise argparse.ArgumentTypeError(exc.message) from None
     parts = urlsplit(url)
     if not password or parts.scheme not in ("redis", "rediss") or parts.password is not None:
         return url
     user = quote(parts.username or "", safe="")
     return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc}").geturl()
+
+
+def _owner(text: str) -> Any:
+    from vllm_srun.deploy_secrets import Owner
+
+    try:
+        return Owner.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _connection_args(parser: argparse.ArgumentParser) -> None:
@@ -823,6 +846,22 @@ def cmd_bench(bench_args: list[str]) -> int:
     return result
 
 
+def cmd_init_secrets(args: argparse.Namespace) -> int:
+    from vllm_srun.deploy_secrets import init_secrets
+
+    done = init_secrets(args.directory, env=os.environ, owner=args.owner, redis_owner=args.redis_owner)
+    for name, action in done.items():
+        print(f"{args.directory / name}: {action}")
+    return 0
+
+
+def cmd_api_key(args: argparse.Namespace) -> int:
+    from vllm_srun.deploy_secrets import api_key
+
+    print(api_key(os.environ))
+    return 0
+
+
 def cmd_jobs(args: argparse.Namespace) -> int:
     from vllm_srun.jobs_cli import cmd_jobs as run
 
@@ -839,6 +878,8 @@ COMMANDS = {
     "check-config": cmd_check_config,
     "proxy": cmd_proxy,
     "jobs": cmd_jobs,
+    "init-secrets": cmd_init_secrets,
+    "api-key": cmd_api_key,
 }
 
 

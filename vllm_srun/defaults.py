@@ -59,7 +59,7 @@ LOCAL_CACHE_MB = 64
 JOB_TIMEOUT_S = 300.0
 JOB_TTL_S = 86400
 # Sized so that one job's worst case fits an app replica's memory request: its lines are
-# validated one at a time and kept as bytes (README: Bulk jobs gives the measured cost).
+# validated one at a time and kept as bytes (docs/bulk-jobs.md gives the measured cost).
 MAX_JOB_REQUESTS = 100_000
 MAX_JOB_BYTES = 64 * 1024 * 1024
 BULK_CHUNK_SIZE = 256

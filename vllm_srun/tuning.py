@@ -1,6 +1,6 @@
 """Process and thread settings for CPU forwards.
 
-Two choices, measured in `bench/` (README: Tuning): idle OpenMP threads sleep instead of
+Two choices, measured in `bench/` (docs/performance.md: Tuning): idle OpenMP threads sleep instead of
 spinning, because a spinning pool starves everything else on a busy machine (the event loop,
 Redis, other forwards) while gaining nothing once the work is in flight; and CPU forwards use
 every core by default, because a sleeping pool costs little when another core is busy and

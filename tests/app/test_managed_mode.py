@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 import pytest
+from contract.dashboard_probe import probe
 from helpers import REPO, Proc, cache_package, free_port, write_keywords
 
 from vllm_srun.client import http_options
@@ -171,7 +172,8 @@ def test_health_carries_reason_and_model_and_models_the_limits(
     assert cards["embedder"]["device"] == "cpu"  # "auto", as `vllm-srun devices` says, on this host
     yaml_doc = client.get("/openapi.yaml")
     assert yaml_doc.status_code == 200 and yaml_doc.headers["content-type"].startswith("application/yaml")
-    assert "openapi: 3.1.0" in yaml_doc.text
+    # The dashboard's serving-mode probe, over the socket the supervisor uses: a model engine.
+    assert probe(client) == []
 
 
 def test_decisions_and_classify_carry_provenance(managed: tuple[httpx.Client, Path, Proc]) -> None:

@@ -168,7 +168,7 @@ def test_a_job_learns_nothing_of_another_callers_inputs(server: Server) -> None:
 
 def test_shared_cache_shares_hits_and_says_so(shared: Server) -> None:
     """--shared-cache is the operator's choice to share: a hit then tells one caller that some
-    caller sent that exact input (README, "Several API keys")."""
+    caller sent that exact input (docs/getting-started.md, "Several API keys")."""
     text = fresh("shared")
     assert embed(shared, ALICE, text)[0] == {"hits": 0, "misses": 1}
     hits, timing = embed(shared, BOB, text)

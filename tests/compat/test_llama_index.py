@@ -8,7 +8,7 @@ fixture, whose scores mean nothing but must be /rerank's and /v1/rerank's.
 
 llama-index's own `OpenAIEmbedding(model=...)` refuses a model name OpenAI does not list
 before any request; `OpenAILikeEmbedding`, or `OpenAIEmbedding(model_name=...)`, is the
-workaround the README names, and both are tested here.
+workaround docs/coming-from/openai.md names, and both are tested here.
 """
 
 from __future__ import annotations

@@ -285,7 +285,7 @@ def test_vllm_classify_names_its_own_field_for_an_input_over_the_limit(classifie
 def test_root_embeddings_refuse_an_input_over_the_limit_with_a_way_out_it_takes(minilm: Server) -> None:
     """The root /embeddings body has no `options`: its refusal names the server's flag (TEI's
     way on its OpenAI route) and /v1/embeddings, and keeps OpenAI's error shape, so the openai
-    client raises its BadRequestError with `param` (see the README on TEI's shape there)."""
+    client raises its BadRequestError with `param` (see docs/coming-from/tei.md on TEI's shape there)."""
     client = openai.OpenAI(api_key="unused", base_url=minilm.url, max_retries=0)
     with pytest.raises(openai.BadRequestError) as raised:
         client.embeddings.create(input=["short", LONG], model="minilm")

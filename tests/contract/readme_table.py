@@ -1,16 +1,18 @@
-"""The README's "Upstream contract 2.3.0" table, read back: (component, field, status) rows."""
+"""The "Upstream contract 2.3.0" table of the router page (docs/router.md, moved there from the
+README), read back: (component, field, status) rows."""
 
 from __future__ import annotations
 
 from helpers import REPO
 
-SECTION = "### Upstream contract 2.3.0"
+PAGE = REPO / "docs" / "router.md"
+SECTION = "## Upstream contract 2.3.0"
 
 
 def rows() -> list[tuple[str, str, str]]:
     """Every row, its component carried down from the row that names it."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(SECTION, 1)[1].split("\n### ", 1)[0]
+    text = PAGE.read_text()
+    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
     out, component = [], ""
     for line in section.splitlines()[1:]:
         if not line.startswith("| ") or line.startswith("| component |"):

@@ -118,7 +118,7 @@ def _enum(schema: Any, schemas: dict[str, Any]) -> set[Any] | None:
 
 def test_shared_components_keep_upstream_fields(schemas: dict[str, Any]) -> None:
     """Where ours and upstream's share a name, ours adds, never changes: upstream's properties are
-    all there (but those the README's table says are absent, and why), its required ones required, each typed within upstream's types (an integer where
+    all there (but those docs/router.md's table says are absent, and why), its required ones required, each typed within upstream's types (an integer where
     upstream says number; null ignored: the server omits a field it has no value for), and an
     enum of ours within upstream's."""
     problems, absent = [], readme_table.absent()

@@ -274,7 +274,7 @@ def test_the_hook_records_and_when_enforced_fails(monkeypatch: pytest.MonkeyPatc
 
 
 def test_readme_table_covers_every_component_with_no_blank_row() -> None:
-    """The README's "upstream 2.3.0 field -> status here" table: a status of the three kinds on
+    """The router page's (docs/router.md) "upstream 2.3.0 field -> status here" table: a status of the three kinds on
     every row, and every response component of the schema named in it."""
     table = readme_table.rows()
     assert len(table) > 200, len(table)

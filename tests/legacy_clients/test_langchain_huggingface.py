@@ -1,9 +1,9 @@
-"""langchain-huggingface 1.2's HuggingFaceEndpointEmbeddings with the README's workaround.
+"""langchain-huggingface 1.2's HuggingFaceEndpointEmbeddings with the workaround in docs/coming-from/tei.md.
 
 It refuses a URL as `model` before any request: it is given a repository id, and its clients
 are pointed at the server (`emb.client = InferenceClient(base_url=URL)`, and the async one for
 `aembed_*`). It then posts feature extraction to `POST /`; its vectors are exactly the route's
-and /v1/embeddings' (float32 through JSON both ways), as the README says.
+and /v1/embeddings' (float32 through JSON both ways), as docs/coming-from/tei.md says.
 """
 
 from __future__ import annotations

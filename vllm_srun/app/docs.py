@@ -12,6 +12,7 @@ offers, are not served: there is no pinned build of them here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,14 @@ from litestar.openapi.plugins import (
     SwaggerRenderPlugin,
     YamlRenderPlugin,
 )
+from litestar.openapi.spec import Info, OpenAPI
 from litestar.static_files import create_static_files_router
 
+# The router's dashboard recognises a model engine by its document: this title exactly, and an
+# info.version equal to /health's api_version (the contract's version), so those two are the
+# contract's, and our own name and version go in info.description and `x-vllm-srun`.
+ROUTER_TITLE = "vLLM Semantic Router Model Runtime"
+RUNTIME_FIELD = "x-vllm-srun"
 STATIC_DIR = Path(__file__).parent / "static"
 STATIC_PATH = "/docs/static"
 SWAGGER_UI_VERSION = "5.18.2"
@@ -91,9 +98,30 @@ def render_plugins() -> list[OpenAPIRenderPlugin]:
     return [OfflineRedoc(), OfflineSwagger(), JsonRenderPlugin(), YamlRenderPlugin()]
 
 
-def openapi_config(title: str, version: str) -> OpenAPIConfig:
-    """The app's OpenAPI config: the document and the pages above under /docs, every response
-    there with the content-security policy."""
+@dataclass
+class RuntimeInfo(Info):
+    """`info` with the implementation's name and version under `x-vllm-srun`."""
+
+    runtime: dict[str, str] | None = field(default=None, metadata={"alias": RUNTIME_FIELD})
+
+
+@dataclass
+class RuntimeOpenAPIConfig(OpenAPIConfig):
+    """Litestar's config, whose document's `info` also names the implementation."""
+
+    runtime: dict[str, str] = field(default_factory=dict)
+
+    def to_openapi_schema(self) -> OpenAPI:
+        schema = super().to_openapi_schema()
+        given = {f.name: getattr(schema.info, f.name) for f in fields(schema.info)}
+        schema.info = RuntimeInfo(**given, runtime=self.runtime)
+        return schema
+
+
+def openapi_config(name: str, version: str, *, api_version: str) -> OpenAPIConfig:
+    """The app's OpenAPI config: the document (titled and versioned as the router's contract,
+    `name` and `version` in its description and `x-vllm-srun`) and the pages above under /docs,
+    every response there with the content-security policy."""
     static = create_static_files_router(path="/static", directories=[STATIC_DIR], include_in_schema=False)
     router = Router(
         path="/docs",
@@ -101,4 +129,14 @@ def openapi_config(title: str, version: str) -> OpenAPIConfig:
         include_in_schema=False,
         response_headers=[ResponseHeader(name="Content-Security-Policy", value=CSP)],
     )
-    return OpenAPIConfig(title=title, version=version, render_plugins=render_plugins(), openapi_router=router)
+    return RuntimeOpenAPIConfig(
+        title=ROUTER_TITLE,
+        version=api_version,
+        description=(
+            f"{name} {version}, a model runtime for the vLLM Semantic Router: its contract "
+            f"{api_version}, and the routes this runtime adds to it."
+        ),
+        runtime={"name": name, "version": version, "api_version": api_version},
+        render_plugins=render_plugins(),
+        openapi_router=router,
+    )

@@ -263,7 +263,7 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
         before_request=strict_body,
         state=State({}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
-        openapi_config=openapi_config("vllm-srun", __version__),
+        openapi_config=openapi_config("vllm-srun", __version__, api_version=defaults.API_VERSION),
         plugins=[StrictStructSchemaPlugin()],
         logging_config=None,
         debug=False,

@@ -98,7 +98,7 @@ RESULTS_SLICE = 256
 
 @dataclass(frozen=True, kw_only=True)
 class BulkQuotas:
-    """What bulk jobs may hold in the state Redis (README: Deployment, sizing the state Redis).
+    """What bulk jobs may hold in the state Redis (docs/deployment.md, sizing the state Redis).
     The per-job request count is `--max-job-requests`, checked before validation."""
 
     # Items of all live jobs not yet stored (queued or running), across every model.

@@ -1,0 +1,56 @@
+"""The router's dashboard recognises us as a model engine: its probe, mirrored in
+tests/contract/dashboard_probe.py, passes on /openapi.yaml and /openapi.json over real HTTP, and
+our own name and version are still in the document."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from contract.dashboard_probe import TITLE, failed_checks, probe
+from helpers import Server
+
+from vllm_srun import __version__, defaults
+
+
+@pytest.mark.parametrize("path", ["/openapi.yaml", "/openapi.json"])
+def test_the_dashboard_probe_passes(start_server: Callable[..., Server], keywords: Path, path: str) -> None:
+    server = start_server(str(keywords))
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        assert probe(client, path) == []
+        document = yaml.safe_load(client.get(path).text)
+        health = client.get("/health").json()
+    assert document["info"]["title"] == TITLE and document["info"]["version"] == health["api_version"]
+    assert health["api_version"] == defaults.API_VERSION
+    # Who we are is in the document still, where the probe does not look.
+    assert document["info"]["x-vllm-srun"] == {
+        "name": "vllm-srun",
+        "version": __version__,
+        "api_version": defaults.API_VERSION,
+    }
+    assert f"vllm-srun {__version__}" in document["info"]["description"]
+
+
+def test_the_probe_refuses_what_the_dashboard_refuses() -> None:
+    from vllm_srun.app.main import create_app
+
+    document = create_app().openapi_schema.to_schema()
+    health = {"api_version": defaults.API_VERSION}
+    assert failed_checks(document, health) == []
+    breakages = {
+        "openapi": lambda d: d.update(openapi="2.0"),
+        "info.title": lambda d: d["info"].update(title="vllm-srun"),
+        "info.version": lambda d: d["info"].update(version="0.1.0"),
+        "paths: no POST /v1/decisions": lambda d: d["paths"].pop("/v1/decisions"),
+        "paths: no GET /health": lambda d: d["paths"]["/health"].pop("get"),
+    }
+    for field, breakage in breakages.items():
+        broken = copy.deepcopy(document)
+        breakage(broken)
+        (failure,) = failed_checks(broken, health)
+        assert failure.startswith(field), failure
+    assert failed_checks(document, {"status": "ready"})[0].startswith("info.version")
