@@ -97,7 +97,8 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         EMBEDDINGS,
         "invalid_request",
         re.compile(
-            r"^(dimensions|layer|options\.normalize|encoding_format|options\.overflow): applies to "
+            r"^(dimensions|layer|options\.normalize|options\.embedding_type|encoding_format|options\.overflow): "
+            r"applies to "
             r"dense output only, not options\.output '[a-z_]+'$"
         ),
     ),

@@ -19,6 +19,7 @@ from litestar.datastructures import State
 
 from vllm_srun import defaults
 from vllm_srun.app.health import ModelState, Status, model_states
+from vllm_srun.app.quantization import describe as describe_quantization
 from vllm_srun.app.runtime import Runtime, ServedModel
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
 from vllm_srun.plugins.bodies import served_profile
@@ -139,6 +140,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     other_heads: list[HeadInfo] | None = None
     outputs: list[str] | None = None  # the kinds options.output takes on embeddings
     approximation: dict[str, Any] | None = None
+    # An embedder's output types (options.embedding_type) and the calibration int8/uint8 read.
+    quantization: dict[str, Any] | None = None
     # The forward paths the live workers' engines choose between (`engine` is the one named at
     # start), and the memory each path adds beyond the model's weights, in bytes.
     engine_paths: list[str] | None = None
@@ -243,7 +246,9 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     info = model.info
     decisions = "decisions" in info.surfaces
     classify = "classify" in info.surfaces
-    heads = [h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)]
+    heads = [
+        h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)
+    ]
     others = [h for h in info.heads if h not in heads]
     facts: dict[str, Any] = {
         "surfaces": list(info.surfaces),
@@ -316,6 +321,7 @@ def card(
         aliases=list(served.aliases),
         state=state.state,
         approximation=served.approximation,
+        quantization=describe_quantization(served.calibration, served.model) if served.model else None,
         **(engines or {}),
         **facts,
     )
