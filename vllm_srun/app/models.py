@@ -131,6 +131,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     device: str | None = None
     dtype: str | None = None
     parameters: int | None = None
+    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets).
+    dtypes: list[str] | None = None
     # Ours. (A default_factory other than a bare `list` is written out even under omit_defaults.)
     aliases: list[str] = msgspec.field(default_factory=lambda: [])
     state: str = msgspec.field(default_factory=lambda: "loading")
@@ -246,9 +248,7 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
     info = model.info
     decisions = "decisions" in info.surfaces
     classify = "classify" in info.surfaces
-    heads = [
-        h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)
-    ]
+    heads = [h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)]
     others = [h for h in info.heads if h not in heads]
     facts: dict[str, Any] = {
         "surfaces": list(info.surfaces),
@@ -318,6 +318,7 @@ def card(
         accelerator=placement.device.partition(":")[0] if placement else None,
         device=placement.device if placement else None,
         dtype=placement.dtype if placement else None,
+        dtypes=list(placement.dtypes) if placement and placement.dtypes else None,
         aliases=list(served.aliases),
         state=state.state,
         approximation=served.approximation,
