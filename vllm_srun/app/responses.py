@@ -52,9 +52,7 @@ def encoded(body: Any, timing: Timing, *, status_code: int = 200) -> Response[An
 
 def client_closed() -> Response[Any]:
     """What a request whose client left is logged as (the client never reads it)."""
-    return Response(
-        {"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499
-    )
+    return Response({"error": {"code": "client_closed", "message": "the client disconnected"}}, status_code=499)
 
 
 async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> tuple[bool, T | None]:
