@@ -26,6 +26,7 @@ from vllm_srun.testing.corpus import corpus
 quantization = pytest.importorskip("sentence_transformers.util.quantization")
 reference = quantization.quantize_embeddings
 
+MAX_INPUTS = 64
 TEXTS = ["where do foxes live", "invoices are due at the end of the month", "a", "the river in spring"]
 
 
@@ -35,7 +36,8 @@ def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPa
     from vllm_srun.testing.task_heads_fixtures import write_fixture
 
     package = write_fixture(tmp_path_factory.mktemp("embedding-types") / "embed", variant="bert-embedding")
-    return module_server(str(package), "--served-model-name", "embedder")
+    # Fewer inputs per request than the calibration corpus holds: the server sends it in parts.
+    return module_server(str(package), "--served-model-name", "embedder", "--max-inputs", str(MAX_INPUTS))
 
 
 def embed(server: Server, texts: list[str], **extra: Any) -> list[Any]:
@@ -61,7 +63,8 @@ def card_ranges(server: Server) -> np.ndarray:
 
 def corpus_vectors(server: Server, **extra: Any) -> np.ndarray:
     texts = corpus(CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
-    return floats(server, texts, options={"overflow": "truncate"}, **extra)
+    parts = [texts[i : i + MAX_INPUTS] for i in range(0, len(texts), MAX_INPUTS)]
+    return np.concatenate([floats(server, part, options={"overflow": "truncate"}, **extra) for part in parts])
 
 
 @pytest.mark.parametrize("kind", ["binary", "ubinary"])

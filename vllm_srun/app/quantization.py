@@ -37,6 +37,9 @@ from vllm_srun.testing.corpus import corpus
 
 CALIBRATION_TEXTS = 256
 CALIBRATION_SEED = 11
+# The calibration corpus goes to the gateway in requests of this many texts (or fewer, under
+# --max-inputs), so that it shares batches with other work as any client's request does.
+CALIBRATION_BATCH = 32
 FIELD = "options.embedding_type"
 
 # Serves one float embeddings request (through the gateway, as any request is served).

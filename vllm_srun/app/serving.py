@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from vllm_srun import tracing
 from vllm_srun.app import quantization
 from vllm_srun.app.runtime import Runtime
@@ -25,7 +27,9 @@ from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import CacheMeta, Representation, check_profile, merged_meta, served_profile
 from vllm_srun.plugins.surfaces import (
     EMBEDDINGS,
+    Embedding,
     EmbeddingsRequest,
+    EmbeddingsResponse,
     Overflow,
     Surface,
     SurfaceRequest,
@@ -181,8 +185,20 @@ async def _serve_typed(
 
 
 def calibration_runner(runtime: Runtime) -> quantization.Runner:
-    """Serves the calibration corpus as a request of its own: its own timing, no deadline."""
-    return lambda request: _serve(runtime, EMBEDDINGS, request, Timing(), None)
+    """Serves the calibration corpus as a client would send it: requests of at most
+    CALIBRATION_BATCH texts and `--max-inputs`, each with its own timing and no deadline."""
+
+    async def run(request: EmbeddingsRequest) -> EmbeddingsResponse:
+        texts: list[Any] = request.inputs()
+        size = max(1, min(quantization.CALIBRATION_BATCH, runtime.settings.max_inputs))
+        data: list[Embedding] = []
+        for start in range(0, len(texts), size):
+            part = msgspec.structs.replace(request, input=texts[start : start + size])
+            body: EmbeddingsResponse = await _serve(runtime, EMBEDDINGS, part, Timing(), None)
+            data.extend(body.data)
+        return msgspec.structs.replace(body, data=data)
+
+    return run
 
 
 async def _serve(
