@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from vllm_srun.errors import InvalidRequest
+from vllm_srun.errors import InvalidRequest, Unavailable
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.quantization import CALIBRATED, as_base64, as_json, quantize, ranges_of
@@ -118,7 +118,15 @@ class Calibration:
 
 
 async def _embed_corpus(request: EmbeddingsRequest, run: Runner) -> np.ndarray:
-    return dense_rows(await run(calibration_request(request)))
+    """The corpus' vectors; every text's, or none: ranges from part of the corpus would differ
+    from the ones another replica computes."""
+    body = await run(calibration_request(request))
+    failed = next((item for item in body.data if item.error is not None), None)
+    if failed is not None:
+        raise Unavailable(
+            f"{FIELD}: the calibration corpus could not be embedded ({failed.message or failed.error})"
+        )
+    return dense_rows(body)
 
 
 def describe(calibration: Calibration, model: LoadedModel) -> dict[str, Any] | None:
