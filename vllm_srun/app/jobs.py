@@ -55,6 +55,9 @@ JOB_SURFACES = [surface.name for surface in REGISTRY if surface.bulk]
 
 
 class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """A bulk job: `requests` are bodies of `surface`'s route, except that a job answers float
+    vectors, so an embeddings request with a quantized `options.embedding_type` is refused."""
+
     surface: Annotated[str, msgspec.Meta(extra_json_schema={"enum": JOB_SURFACES})]
     requests: list[dict[str, Any]]
     model: str | None = None
