@@ -34,6 +34,13 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         "invalid_request",
         re.compile(r"^(requests item|line) \d+: model: .* differs from the job's model '[^']*'$"),
     ),
+    # A job's lines are the routes' request bodies, one schema for both, but a job answers float
+    # vectors: its lines refuse a quantized options.embedding_type, which JobRequest says in words.
+    (
+        "POST /v1/jobs",
+        "invalid_request",
+        re.compile(r"^(requests item|line) \d+: options\.embedding_type: jobs answer float vectors"),
+    ),
     # `head` and its alias `options.head` both given and different: two fields' equality, which
     # JSON Schema has no word for.
     (
@@ -97,7 +104,8 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
         EMBEDDINGS,
         "invalid_request",
         re.compile(
-            r"^(dimensions|layer|options\.normalize|encoding_format|options\.overflow): applies to "
+            r"^(dimensions|layer|options\.normalize|options\.embedding_type|encoding_format|options\.overflow): "
+            r"applies to "
             r"dense output only, not options\.output '[a-z_]+'$"
         ),
     ),

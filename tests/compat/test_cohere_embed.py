@@ -9,12 +9,14 @@ langchain-cohere against the same routes.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from typing import Any
 
 import cohere
 import httpx
+import numpy as np
 import pytest
 from helpers import Server, ok
 
@@ -107,9 +109,39 @@ def test_truncate_is_cohere_s(v1: cohere.Client, v2: cohere.ClientV2, server: Se
     assert capped.embeddings.float_ != ours(server, [TEXTS[1]])
 
 
+def test_embedding_types_are_sentence_transformers_quantize_embeddings(
+    v1: cohere.Client, v2: cohere.ClientV2, server: Server
+) -> None:
+    """Several types at once, on v1 and v2, each equal to `quantize_embeddings` of the float
+    vectors (int8 and uint8 on the calibration ranges /v1/models shows), bit for bit."""
+    reference = pytest.importorskip("sentence_transformers.util.quantization").quantize_embeddings
+    kinds = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+    for client in (v1, v2):
+        answer = client.embed(texts=TEXTS, model=MODEL, input_type="search_query", embedding_types=kinds)
+        by_type = answer.embeddings
+        floats = np.asarray(ours(server, TEXTS, input_type="query"), dtype=np.float32)
+        assert by_type.float_ == floats.tolist()
+        (card,) = server.get("/v1/models").json()["data"]
+        ranges = np.asarray(card["quantization"]["calibration"]["ranges"], dtype=np.float32)
+        for kind in ("int8", "uint8", "binary", "ubinary"):
+            expected = reference(floats, precision=kind, ranges=ranges if "int8" in kind else None)
+            assert np.array_equal(np.asarray(getattr(by_type, kind)), expected), kind
+        decoded = [np.frombuffer(base64.b64decode(b), dtype="<f4") for b in by_type.base64 or []]
+        assert np.array_equal(np.stack(decoded), floats)
+    # Only the types asked for come back; output_dimension applies to them too.
+    short = v2.embed(
+        texts=TEXTS, model=MODEL, input_type="clustering", embedding_types=["ubinary"], output_dimension=16
+    )
+    assert short.embeddings.float_ is None and short.embeddings.int8 is None
+    assert np.array_equal(
+        np.asarray(short.embeddings.ubinary),
+        reference(np.asarray(ours(server, TEXTS, dimensions=16)), precision="ubinary"),
+    )
+
+
 def test_bad_input_raises_the_client_s_errors(v1: cohere.Client, v2: cohere.ClientV2, server: Server) -> None:
     with pytest.raises(cohere.BadRequestError):
-        v2.embed(texts=TEXTS, model=MODEL, input_type="search_query", embedding_types=["int8"])
+        v2.embed(texts=TEXTS, model=MODEL, input_type="search_query", embedding_types=["int4"])
     with pytest.raises(cohere.BadRequestError):
         v2.embed(texts=[], model=MODEL, input_type="search_query")
     with pytest.raises(cohere.BadRequestError):

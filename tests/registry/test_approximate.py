@@ -9,12 +9,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
-from helpers import Server, write_keywords
+from helpers import Server, serve_named, write_keywords
 
 from vllm_srun.errors import ConfigError
+from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import load_plugins
-from vllm_srun.registry.approximate import Approximation, check_approximation
+from vllm_srun.registry.approximate import (
+    Approximation,
+    bounds_for,
+    check_approximation,
+    kendall_tau,
+    neighbour_overlap,
+)
 from vllm_srun.registry.loader import ModelOptions, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
 
@@ -44,17 +52,54 @@ def test_max_speed_picks_int8_on_the_cpu_and_reports_approximate() -> None:
 
 
 def test_a_model_that_drifts_from_float32_is_refused_with_the_figure() -> None:
-    # Measured here: dynamic int8 linears move MiniLM embeddings to cosine ~0.94 at worst.
+    # Dynamic int8 linears move MiniLM's embeddings well below the int8 bounds.
     p = prepared(minilm(), max_speed=True)
-    with pytest.raises(ConfigError, match=r"max_speed refused.*min_cosine"):
+    with pytest.raises(
+        ConfigError, match=r"approximate numerics \(int8\) refused.*min_cosine 0\.\d+ \(needs >= 0\.99\)"
+    ):
         check_approximation(p, load_prepared(p))
 
 
-def test_thresholds() -> None:
-    assert Approximation("embeddings", 10, min_cosine=0.9995).passed()
-    assert not Approximation("embeddings", 10, min_cosine=0.998).passed()
-    assert Approximation("classify", 100, label_agreement=0.99).passed()
-    assert not Approximation("classify", 100, label_agreement=0.98).passed()
+def test_bounds_per_kind_of_output() -> None:
+    """The issue's bounds: embedders by dtype, classifiers, taggers and rerankers."""
+    embed_bf16, embed_int8 = bounds_for("embeddings", "bfloat16"), bounds_for("embeddings", "int8")
+    figures = {"min_cosine": 0.9996, "mean_cosine": 0.9999, "neighbour_overlap": 0.96}
+    assert Approximation("embeddings", 10, "bfloat16", figures, embed_bf16).passed()
+    assert not Approximation(
+        "embeddings", 10, "bfloat16", {**figures, "min_cosine": 0.9994}, embed_bf16
+    ).passed()
+    assert Approximation("embeddings", 10, "int8", {**figures, "min_cosine": 0.991}, embed_int8).passed()
+    low_mean = Approximation(
+        "embeddings", 10, "int8", {**figures, "min_cosine": 0.991, "mean_cosine": 0.996}, embed_int8
+    )
+    assert [b.figure for b in low_mean.missed()] == ["mean_cosine"]
+    assert not Approximation(
+        "embeddings", 10, "int8", {**figures, "neighbour_overlap": 0.94}, embed_int8
+    ).passed()
+    classify = bounds_for("classify", "int8")
+    assert Approximation(
+        "classify", 200, "int8", {"label_agreement": 0.995, "max_probability_delta": 0.02}, classify
+    ).passed()
+    assert not Approximation(
+        "classify", 200, "int8", {"label_agreement": 0.99, "max_probability_delta": 0.0}, classify
+    ).passed()
+    assert not Approximation(
+        "classify", 200, "int8", {"label_agreement": 1.0, "max_probability_delta": 0.021}, classify
+    ).passed()
+    assert [b.limit for b in bounds_for("token", "bfloat16")] == [0.995, 0.02]
+    assert [(b.figure, b.limit) for b in bounds_for("rerank", "int8")] == [("min_kendall_tau", 0.98)]
+
+
+def test_kendall_tau_and_neighbour_overlap() -> None:
+    a = np.arange(16, dtype=np.float64)
+    assert kendall_tau(a, a) == 1.0 and kendall_tau(a, -a) == -1.0
+    swapped = a.copy()
+    swapped[[3, 4]] = swapped[[4, 3]]  # one discordant pair of 120
+    assert kendall_tau(a, swapped) == pytest.approx(1 - 2 / 120)
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((40, 8))
+    assert neighbour_overlap(vectors, vectors) == 1.0
+    assert neighbour_overlap(vectors, rng.standard_normal((40, 8))) < 0.6
 
 
 def test_an_engine_without_faster_numerics_refuses_max_speed(tmp_path: Path) -> None:
@@ -71,7 +116,7 @@ def test_served_max_speed_model_fails_with_its_reason(start_server: Callable[...
         time.sleep(0.2)
     assert state == "failed"
     model = server.get("/v1/models").json()["data"][0]
-    assert "max_speed refused" in model["reason"] and model["dtype"] == "int8"
+    assert "approximate numerics (int8) refused" in model["reason"] and model["dtype"] == "int8"
 
 
 def test_max_speed_with_an_explicit_dtype_is_refused() -> None:
@@ -93,3 +138,65 @@ def test_max_speed_with_an_explicit_dtype_is_refused() -> None:
         timeout=120,
     )
     assert result.returncode != 0 and "leave --dtype auto" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    from vllm_srun.testing.task_heads_fixtures import write_fixture
+
+    root = tmp_path_factory.mktemp("approximate")
+    return {v: write_fixture(root / v, variant=v) for v in ("bert-embedding", "bert-sequence")}
+
+
+def break_linears(model: LoadedModel) -> None:
+    """A deliberately broken quantization: every linear weight of the served (bfloat16) network
+    rounded to three levels per tensor, -s, 0 and s, with s its mean magnitude."""
+    import torch
+
+    assert model.engine_model is not None
+    with torch.no_grad():
+        for layer in model.engine_model.module.modules():  # type: ignore[attr-defined]
+            if isinstance(layer, torch.nn.Linear):
+                scale = layer.weight.abs().mean()
+                layer.weight.copy_(torch.round(layer.weight / scale).clamp(-1, 1) * scale)
+
+
+@pytest.mark.parametrize(
+    ("variant", "figure"),
+    [("bert-embedding", "min_cosine"), ("bert-sequence", "(label_agreement|max_probability_delta)")],
+)
+def test_a_deliberately_broken_quantization_is_refused_with_its_figure(
+    fixtures: dict[str, Path], variant: str, figure: str
+) -> None:
+    p = prepared(str(fixtures[variant]), dtype="bfloat16")
+    model = load_prepared(p)
+    assert check_approximation(p, model).passed()  # bfloat16 as loaded keeps inside the bounds
+    break_linears(model)
+    with pytest.raises(
+        ConfigError, match=rf"approximate numerics \(bfloat16\) refused.*{figure} 0\.\d+ \(needs"
+    ):
+        check_approximation(p, model)
+
+
+def test_the_figures_of_a_bfloat16_model_are_on_its_card(
+    fixtures: dict[str, Path], start_server: Callable[..., Server]
+) -> None:
+    """Over HTTP: each model served at bfloat16 shows what it traded, beside its bounds, on
+    /v1/models and on its own card."""
+    server = start_server(
+        *serve_named({"embed": fixtures["bert-embedding"], "seq": fixtures["bert-sequence"]}),
+        "--dtype",
+        "bfloat16",
+    )
+    cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
+    embed, seq = cards["embed"]["approximation"], cards["seq"]["approximation"]
+    assert cards["embed"]["dtype"] == "bfloat16" and cards["embed"]["numerics"] == "approximate"
+    assert embed["check"] == "embeddings" and embed["dtype"] == "bfloat16" and embed["texts"] == 256
+    assert embed["min_cosine"] >= 0.9995 and embed["mean_cosine"] >= embed["min_cosine"]
+    assert embed["neighbour_overlap"] >= 0.95
+    assert embed["required"] == {"min_cosine": ">= 0.9995", "neighbour_overlap": ">= 0.95"}
+    assert seq["check"] == "classify" and seq["label_agreement"] >= 0.995
+    assert 0 <= seq["max_probability_delta"] <= 0.02
+    assert seq["required"] == {"label_agreement": ">= 0.995", "max_probability_delta": "<= 0.02"}
+    assert server.get("/v1/models/seq").json()["approximation"] == seq

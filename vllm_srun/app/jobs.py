@@ -29,6 +29,7 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Requ
 from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from vllm_srun.app import quantization
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import CALLER, Caller
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, Unauthorized, UnsupportedSurface
@@ -54,6 +55,9 @@ JOB_SURFACES = [surface.name for surface in REGISTRY if surface.bulk]
 
 
 class JobRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """A bulk job: `requests` are bodies of `surface`'s route, except that a job answers float
+    vectors, so an embeddings request with a quantized `options.embedding_type` is refused."""
+
     surface: Annotated[str, msgspec.Meta(extra_json_schema={"enum": JOB_SURFACES})]
     requests: list[dict[str, Any]]
     model: str | None = None
@@ -206,6 +210,7 @@ class _Validator:
                 # As strictly as the surface endpoints decode their bodies: the document's types.
                 request = surface.decode(value)
                 surface.check_options(request.options)
+                refuse_quantized(request)
                 count, field = surface.count(request), surface.counted_field
                 if count == 0:
                     raise InvalidRequest(f"{field}: must not be empty")
@@ -222,6 +227,16 @@ class _Validator:
                 value = {}
             self.requests.append(msgspec.json.encode(value))
             self.custom_ids.append(custom_id)
+
+
+def refuse_quantized(request: Any) -> None:
+    """A job's results are the surface's float vectors: its runner quantizes nothing, so a
+    request for a quantized embedding type is refused rather than answered in floats."""
+    if quantization.asked(request) is not None:
+        raise InvalidRequest(
+            f"{quantization.FIELD}: jobs answer float vectors; quantized types are served on /v1/embeddings",
+            param=quantization.FIELD,
+        )
 
 
 async def create_job(

@@ -19,6 +19,7 @@ from litestar.datastructures import State
 
 from vllm_srun import defaults
 from vllm_srun.app.health import ModelState, Status, model_states
+from vllm_srun.app.quantization import describe as describe_quantization
 from vllm_srun.app.runtime import Runtime, ServedModel
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
 from vllm_srun.plugins.bodies import served_profile
@@ -130,6 +131,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     device: str | None = None
     dtype: str | None = None
     parameters: int | None = None
+    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets).
+    dtypes: list[str] | None = None
     # Ours. (A default_factory other than a bare `list` is written out even under omit_defaults.)
     aliases: list[str] = msgspec.field(default_factory=lambda: [])
     state: str = msgspec.field(default_factory=lambda: "loading")
@@ -139,6 +142,8 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     other_heads: list[HeadInfo] | None = None
     outputs: list[str] | None = None  # the kinds options.output takes on embeddings
     approximation: dict[str, Any] | None = None
+    # An embedder's output types (options.embedding_type) and the calibration int8/uint8 read.
+    quantization: dict[str, Any] | None = None
     # The forward paths the live workers' engines choose between (`engine` is the one named at
     # start), and the memory each path adds beyond the model's weights, in bytes.
     engine_paths: list[str] | None = None
@@ -313,9 +318,11 @@ def card(
         accelerator=placement.device.partition(":")[0] if placement else None,
         device=placement.device if placement else None,
         dtype=placement.dtype if placement else None,
+        dtypes=list(placement.dtypes) if placement and placement.dtypes else None,
         aliases=list(served.aliases),
         state=state.state,
         approximation=served.approximation,
+        quantization=describe_quantization(served.calibration, served.model) if served.model else None,
         **(engines or {}),
         **facts,
     )

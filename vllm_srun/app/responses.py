@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -99,14 +100,23 @@ async def respond(
     shape: Callable[[Any], Any] | None = None,
 ) -> Response[Any]:
     """Serve `data` on `surface` and answer it; `shape` turns the surface's response body into
-    a route's own (an adapter route in another API's shape), by default it is sent as is."""
+    a route's own (an adapter route in another API's shape), by default it is sent as is. A
+    `shape` may be a coroutine function (Cohere's quantized types wait on a calibration)."""
     timing = timing_of(request)
     runtime: Runtime = state.runtime
     label_model(request, runtime, data.model)
-    done, body = await unless_disconnected(request, serve_surface(runtime, surface, data, timing))
+
+    async def work() -> Any:
+        body = await serve_surface(runtime, surface, data, timing)
+        if shape is None:
+            return body
+        shaped = shape(body)
+        return await shaped if inspect.isawaitable(shaped) else shaped
+
+    done, body = await unless_disconnected(request, work())
     if not done:
         return client_closed()
-    return encoded(body if shape is None else shape(body), timing)
+    return encoded(body, timing)
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

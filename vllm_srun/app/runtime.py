@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from vllm_srun import defaults
+from vllm_srun.app.quantization import Calibration
 from vllm_srun.app.streams import StreamSlots
 from vllm_srun.app.tenants import Callers
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
@@ -119,6 +120,8 @@ class ServedModel:
     model: LoadedModel | None = None
     placement: Placement | None = None
     approximation: dict[str, Any] | None = None
+    # The calibration vectors its int8 and uint8 embeddings are quantized on (app/quantization.py).
+    calibration: Calibration = field(default_factory=Calibration)
     # When this process took the model on (Unix seconds): OpenAI's `created` of a model.
     created: int = field(default_factory=lambda: int(time.time()))
     # What resolving it found: its family, and the Hub repository and revision it came from

@@ -16,13 +16,25 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import msgspec
+
 from vllm_srun import tracing
+from vllm_srun.app import quantization
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import current_salt
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import CacheMeta, Representation, check_profile, merged_meta, served_profile
-from vllm_srun.plugins.surfaces import EmbeddingsRequest, Overflow, Surface, SurfaceRequest, finish
+from vllm_srun.plugins.surfaces import (
+    EMBEDDINGS,
+    Embedding,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    Overflow,
+    Surface,
+    SurfaceRequest,
+    finish,
+)
 from vllm_srun.queue.planning import plan_with_keys
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
@@ -145,9 +157,48 @@ async def serve_surface(
     the request's own `options.deadline_ms` applies. `slot=False`: the caller holds the
     request's slot (`request_slot`) already."""
     if not slot:
-        return await _serve(runtime, surface, request, timing, deadline_ms)
+        return await _serve_typed(runtime, surface, request, timing, deadline_ms)
     with request_slot(runtime):
+        return await _serve_typed(runtime, surface, request, timing, deadline_ms)
+
+
+async def _serve_typed(
+    runtime: Runtime,
+    surface: Surface[Any],
+    request: SurfaceRequest,
+    timing: Timing,
+    deadline_ms: float | None,
+) -> Any:
+    """`_serve`, with embeddings of a quantized `options.embedding_type` made from the float
+    answer after the cache (app/quantization.py)."""
+    if quantization.asked(request) is None:
         return await _serve(runtime, surface, request, timing, deadline_ms)
+    assert isinstance(request, EmbeddingsRequest)
+    served, model = runtime.model_for(request.model)
+    return await quantization.serve_quantized(
+        served.calibration,
+        model,
+        request,
+        run=lambda float_request: _serve(runtime, surface, float_request, timing, deadline_ms),
+        calibrate=calibration_runner(runtime),
+    )
+
+
+def calibration_runner(runtime: Runtime) -> quantization.Runner:
+    """Serves the calibration corpus as a client would send it: requests of at most
+    CALIBRATION_BATCH texts and `--max-inputs`, each with its own timing and no deadline."""
+
+    async def run(request: EmbeddingsRequest) -> EmbeddingsResponse:
+        texts: list[Any] = request.inputs()
+        size = max(1, min(quantization.CALIBRATION_BATCH, runtime.settings.max_inputs))
+        data: list[Embedding] = []
+        for start in range(0, len(texts), size):
+            part = msgspec.structs.replace(request, input=texts[start : start + size])
+            body: EmbeddingsResponse = await _serve(runtime, EMBEDDINGS, part, Timing(), None)
+            data.extend(body.data)
+        return msgspec.structs.replace(body, data=data)
+
+    return run
 
 
 async def _serve(

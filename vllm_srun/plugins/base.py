@@ -271,6 +271,12 @@ class Accelerator(Plugin, abc.ABC):
         is (q, k, v as [rows, heads, width, head_dim], keyword `attn_mask`)."""
         return {}
 
+    def dtype_refusal(self, dtype: str, device: Device) -> str | None:
+        """None when `device` runs `dtype` at its own speed, else why not (what the hardware
+        lacks), for the start to refuse it with. The base answers None: an accelerator that
+        does not say is taken at its word."""
+        return None
+
     def descriptor(self) -> dict[str, Any]:
         return {"name": self.name, "available": self.available(), "auto_priority": self.auto_priority}
 
@@ -309,6 +315,13 @@ class Engine(Plugin, abc.ABC):
 
     @abc.abstractmethod
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> EngineModel: ...
+
+    def dtype_refusal(self, dtype: str, device: Device) -> str | None:
+        """None when this engine runs `dtype` on `device`, else why not. The base: any of
+        `dtypes`, on any device."""
+        if dtype in self.dtypes:
+            return None
+        return f"engine {self.name!r} runs {', '.join(self.dtypes)}, not {dtype}"
 
     def descriptor(self) -> dict[str, Any]:
         return {"name": self.name, "auto_priority": self.auto_priority, "dtypes": list(self.dtypes)}

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, cast, get_args
 import msgspec
 
 from vllm_srun.errors import UnsupportedSurface
+from vllm_srun.plugins.quantization import EmbeddingType
 
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]
@@ -48,6 +49,10 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     package has a projection, else every token's state) or `tokens` (every token's last hidden
     state, TEI's /embed_all); rerank takes `dense` or `multi_vector` (MaxSim). `head` picks a model's head by name (on classify the
     request's top-level `head` is upstream's field for it, and this one its alias).
+    `embedding_type` (embeddings, dense only) quantizes each vector as sentence-transformers'
+    `quantize_embeddings` does (plugins/quantization.py): `int8` and `uint8` on the model's
+    calibration ranges (/v1/models shows them), `binary` and `ubinary` as packed sign bits;
+    with `encoding_format: base64` the value is base64 of its bytes.
     """
 
     return_meta: bool = False
@@ -63,6 +68,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
     profile: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]*$")] | None = None
     output: OutputKind | None = None
+    embedding_type: EmbeddingType | None = None
 
     @property
     def overflow_mode(self) -> Overflow:

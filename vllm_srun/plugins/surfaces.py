@@ -42,7 +42,7 @@ from vllm_srun.plugins.decision_surface import (
 _COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
 _INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
 CLASSIFY_OPTIONS = _INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"}
-EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize", "output"}
+EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize", "output", "embedding_type"}
 RERANK_OPTIONS = _INPUT_OPTIONS | {"output"}
 
 if TYPE_CHECKING:
@@ -337,7 +337,8 @@ class SparseEmbedding(msgspec.Struct):
 
 class Embedding(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One input's embedding; `object` is always "embedding" (OpenAI's, and required upstream).
-    `embedding` is the dense vector (floats, or base64 of float32); with `options.output`
+    `embedding` is the dense vector (floats, or base64 of float32; integers, or base64 of their
+    bytes, under `options.embedding_type`); with `options.output`
     `sparse` the input has `sparse_embedding` instead, with `multi_vector` or `tokens` its
     `token_embeddings` (one vector per token), so `embedding` keeps upstream's type."""
 

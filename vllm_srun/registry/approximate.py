@@ -1,14 +1,27 @@
-"""The check a `max_speed` model must pass before it serves: does it still give float32's answers?
+"""The check an approximate model (bfloat16, int8) must pass before it serves: does it still
+give float32's answers?
 
-A model with approximate numerics (int8 linears, bfloat16) is compared with a float32 twin
-built from the same weights, on a fixed corpus, through its own surface: embeddings by cosine
-(every text ≥ MIN_COSINE), classifiers by label agreement (≥ MIN_AGREEMENT of the texts).
-A model that falls short is refused; one whose surfaces have no such check is refused too.
+The model is compared with a float32 twin built from the same weights, on a fixed corpus,
+through its own surface, and held to the bounds of its kind of output (BOUNDS):
+
+- embedders: the cosine of each text's vector with the twin's (worst, and mean for int8), and
+  how far each text's 10 nearest neighbours among the others agree with the twin's (mean
+  overlap);
+- rerankers and cross-encoders: Kendall's tau-b of each query's document scores against the
+  twin's (the worst query);
+- sequence classifiers: label agreement (a multi-label head's: the same labels selected), and
+  the largest change of any label's probability;
+- token taggers: agreement of each token's label (the first piece of each word, as the
+  tagger reads it), and the largest change of a token's label probability.
+
+A model that misses a bound is refused with every figure; one whose surfaces have no check is
+refused too: nothing is served unchecked. `describe()` (what /v1/models shows) gives the
+figures beside the bounds they were held to.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,31 +34,67 @@ from vllm_srun.testing.corpus import corpus
 
 CHECK_TEXTS = 256
 BATCH = 32
-MIN_COSINE = 0.999
-MIN_AGREEMENT = 0.99
+NEIGHBOURS = 10
+# Rerank: this many queries, each over the same documents (as many pairs as CHECK_TEXTS).
+QUERIES = 16
+DOCUMENTS = 16
+
+
+@dataclass(frozen=True)
+class Bound:
+    """`figure` must be at least (or, `at_most`, at most) `limit`."""
+
+    figure: str
+    limit: float
+    at_most: bool = False
+
+    def holds(self, value: float) -> bool:
+        return value <= self.limit if self.at_most else value >= self.limit
+
+    def words(self) -> str:
+        return f"{'<=' if self.at_most else '>='} {self.limit}"
+
+
+EMBEDDING_BF16 = (Bound("min_cosine", 0.9995), Bound("neighbour_overlap", 0.95))
+EMBEDDING_INT8 = (Bound("min_cosine", 0.99), Bound("mean_cosine", 0.997), Bound("neighbour_overlap", 0.95))
+BOUNDS: dict[str, tuple[Bound, ...]] = {
+    "classify": (Bound("label_agreement", 0.995), Bound("max_probability_delta", 0.02, at_most=True)),
+    "token": (Bound("token_agreement", 0.995), Bound("max_probability_delta", 0.02, at_most=True)),
+    "rerank": (Bound("min_kendall_tau", 0.98),),
+}
+
+
+def bounds_for(check: str, dtype: str) -> tuple[Bound, ...]:
+    """The bounds of a kind of output at `dtype`: embedders' depend on the dtype."""
+    if check == "embeddings":
+        return EMBEDDING_INT8 if dtype == "int8" else EMBEDDING_BF16
+    return BOUNDS[check]
 
 
 @dataclass(frozen=True)
 class Approximation:
-    """What the check measured; `describe()` is what /v1/models shows."""
+    """What the check measured (`figures`) and the bounds it was held to."""
 
-    surface: str
+    check: str
     texts: int
-    min_cosine: float | None = None
-    label_agreement: float | None = None
+    dtype: str
+    figures: dict[str, float]
+    bounds: tuple[Bound, ...] = field(default=())
+
+    def missed(self) -> list[Bound]:
+        return [b for b in self.bounds if not b.holds(self.figures[b.figure])]
 
     def passed(self) -> bool:
-        if self.min_cosine is not None:
-            return self.min_cosine >= MIN_COSINE
-        return self.label_agreement is not None and self.label_agreement >= MIN_AGREEMENT
+        return not self.missed()
 
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"surface": self.surface, "texts": self.texts}
-        if self.min_cosine is not None:
-            out.update(min_cosine=round(self.min_cosine, 6), required=MIN_COSINE)
-        if self.label_agreement is not None:
-            out.update(label_agreement=round(self.label_agreement, 4), required=MIN_AGREEMENT)
-        return out
+        return {
+            "check": self.check,
+            "texts": self.texts,
+            "dtype": self.dtype,
+            **{name: round(value, 6) for name, value in self.figures.items()},
+            "required": {b.figure: b.words() for b in self.bounds},
+        }
 
 
 def float32_twin(prepared: Prepared) -> LoadedModel:
@@ -68,48 +117,130 @@ def _batches(texts: list[str]) -> list[list[str]]:
     return [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
 
 
-def _labels(body: dict[str, Any]) -> list[Any]:
-    """Each result's label, or its spans' (label, start, end) for taggers."""
-    out = []
-    for result in body["results"]:
-        if "spans" in result:
-            out.append([(s["label"], s["start"], s["end"]) for s in result["spans"]])
-        else:
-            out.append(result.get("label"))
+def _unit(rows: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    out: np.ndarray = rows / np.where(norms > 0, norms, 1.0)
     return out
 
 
-def compare(model: LoadedModel, reference: LoadedModel, *, texts: int = CHECK_TEXTS) -> Approximation:
+def neighbour_overlap(ours: np.ndarray, theirs: np.ndarray, k: int = NEIGHBOURS) -> float:
+    """The mean, over texts, of the share of a text's k nearest others (by cosine) that are
+    also among its k nearest in the twin's vectors."""
+    found = []
+    for vectors in (ours, theirs):
+        unit = _unit(vectors.astype(np.float64))
+        similarity = unit @ unit.T
+        np.fill_diagonal(similarity, -np.inf)  # a text is not its own neighbour
+        found.append(np.argsort(-similarity, axis=1, kind="stable")[:, :k])
+    shared = [len(set(a) & set(b)) / k for a, b in zip(found[0], found[1], strict=True)]
+    return float(np.mean(shared))
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    """Kendall's tau-b of two score lists (ties in either count as neither agreeing nor not)."""
+    upper = np.triu_indices(len(a), 1)
+    sa = np.sign(np.subtract.outer(a, a))[upper]
+    sb = np.sign(np.subtract.outer(b, b))[upper]
+    untied = float(np.count_nonzero(sa)) * float(np.count_nonzero(sb))
+    return float((sa * sb).sum() / np.sqrt(untied)) if untied else 1.0
+
+
+def _request(batch: list[str], **options: Any) -> dict[str, Any]:
+    return {"input": batch, "options": {"overflow": "truncate", **options}}
+
+
+def embeddings_figures(model: LoadedModel, reference: LoadedModel, texts: list[str]) -> dict[str, float]:
+    ours: list[Any] = []
+    theirs: list[Any] = []
+    for batch in _batches(texts):
+        for rows, who in ((ours, model), (theirs, reference)):
+            rows.extend(item["embedding"] for item in answer(who, "embeddings", _request(batch))["data"])
+    a, b = np.asarray(ours, dtype=np.float64), np.asarray(theirs, dtype=np.float64)
+    cosines = (_unit(a) * _unit(b)).sum(axis=1)
+    return {
+        "min_cosine": float(cosines.min()),
+        "mean_cosine": float(cosines.mean()),
+        "neighbour_overlap": neighbour_overlap(a, b),
+    }
+
+
+def rerank_figures(model: LoadedModel, reference: LoadedModel) -> dict[str, float]:
+    documents = corpus(DOCUMENTS, seed=9)
+    taus = []
+    for query in corpus(QUERIES, seed=8):
+        request = {"query": query, "documents": documents, "options": {"overflow": "truncate"}}
+        scores = []
+        for who in (model, reference):
+            results = answer(who, "rerank", request)["results"]
+            by_index = {r["index"]: r["relevance_score"] for r in results}
+            scores.append(np.asarray([by_index[i] for i in range(len(documents))], dtype=np.float64))
+        taus.append(kendall_tau(scores[0], scores[1]))
+    return {"min_kendall_tau": min(taus), "mean_kendall_tau": float(np.mean(taus))}
+
+
+def _readings(result: dict[str, Any]) -> list[tuple[Any, list[float]]]:
+    """(decision, probabilities) of a result, or of each token of a tagger's. A multi-label
+    head decides the labels it selects (scores at or over the threshold), not its top one."""
+    if result.get("tokens") is not None:
+        return [(t["label"], t["probabilities"]) for t in result["tokens"]]
+    if result.get("scores") is not None:
+        return [(sorted(result.get("selected") or []), result["scores"])]
+    return [(result.get("label"), result.get("probabilities") or [])]
+
+
+def classify_figures(
+    model: LoadedModel, reference: LoadedModel, texts: list[str], *, tokens: bool
+) -> dict[str, float]:
+    agree = total = 0
+    delta = 0.0
+    options = {"return_tokens": True} if tokens else {}
+    for batch in _batches(texts):
+        ours, theirs = (
+            answer(who, "classify", _request(batch, **options))["results"] for who in (model, reference)
+        )
+        for a, b in zip(ours, theirs, strict=True):
+            for (label_a, probs_a), (label_b, probs_b) in zip(_readings(a), _readings(b), strict=True):
+                agree, total = agree + (label_a == label_b), total + 1
+                if probs_a:
+                    delta = max(delta, float(np.max(np.abs(np.subtract(probs_a, probs_b)))))
+    name = "token_agreement" if tokens else "label_agreement"
+    return {name: agree / max(total, 1), "max_probability_delta": delta}
+
+
+def _token_head(model: LoadedModel) -> bool:
+    return bool(model.info.heads) and model.info.heads[0].kind == "token"
+
+
+def compare(
+    model: LoadedModel, reference: LoadedModel, *, dtype: str, texts: int = CHECK_TEXTS
+) -> Approximation:
+    """The figures of `model` against its float32 `reference`, by its kind of output."""
     corpus_texts = corpus(texts, seed=7)
     surfaces = model.info.surfaces
     if "embeddings" in surfaces:
-        cosines: list[float] = []
-        for batch in _batches(corpus_texts):
-            request = {"input": batch, "options": {"overflow": "truncate"}}
-            a = answer(model, "embeddings", request)["data"]
-            b = answer(reference, "embeddings", request)["data"]
-            for x, y in zip(a, b, strict=True):
-                u, v = np.asarray(x["embedding"]), np.asarray(y["embedding"])
-                cosines.append(float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v) + 1e-12)))
-        return Approximation("embeddings", len(corpus_texts), min_cosine=min(cosines))
-    if "classify" in surfaces:
-        agree = 0
-        for batch in _batches(corpus_texts):
-            request = {"input": batch, "options": {"overflow": "truncate"}}
-            ours, theirs = (
-                _labels(answer(model, "classify", request)),
-                _labels(answer(reference, "classify", request)),
-            )
-            agree += sum(a == b for a, b in zip(ours, theirs, strict=True))
-        return Approximation("classify", len(corpus_texts), label_agreement=agree / len(corpus_texts))
-    raise ConfigError(f"max_speed has no check for a model serving {', '.join(surfaces)}: refused")
+        check, figures = "embeddings", embeddings_figures(model, reference, corpus_texts)
+    elif "rerank" in surfaces:
+        check, figures, texts = "rerank", rerank_figures(model, reference), QUERIES * DOCUMENTS
+    elif "classify" in surfaces:
+        tokens = _token_head(model)
+        check = "token" if tokens else "classify"
+        figures = classify_figures(model, reference, corpus_texts, tokens=tokens)
+    else:
+        raise ConfigError(
+            f"approximate numerics have no check for a model serving {', '.join(surfaces)}: refused"
+        )
+    return Approximation(check, texts, dtype, figures, bounds_for(check, dtype))
 
 
 def check_approximation(prepared: Prepared, model: LoadedModel) -> Approximation:
     """Compare with a float32 twin; ConfigError (the model is refused) when it falls short."""
-    result = compare(model, float32_twin(prepared))
-    if not result.passed():
+    result = compare(model, float32_twin(prepared), dtype=prepared.placement.dtype)
+    missed = result.missed()
+    if missed:
+        short = ", ".join(f"{b.figure} {result.figures[b.figure]:.6f} (needs {b.words()})" for b in missed)
         raise ConfigError(
-            f"max_speed refused: approximate numerics differ from float32 ({result.describe()})"
+            f"approximate numerics ({prepared.placement.dtype}) refused: they differ from float32 beyond "
+            f"their bounds: {short} "
+            f"({result.describe()})"
         )
     return result

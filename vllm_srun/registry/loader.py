@@ -50,6 +50,8 @@ class Placement:
     engine: str
     device: str
     dtype: str
+    # The dtypes the engine runs on this device here (none known to an app replica).
+    dtypes: tuple[str, ...] = ()
 
 
 def _config_problem(package: ModelPackage) -> str:
@@ -156,12 +158,35 @@ def resolve_dtype(engine: Engine, wanted: str, device: Device, *, max_speed: boo
         candidate = "int8" if device.accelerator == "cpu" else "bfloat16"
         if candidate not in engine.dtypes:
             raise ConfigError(f"engine {engine.name!r} has no faster numerics ({candidate}) on {device}")
+        refuse_unrunnable(engine, candidate, device)
         return candidate
     if wanted == "auto":
         return "float32"
     if wanted not in engine.dtypes:
         raise ConfigError(f"engine {engine.name!r} runs {', '.join(engine.dtypes)}, not --dtype {wanted}")
+    refuse_unrunnable(engine, wanted, device)
     return wanted
+
+
+def dtype_refusal(engine: Engine, dtype: str, device: Device) -> str | None:
+    """Why `engine` cannot run `dtype` on `device` at the hardware's own speed, if it cannot:
+    the engine's reason, else the accelerator's (the instruction sets the CPU lacks)."""
+    reason = engine.dtype_refusal(dtype, device)
+    if reason is None and device.provider is not None:
+        reason = device.provider.dtype_refusal(dtype, device)
+    return reason
+
+
+def refuse_unrunnable(engine: Engine, dtype: str, device: Device) -> None:
+    """A ConfigError naming the dtype, the device and what is missing, where it cannot run."""
+    reason = dtype_refusal(engine, dtype, device)
+    if reason is not None:
+        raise ConfigError(f"--dtype {dtype} on {device} refused: {reason}")
+
+
+def runnable_dtypes(engine: Engine, device: Device) -> tuple[str, ...]:
+    """The engine's dtypes that run on `device` here: what /v1/models lists."""
+    return tuple(d for d in engine.dtypes if dtype_refusal(engine, d, device) is None)
 
 
 def numerics_of(options: ModelOptions, dtype: str) -> str:
@@ -202,7 +227,9 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
     dtype = resolve_dtype(engine, options.dtype, device, max_speed=options.max_speed)
-    placement = Placement(engine=engine.name, device=str(device), dtype=dtype)
+    placement = Placement(
+        engine=engine.name, device=str(device), dtype=dtype, dtypes=runnable_dtypes(engine, device)
+    )
     return Prepared(options, resolved, family, spec, name, placement, engine, device)
 
 

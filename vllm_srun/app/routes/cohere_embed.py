@@ -16,11 +16,16 @@ for the same texts.
   `START` its last, `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
 - A refusal names the body's fields (`texts[i]`, `max_tokens`, `output_dimension`), never the
   embeddings surface's (`input[i]`, `options.max_tokens`, `dimensions`).
-- Only `float` embeddings are served: Cohere's int8, uint8, binary and base64 types come from
-  its own quantisation, which it does not specify. Each is the model's dense vector: a model
-  without one (SPLADE, PyLate ColBERT) refuses the request, a 422 naming `model`.
+- `embedding_types` takes Cohere's `float`, `int8`, `uint8`, `binary`, `ubinary` and `base64`
+  (base64 of the float32 little-endian bytes), several at once. The integer types are
+  sentence-transformers' `quantize_embeddings` of the float vector (plugins/quantization.py),
+  int8 and uint8 on the model's calibration ranges (app/quantization.py, shown on /v1/models):
+  Cohere's own quantisation is its models', which it does not specify. Each is made from the
+  model's dense vector: a model without one (SPLADE, PyLate ColBERT) refuses the request, a
+  422 naming `model`.
 - v1 answers `embeddings_floats` (a list of vectors) unless `embedding_types` is given, then
-  `embeddings_by_type` (`{"float": [...]}`), which v2 always answers.
+  `embeddings_by_type` (`{"float": [...], "int8": [...]}`, the types asked for), which v2
+  always answers (`float` when `embedding_types` is left out).
 """
 
 from __future__ import annotations
@@ -29,19 +34,24 @@ import uuid
 from typing import Annotated, Any, Literal
 
 import msgspec
+import numpy as np
 from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app import quantization
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.models import input_types
 from vllm_srun.app.responses import respond
 from vllm_srun.app.routes.cohere_rerank import CohereApiVersion
 from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.serving import calibration_runner
 from vllm_srun.errors import SrunError
 from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, Options, policy_words
+from vllm_srun.plugins.quantization import as_base64, as_json
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
 
+CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 InputType = Literal["search_document", "search_query", "classification", "clustering"]
 Truncate = Literal["NONE", "START", "END"]
 Texts = Annotated[list[str], msgspec.Meta(min_length=1)]
@@ -91,7 +101,7 @@ class CohereEmbedRequest(msgspec.Struct, forbid_unknown_fields=True):
     texts: Texts
     model: str | None = None
     input_type: InputType | None = None
-    embedding_types: Annotated[list[Literal["float"]], msgspec.Meta(min_length=1)] | None = None
+    embedding_types: Annotated[list[CohereEmbeddingType], msgspec.Meta(min_length=1)] | None = None
     truncate: Truncate | None = None  # null as absent: END (langchain-cohere sends null)
 
 
@@ -103,10 +113,15 @@ class CohereEmbedV2Request(CohereEmbedRequest, forbid_unknown_fields=True):
     priority: int | None = None  # accepted; no effect here
 
 
-class CohereFloatEmbeddings(msgspec.Struct):
-    """Cohere's embeddings by type; only `float` here."""
+class CohereEmbeddingsByType(msgspec.Struct, omit_defaults=True):
+    """Cohere's embeddings by type: the types the request named, each a list over the texts."""
 
-    floats: list[list[float]] = msgspec.field(name="float")
+    floats: list[list[float]] | None = msgspec.field(default=None, name="float")
+    int8: list[list[int]] | None = None
+    uint8: list[list[int]] | None = None
+    binary: list[list[int]] | None = None
+    ubinary: list[list[int]] | None = None
+    base64: list[str] | None = None
 
 
 class CohereEmbedBilledUnits(msgspec.Struct):
@@ -127,7 +142,7 @@ class CohereEmbedFloatsResponse(msgspec.Struct, tag_field="response_type", tag="
 
 class CohereEmbedByTypeResponse(msgspec.Struct, tag_field="response_type", tag="embeddings_by_type"):
     id: str
-    embeddings: CohereFloatEmbeddings
+    embeddings: CohereEmbeddingsByType
     texts: list[str]
     meta: CohereEmbedMeta
 
@@ -173,16 +188,33 @@ def vectors(body: EmbeddingsResponse) -> list[list[float]]:
     return out
 
 
-def answer(data: CohereEmbedRequest, version: str) -> Any:
-    by_type = version == "2" or data.embedding_types is not None
+async def by_type(
+    runtime: Runtime, data: CohereEmbedRequest, request: EmbeddingsRequest, found: list[list[float]]
+) -> CohereEmbeddingsByType:
+    """The vectors in each type `data` names (float when it names none)."""
+    kinds = list(dict.fromkeys(data.embedding_types or ["float"]))
+    floats = np.asarray(found, dtype=np.float32).reshape(len(found), -1)
+    served, model = runtime.model_for(data.model)
+    quantized = [kind for kind in kinds if kind not in ("float", "base64")]
+    typed = await quantization.typed(
+        served.calibration, model, request, floats, quantized, calibration_runner(runtime)
+    )
+    return CohereEmbeddingsByType(
+        floats=found if "float" in kinds else None,
+        base64=[as_base64(row) for row in floats] if "base64" in kinds else None,
+        **{kind: as_json(values) for kind, values in typed.items()},
+    )
 
-    def shape(body: EmbeddingsResponse) -> CohereEmbedFloatsResponse | CohereEmbedByTypeResponse:
+
+def answer(runtime: Runtime, data: CohereEmbedRequest, request: EmbeddingsRequest, version: str) -> Any:
+    by_types = version == "2" or data.embedding_types is not None
+
+    async def shape(body: EmbeddingsResponse) -> CohereEmbedFloatsResponse | CohereEmbedByTypeResponse:
         found = vectors(body)
         meta = CohereEmbedMeta(CohereApiVersion(version), CohereEmbedBilledUnits(body.usage.prompt_tokens))
-        if by_type:
-            return CohereEmbedByTypeResponse(
-                str(uuid.uuid4()), CohereFloatEmbeddings(found), data.texts, meta
-            )
+        if by_types:
+            embeddings = await by_type(runtime, data, request, found)
+            return CohereEmbedByTypeResponse(str(uuid.uuid4()), embeddings, data.texts, meta)
         return CohereEmbedFloatsResponse(str(uuid.uuid4()), found, data.texts, meta)
 
     return shape
@@ -192,9 +224,9 @@ async def _serve(
     request: Request[Any, Any, Any], state: State, data: CohereEmbedRequest, version: str
 ) -> Response[Any]:
     try:
-        return await respond(
-            request, state, EMBEDDINGS, convert(state.runtime, data), shape=answer(data, version)
-        )
+        embeddings = convert(state.runtime, data)
+        shape = answer(state.runtime, data, embeddings, version)
+        return await respond(request, state, EMBEDDINGS, embeddings, shape=shape)
     except SrunError as exc:  # a request-level refusal (a character bound) in Cohere's words too
         exc.message = in_cohere_words(exc.message)
         raise in_cohere_fields(exc) from None

@@ -102,6 +102,11 @@ class NativeEngine(Engine):
             return "the package has no safetensors weights"
         return None
 
+    def dtype_refusal(self, dtype: str, device: Device) -> str | None:
+        if dtype == "int8" and device.accelerator != "cpu":
+            return f"engine {self.name!r} runs int8 (dynamic int8 linears) on the cpu only, not {device}"
+        return super().dtype_refusal(dtype, device)
+
     def read(self, spec: ModelSpec, dtype: str) -> dict[str, torch.Tensor]:
         """The checkpoint's tensors on the host, floating ones already in `dtype`."""
         from vllm_srun.engines.native.weights import read_safetensors

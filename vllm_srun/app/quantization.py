@@ -1,0 +1,186 @@
+"""Quantized embeddings (`options.embedding_type`, Cohere's `embedding_types`): the calibration
+ranges int8 and uint8 read, and a response's vectors in the types a request asks for.
+
+The float vectors are the surface's, cached as any (the cache holds float results only, and a
+quantized answer is made from them after the cache: a float request and an int8 one for the
+same text share the work, never the answer). binary and ubinary need nothing more.
+
+int8 and uint8 need each dimension's range. sentence-transformers, given none, takes the
+minimum and maximum of the batch being quantized, which makes a text's values depend on the
+texts sent with it; here they never do. A model's ranges are the per-dimension minimum and
+maximum of a fixed calibration corpus (CALIBRATION_TEXTS texts of vllm_srun.testing.corpus,
+seed CALIBRATION_SEED): embedded through the embeddings surface like any request (so the same
+on every replica, through the result cache), at the request's layer and normalisation, without
+a prompt (the package's default prompt applies), at the model's full dimension. A request for
+fewer `dimensions` takes the calibration vectors' leading components, renormalised when the
+vectors are unit length, as the served vectors are. The corpus is embedded on the first int8
+or uint8 request for a (layer, normalisation) and kept for the model's life; /v1/models shows
+the default ranges once they exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from vllm_srun.errors import InvalidRequest, Unavailable
+from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.plugins.bodies import UnsupportedOption
+from vllm_srun.plugins.quantization import CALIBRATED, as_base64, as_json, quantize, ranges_of
+from vllm_srun.plugins.surfaces import EmbeddingsOptions, EmbeddingsRequest, EmbeddingsResponse
+from vllm_srun.testing.corpus import corpus
+
+CALIBRATION_TEXTS = 256
+CALIBRATION_SEED = 11
+# The calibration corpus goes to the gateway in requests of this many texts (or fewer, under
+# --max-inputs), so that it shares batches with other work as any client's request does.
+CALIBRATION_BATCH = 32
+FIELD = "options.embedding_type"
+
+# Serves one float embeddings request (through the gateway, as any request is served).
+Runner = Callable[[EmbeddingsRequest], Awaitable[EmbeddingsResponse]]
+
+
+def asked(request: Any) -> str | None:
+    """The quantized type an embeddings request asks for; None for floats or another surface."""
+    if not isinstance(request, EmbeddingsRequest):
+        return None
+    kind = request.options.embedding_type
+    return None if kind in (None, "float") else kind
+
+
+def normalized(model: LoadedModel, request: EmbeddingsRequest) -> bool:
+    """Whether the request's vectors are unit length: `options.normalize`, else the model's."""
+    if request.options.normalize is not None:
+        return request.options.normalize
+    return model.info.embedding is not None and model.info.embedding.normalized
+
+
+def float_request(request: EmbeddingsRequest) -> EmbeddingsRequest:
+    """`request` as the surface serves it before quantizing: float vectors, as JSON numbers."""
+    options = msgspec.structs.replace(request.options, embedding_type=None)
+    return msgspec.structs.replace(request, encoding_format="float", options=options)
+
+
+def calibration_request(request: EmbeddingsRequest) -> EmbeddingsRequest:
+    """The calibration corpus, embedded at `request`'s model, layer and normalisation."""
+    options = EmbeddingsOptions(overflow="truncate", normalize=request.options.normalize, output="dense")
+    texts: list[Any] = corpus(CALIBRATION_TEXTS, seed=CALIBRATION_SEED)
+    return EmbeddingsRequest(input=texts, model=request.model, layer=request.layer, options=options)
+
+
+def dense_rows(body: EmbeddingsResponse) -> np.ndarray:
+    """(n, d) float32: the vectors of the inputs that have one, in order; a body without dense
+    vectors (sparse, multi-vector) is the model's refusal, naming the option."""
+    rows = [item.embedding for item in body.data if item.error is None]
+    if any(not isinstance(row, list) for row in rows):
+        raise UnsupportedOption(
+            f"{FIELD}: quantizes dense vectors, which this model does not answer", param=FIELD
+        )
+    return np.asarray(rows, dtype=np.float32).reshape(len(rows), -1)
+
+
+def ranges_at(vectors: np.ndarray, dimensions: int | None, unit: bool) -> np.ndarray:
+    """The ranges of the calibration vectors as a request for `dimensions` sees them."""
+    if dimensions is not None and dimensions < vectors.shape[1]:
+        vectors = vectors[:, :dimensions].astype(np.float64)
+        if unit:
+            norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors = vectors / np.where(norms > 0, norms, 1.0)
+    return ranges_of(vectors)
+
+
+@dataclass
+class Calibration:
+    """One served model's calibration vectors per (layer, unit length), each computed once."""
+
+    runs: dict[tuple[int | None, bool], asyncio.Task[np.ndarray]] = field(default_factory=dict)
+
+    async def vectors(self, request: EmbeddingsRequest, unit: bool, run: Runner) -> np.ndarray:
+        key = (request.layer, unit)
+        task = self.runs.get(key)
+        if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
+            task = self.runs[key] = asyncio.ensure_future(_embed_corpus(request, run))
+        # Shielded: a caller that leaves does not cancel the run others wait on.
+        return await asyncio.shield(task)
+
+    def ranges(self, unit: bool) -> np.ndarray | None:
+        """The default ranges (last layer, full dimension) where they were computed."""
+        task = self.runs.get((None, unit))
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return ranges_of(task.result())
+
+
+async def _embed_corpus(request: EmbeddingsRequest, run: Runner) -> np.ndarray:
+    """The corpus' vectors; every text's, or none: ranges from part of the corpus would differ
+    from the ones another replica computes."""
+    body = await run(calibration_request(request))
+    failed = next((item for item in body.data if item.error is not None), None)
+    if failed is not None:
+        raise Unavailable(
+            f"{FIELD}: the calibration corpus could not be embedded ({failed.message or failed.error})"
+        )
+    return dense_rows(body)
+
+
+def describe(calibration: Calibration, model: LoadedModel) -> dict[str, Any] | None:
+    """What /v1/models shows of an embedder's output types and its calibration."""
+    view = model.info.embedding
+    if "embeddings" not in model.info.surfaces or view is None:
+        return None
+    ranges = calibration.ranges(view.normalized)
+    return {
+        "embedding_types": ["float", *CALIBRATED, "binary", "ubinary"],
+        "calibration": {
+            "corpus": "vllm_srun.testing.corpus",
+            "texts": CALIBRATION_TEXTS,
+            "seed": CALIBRATION_SEED,
+            # Per dimension: [minimums, maximums]; null until the first int8 or uint8 request.
+            "ranges": ranges.tolist() if ranges is not None else None,
+        },
+    }
+
+
+async def typed(
+    calibration: Calibration,
+    model: LoadedModel,
+    request: EmbeddingsRequest,
+    vectors: np.ndarray,
+    kinds: Sequence[str],
+    run: Runner,
+) -> dict[str, np.ndarray]:
+    """`vectors` (the float answer to `request`) in each of `kinds`."""
+    ranges = None
+    if any(kind in CALIBRATED for kind in kinds):
+        unit = normalized(model, request)
+        ranges = ranges_at(await calibration.vectors(request, unit, run), request.dimensions, unit)
+    return {kind: quantize(vectors, kind, ranges) for kind in kinds}
+
+
+async def serve_quantized(
+    calibration: Calibration, model: LoadedModel, request: EmbeddingsRequest, run: Runner, calibrate: Runner
+) -> EmbeddingsResponse:
+    """The answer to a request for a quantized `embedding_type`: the float answer (`run`),
+    each vector then quantized, as integers or (encoding_format base64) their bytes."""
+    kind = asked(request)
+    assert kind is not None
+    if request.options.output not in (None, "dense"):
+        # As the other fields that shape a dense vector only are refused (families' outputs).
+        raise InvalidRequest(
+            f"{FIELD}: applies to dense output only, not options.output {request.options.output!r}",
+            param=FIELD,
+        )
+    body = await run(float_request(request))
+    quantized = (await typed(calibration, model, request, dense_rows(body), [kind], calibrate))[kind]
+    rows = iter(quantized)
+    for item in body.data:
+        if item.error is None:
+            row = next(rows)
+            item.embedding = as_base64(row) if request.encoding_format == "base64" else as_json(row[None])[0]
+    return body
