@@ -128,7 +128,7 @@ class NativeEngine(Engine):
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> NativeModel:
         import torch
 
-        from vllm_srun.engines.native.weights import meta_build, torch_dtype
+        from vllm_srun.engines.native.weights import materialize, meta_build, torch_dtype
 
         target = torch_device_of(device)
         if dtype == "int8" and target.type != "cpu":
@@ -159,7 +159,7 @@ class NativeEngine(Engine):
             # A size that is not a positive integer, heads that do not divide, ...
             raise PackageError(f"config.json does not describe a valid {spec.architecture}: {exc}") from exc
         weights_dtype = "float32" if dtype == "int8" else dtype
-        module = module.to(torch_dtype(weights_dtype)).to_empty(device=target)
+        module = materialize(module.to(torch_dtype(weights_dtype)), target)
         module.load_weights(tensors)
         module.eval()
         if dtype == "int8":

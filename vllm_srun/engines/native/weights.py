@@ -25,6 +25,19 @@ TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16"}
 _META_BUILDS = threading.Lock()
 
 
+def materialize(module: Any, device: Any) -> Any:
+    """`module.to_empty(device=device)`: its meta tensors replaced by uninitialised ones on
+    `device`, of the same shapes and dtypes (the weights are loaded into them next).
+
+    torch's own to_empty allocates each through `torch.empty_like`, whose meta-tensor path is a
+    Python decomposition that imports sympy on its first call, a share of every load spent on
+    an import; `torch.empty` of the same shape and dtype makes the same storage directly.
+    """
+    import torch
+
+    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+
+
 @contextlib.contextmanager
 def meta_build() -> Iterator[None]:
     """Build modules on the meta device, skipping the random init the weights overwrite.
