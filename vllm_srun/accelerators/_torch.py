@@ -15,3 +15,15 @@ def torch_or_none() -> ModuleType | None:
     except Exception:
         return None
     return torch
+
+
+def cpu_only_build() -> bool:
+    """Whether the installed torch is a CPU-only build, known from its distribution's version
+    (PyTorch's CPU wheels carry the local label `+cpu`) without importing it: the import costs
+    seconds of every start, and a process that serves no torch model needs none."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch").endswith("+cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False

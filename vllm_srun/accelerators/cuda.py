@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from vllm_srun.accelerators._torch import torch_or_none
+from vllm_srun.accelerators._torch import cpu_only_build, torch_or_none
 from vllm_srun.plugins.base import Accelerator, Device
 
 
@@ -13,6 +13,8 @@ class CudaAccelerator(Accelerator):
     auto_priority = 0
 
     def available(self) -> bool:
+        if "torch" not in sys.modules and cpu_only_build():
+            return False
         torch = torch_or_none()
         return bool(torch is not None and torch.cuda.is_available())
 

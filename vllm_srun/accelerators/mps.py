@@ -13,6 +13,8 @@ class MpsAccelerator(Accelerator):
     auto_priority = 10
 
     def available(self) -> bool:
+        if sys.platform != "darwin":  # Metal is Apple's alone: no torch import to learn that
+            return False
         torch = torch_or_none()
         backend = getattr(getattr(torch, "backends", None), "mps", None)
         return bool(backend is not None and backend.is_available())
