@@ -9,6 +9,7 @@ import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,7 +58,26 @@ SERIAL = {
     "tests/topology/test_faults.py",
     "tests/topology/test_redis_restart.py",
     "tests/topology/test_state_full.py",
+    # Its quickstart pip-installs the project, rewriting the entry points that every process
+    # starting beside it reads.
+    "tests/test_readme.py",
 }
+# Modules whose tests share no server between them: xdist may hand each test to either worker,
+# where it would otherwise keep the whole module on one (the scheduler below).
+SPLIT = ("tests/app/test_schemathesis.py::",)
+# The longest modules, first: the parallel pass hands modules out in this order, and a long
+# one handed out last keeps one worker busy while the other has nothing left to do.
+LONGEST_FIRST = (
+    "tests/app/test_schemathesis.py",
+    "tests/app/test_model_lifecycle.py",
+    "tests/registry/test_approximate.py",
+    "tests/examples/test_third_party_plugin.py",
+    "tests/topology/test_cache_redis.py",
+    "tests/families/task_heads/test_arch_bert_variants.py",
+    "tests/topology/test_leases.py",
+    "tests/app/test_decisions_contract.py",
+    "tests/topology/test_proxy.py",
+)
 # A module that names any of these starts processes (servers, workers, the CLI): not `quick`.
 _STARTS_PROCESSES = (
     "subprocess",
@@ -72,7 +92,8 @@ _STARTS_PROCESSES = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`serial` for the modules above; `quick` for every test of a module that starts no
-    process and is not marked slow (`pytest -m quick`, the inner loop)."""
+    process and is not marked slow (`pytest -m quick`, the inner loop); LONGEST_FIRST's
+    modules moved to the front, each module's tests in their own order."""
     root = Path(str(config.rootpath))
     starts: dict[Path, bool] = {}
     for item in items:
@@ -83,6 +104,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.serial)
         if not starts[path] and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.quick)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's loadscope (a module's tests on one worker, so its module-scoped servers start
+    once), but SPLIT's modules are handed out test by test."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return nodeid if nodeid.startswith(SPLIT) else str(super()._split_scope(nodeid))
+
+    return Scheduling(config, log)
 
 
 @pytest.fixture

@@ -45,8 +45,26 @@ expected-statuses = ["400", "401", "404", "405", "406", "409", "413", "415", "42
 """
 HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
 
+# Each operation is run against the servers whose model changes its answers, not against all
+# three: the keyword model's run covers every operation; the embedder's and the classifier's
+# leave out the operations that answer alike whatever the model (health, metrics, a job by its
+# id), and the classifier's also the embedding and tokenizer routes, which the embedder's run
+# covers with the same BERT tokenizer.
+MODEL_INDEPENDENT = r"^/(health|health/live|ping|metrics|infinity/health|v1/jobs/.*)$"
+EMBEDDING_ONLY = (
+    r"^/(embed|embed_all|embed_sparse|embeddings|pooling|similarity|tokenize|decode"
+    r"|v1/embed|v1/embeddings|v2/embed|infinity/embeddings|vllm/embeddings|vllm/v1/embeddings|vllm/pooling)$"
+)
+LEFT_OUT = {
+    "keywords": None,
+    "embedder": MODEL_INDEPENDENT,
+    "classifier": f"{MODEL_INDEPENDENT}|{EMBEDDING_ONLY}",
+}
 
-def schemathesis_run(server: Server, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+
+def schemathesis_run(
+    server: Server, tmp_path: Path, exclude: str | None = None
+) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "schemathesis.toml"
     config.write_text(CONFIG)
     st = shutil.which("st") or shutil.which("schemathesis")
@@ -79,6 +97,7 @@ def schemathesis_run(server: Server, tmp_path: Path) -> subprocess.CompletedProc
             "none",
             "--request-timeout",
             "30",
+            *(["--exclude-path-regex", exclude] if exclude else []),
         ],
         capture_output=True,
         text=True,
@@ -108,6 +127,6 @@ def test_server_agrees_with_its_document(
     tmp_path: Path,
 ) -> None:
     server = module_server(str(packages[model]), "--served-model-name", model)
-    result = schemathesis_run(server, tmp_path)
+    result = schemathesis_run(server, tmp_path, LEFT_OUT[model])
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-4000:]
     assert "passed" in result.stdout, result.stdout[-4000:]
