@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -97,25 +96,33 @@ def _cli(*args: str) -> str:
     return done.stdout.strip()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
-    """`vllm-srun serve ARGS` on a free port of 127.0.0.1, from the server python."""
+    """`vllm-srun serve ARGS` from the server python, on a port of 127.0.0.1 the OS picks as the
+    server binds it (`--port 0`); `url` once its log says where it listens."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
         self.log_path = log_path
         self._log = log_path.open("wb")
-        port = self.url.rsplit(":", 1)[1]
+        self._url: str | None = None
         self.proc = subprocess.Popen(
-            [server_python(), "-m", "vllm_srun.cli", "serve", *args, "--port", port],
+            [server_python(), "-m", "vllm_srun.cli", "serve", *args, "--port", "0"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
+
+    @property
+    def url(self) -> str:
+        deadline = time.monotonic() + 120
+        while self._url is None:
+            self._log.flush()
+            for line in self.log_path.read_text(errors="replace").splitlines():
+                if '"listening"' in line and "http://" in line:
+                    self._url = "http://127.0.0.1:" + json.loads(line)["url"].rsplit(":", 1)[1]
+            if self._url is None:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"server not listening:\n{self.log()}")
+                time.sleep(0.05)
+        return self._url
 
     def wait_ready(self, timeout_s: float = 120.0) -> Server:
         deadline = time.monotonic() + timeout_s
