@@ -22,7 +22,16 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from helpers import Proc, RedisProcess, Server, plugin_path, start_worker, wait_healthy, write_keywords
+from helpers import (
+    Proc,
+    RedisProcess,
+    Server,
+    metric,
+    plugin_path,
+    start_worker,
+    wait_healthy,
+    write_keywords,
+)
 
 GRACE_S = 10.0  # docker stop's, Kubernetes' default terminationGracePeriodSeconds, systemd's
 SLOW = "invoice " * 6
@@ -155,7 +164,11 @@ def test_serve_stops_on_sigterm_after_load(slow_engine: None, tmp_path: Path, pr
     assert codes == {200: 2000}, codes
     held = Held(server.url)
     in_flight = held.slow_request()
-    time.sleep(1.5)  # sent, and queued behind the job's sleeping forward
+
+    def queued() -> bool:  # its job stays on the queue until it is done
+        return metric(server.get("/metrics").text, "vllm_srun_queue_depth", model="kw") >= 1
+
+    wait_for(queued, 10, "the slow request to be queued")
     stop(server)
     assert held.stream_ended.is_set(), "the event stream was ended, not left open"
     answer = in_flight.result(timeout=5)
