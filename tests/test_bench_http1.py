@@ -17,6 +17,7 @@ class OneShotServer:
         self.scripts = list(replies_per_connection)
         self.connections = 0
         self.requests: list[bytes] = []
+        self.closed = asyncio.Event()  # set when a connection's script has ended and it is closed
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         script = self.scripts[self.connections]
@@ -32,6 +33,8 @@ class OneShotServer:
             writer.write(reply)
             await writer.drain()
         writer.close()
+        await writer.wait_closed()
+        self.closed.set()
 
 
 def fixed(body: bytes, extra: bytes = b"") -> bytes:
@@ -49,7 +52,7 @@ async def test_reuses_a_connection_and_reconnects_after_the_server_closed_it() -
         async with http1.Client(f"http://127.0.0.1:{port}", timeout_s=5) as client:
             first = await client.post("/a", b'{"x":1}', {"content-type": "application/json"})
             second = await client.post("/b", b"{}")
-            await asyncio.sleep(0.05)  # the server has closed the connection after its script
+            await asyncio.wait_for(server.closed.wait(), 5)  # the first connection's script is done
             third = await client.post("/c", b"{}")
     finally:
         listener.close()

@@ -120,13 +120,27 @@ def test_a_document_truncated_whole_does_not_hold_the_loop(server: Server) -> No
 
 def test_past_max_concurrent_requests_is_429_with_retry_after(server: Server) -> None:
     slow = {"input": TRUNCATED_TEXT, "options": {"overflow": "truncate"}}
-    holders = [threading.Thread(target=post_all, args=(server, [slow])) for _ in range(3)]
+    held: list[int] = []
+
+    def hold() -> None:
+        # A holder that met a probe in its slot tries again: all three get a slot in the end.
+        while (status := post_all(server, [slow])[0].status_code) == 429:
+            pass
+        held.append(status)
+
+    holders = [threading.Thread(target=hold) for _ in range(3)]
     for thread in holders:
         thread.start()
-    time.sleep(0.5)  # the three are read and planning (each takes over a second)
-    answer = server.post("/v1/embeddings", {"input": "hello"})
+    # Until the three are read and planning (each takes over a second): a probe answered 429.
+    # Each probe before that takes a slot for a moment only.
+    deadline = time.monotonic() + 30
+    while (answer := server.post("/v1/embeddings", {"input": "hello"})).status_code != 429:
+        assert any(t.is_alive() for t in holders), "the holders ended before any probe met a full replica"
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.02)
     for thread in holders:
         thread.join()
+    assert held == [200] * 3, held
     assert answer.status_code == 429, answer.text
     assert answer.headers["retry-after"] == "1"
     assert "--max-concurrent-requests" in answer.json()["error"]["message"]

@@ -6,7 +6,10 @@ stored), so a stream stays open for as long as the test holds it."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import socket
+import termios
 import time
 import uuid
 from collections.abc import Iterator
@@ -91,6 +94,27 @@ def status_of(sock: socket.socket) -> int:
     return int(head[9:12])
 
 
+def unread_bytes(sock: socket.socket) -> int:
+    """What the kernel holds for `sock` that its reader has not read (FIONREAD)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(sock.fileno(), termios.FIONREAD, count)
+    return count[0]
+
+
+def wait_windows_full(socks: list[socket.socket], timeout_s: float = 30.0) -> None:
+    """Until every stream has reached its reader and none sends more: each socket holds unread
+    bytes, and their total is the same two polls apart (each writer is stuck on a full window)."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        held = [unread_bytes(sock) for sock in socks]
+        if all(held) and sum(held) == last:
+            return
+        assert time.monotonic() < deadline, f"streams still writing: {sorted(held)[:5]}..., {sum(held)} bytes"
+        last = sum(held) if all(held) else -1
+        time.sleep(0.5)
+
+
 def rss_mib(server: Server) -> float:
     for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -153,7 +177,7 @@ def test_100_clients_that_never_read_hold_bounded_memory_released_when_they_leav
     before = rss_mib(server)
     socks = [open_stream(server, job, rcvbuf=4096) for _ in range(100)]
     try:
-        time.sleep(3)  # each stream writes until its reader's window is full
+        wait_windows_full(socks)
         during = rss_mib(server)
         print(f"replica RSS {before:.0f} -> {during:.0f} MiB with 100 readers that never read")
         assert during - before < RSS_GROWTH_BOUND_MIB, (before, during)

@@ -23,6 +23,8 @@ def test_classify_labels_and_probabilities(server: Server) -> None:
     assert body["labels"] == ["billing", "shipping", "other"]
     assert [x["label"] for x in body["results"]] == ["billing", "shipping", "other"]
     for result in body["results"]:
+        # A float64 softmax of three logits sums to 1 within a few float64 ulps (2e-16 each);
+        # JSON carries float64 exactly.
         assert abs(sum(result["probabilities"]) - 1.0) < 1e-9
         assert result["score"] == max(result["probabilities"])
 
@@ -41,6 +43,8 @@ def test_embeddings_openai_shape_base64_and_dimensions(server: Server) -> None:
     assert body["object"] == "list" and body["model"] == "kw"
     assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
     first = np.array(body["data"][0]["embedding"])
+    # Unit vectors normalised in float32: each component within an ulp (6e-8 relative), so the
+    # norm of a handful of them within a few float32 epsilons of 1.
     assert body["data"][0]["object"] == "embedding" and abs(np.linalg.norm(first) - 1) < 1e-6
     assert not any(body["data"][1]["embedding"])
     b64 = server.post("/v1/embeddings", {"input": "refund parcel", "encoding_format": "base64"}).json()

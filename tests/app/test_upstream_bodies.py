@@ -108,6 +108,7 @@ def test_head_is_top_level_with_options_head_as_alias(server: Server) -> None:
     assert top["kind"] == "scores" and top["labels"] == ["negative", "positive"]
     result = top["results"][0]
     negative, positive = result["scores"]
+    # The first is 1 - the second, in float64: their sum is 1 within a float64 ulp.
     assert math.isclose(negative + positive, 1.0, abs_tol=1e-9) and result["score"] == positive
     both = {"model": "binary", "input": "good", "head": "relevance", "options": {"head": "sequence"}}
     refused(server.post("/v1/classify", both), "head")

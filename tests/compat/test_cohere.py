@@ -23,6 +23,8 @@ DOCUMENTS = [
     "foxes live in dens in forests and grasslands",
     "a recipe for bread",
 ]
+# The same float32 logit, maybe from a batch of another shape (a few float32 ulps of a logit of
+# a few units), through a sigmoid whose slope is at most 1/4.
 TOLERANCE = 1e-6
 
 

@@ -155,4 +155,6 @@ def test_the_cache_off_or_unwritable_exports_into_a_private_folder(
     blocked.write_text("a file where the cache folder would be")
     from_cache, got = load_here(package, blocked, monkeypatch)
     assert not from_cache
+    # Two exports of one module on one thread count: the same graph and the same float32
+    # arithmetic, so the same answers; 1e-6 leaves float32 rounding of values of order 1.
     np.testing.assert_allclose(got, off, atol=1e-6, rtol=0)

@@ -119,7 +119,7 @@ async def test_a_result_stored_without_a_reply_is_found_by_the_fallback(
     items = classify_items("parcel")
     await _ghost(client, name)
     task = asyncio.create_task(submit(client, keywords_model, items, timeout_s=5.0))
-    await asyncio.sleep(0.2)
+    await _queued(client, name)  # it looked the caches up and waits on its job
     array = await _store(client, keywords_model, items[0])
     got = await asyncio.wait_for(task, 4)
     np.testing.assert_array_equal(got.results[0], array)
@@ -131,15 +131,20 @@ async def test_a_cancelled_request_takes_its_job_out_of_the_queue(
     name = keywords_model.info.name
     await client.redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) + 60_000})
     task = asyncio.create_task(submit(client, keywords_model, classify_items("refund")))
-    for _ in range(100):
-        if await client.redis.zcard(keys.queue_name(name)):
-            break
-        await asyncio.sleep(0.01)
+    await _queued(client, name)
     assert await client.redis.zcard(keys.queue_name(name)) == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await client.redis.zcard(keys.queue_name(name)) == 0
+
+
+async def _queued(client: QueueClient, name: str, timeout_s: float = 10.0) -> None:
+    """Until a job is on `name`'s queue (a request reached it); fails past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not await client.redis.zcard(keys.queue_name(name)):
+        assert time.monotonic() < deadline, f"no job on {name}'s queue in {timeout_s} s"
+        await asyncio.sleep(0.01)
 
 
 async def _queued_jobs(client: QueueClient, name: str) -> list[protocol.JobPayload]:
@@ -168,10 +173,7 @@ async def test_the_misses_of_one_tick_are_one_job_and_each_request_withdraws_its
     await _ghost(client, name)
     texts = ["refund", "parcel", "invoice late", "refund parcel"]
     tasks = [asyncio.create_task(submit(client, keywords_model, classify_items(t))) for t in texts]
-    for _ in range(100):
-        if await client.redis.zcard(keys.queue_name(name)):
-            break
-        await asyncio.sleep(0.01)
+    await _queued(client, name)
     (job,) = await _queued_jobs(client, name)
     assert len(job.items) == 4 and job.parts is not None
     assert [part.end for part in job.parts] == [1, 2, 3, 4]
@@ -217,10 +219,7 @@ async def test_stored_results_are_found_by_the_script_that_would_queue_the_misse
     await other.start()
     try:
         task = asyncio.create_task(submit(other, keywords_model, [stored, missing], timeout_s=0.5))
-        for _ in range(100):
-            if await client.redis.zcard(keys.queue_name(name)):
-                break
-            await asyncio.sleep(0.01)
+        await _queued(client, name)
         (job,) = await _queued_jobs(client, name)  # only the miss runs
         assert [item.cache_key for item in job.items] == [missing.cache_key]
         mixed = await task
@@ -247,10 +246,7 @@ async def test_a_part_withdrawn_before_any_worker_claims_its_job_does_not_run(
     kept_items = classify_items("charge twice")
     gone = asyncio.create_task(submit(client, keywords_model, gone_items))
     kept = asyncio.create_task(submit(client, keywords_model, kept_items, timeout_s=10.0))
-    for _ in range(100):
-        if await client.redis.zcard(keys.queue_name(name)):
-            break
-        await asyncio.sleep(0.01)
+    await _queued(client, name)
     (job,) = await _queued_jobs(client, name)
     assert len(job.items) == 4  # one job carries both requests
     gone.cancel()
@@ -311,8 +307,13 @@ async def test_a_worker_check_that_fails_after_its_requests_left_logs_nothing(
 ) -> None:
     # A Redis that takes the check's command and drops the connection a moment later, once the
     # only request waiting on it has gone.
+    received = asyncio.Event()
+
     async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read(1024)
+        received.set()
+        # The request is cancelled as soon as the command is here: any delay puts the drop after
+        # it (one event loop runs both, its timers in order).
         await asyncio.sleep(0.2)
         writer.close()
 
@@ -324,15 +325,14 @@ async def test_a_worker_check_that_fails_after_its_requests_left_logs_nothing(
     client = QueueClient(f"redis://127.0.0.1:{port}", local_cache_bytes=0)
     try:
         task = asyncio.create_task(submit(client, keywords_model, classify_items("refund")))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(received.wait(), 10)  # the check's command was sent
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         del task  # its traceback holds the check
-        for _ in range(100):  # the check ends (failed) on its own
-            if not client._worker_checks:
-                break
+        deadline = time.monotonic() + 10
+        while client._worker_checks:  # the check ends (failed) on its own
+            assert time.monotonic() < deadline, "the worker check never ended"
             await asyncio.sleep(0.05)
-        assert not client._worker_checks
         gc.collect()
         await asyncio.sleep(0)
     finally:
@@ -368,11 +368,10 @@ async def test_a_requests_meta_reads_the_engines_without_a_round_trip_of_its_own
     monkeypatch.setattr(queue_client, "ENGINES_TTL_S", 0.0)
     assert at_once(client.recent_engines(name)) == said
     assert len(client._engines_reading) == 1
-    for _ in range(100):
-        if at_once(client.recent_engines(name)) == now:
-            break
+    deadline = time.monotonic() + 10
+    while at_once(client.recent_engines(name)) != now:
+        assert time.monotonic() < deadline, "the engines were never read again"
         await asyncio.sleep(0.02)
-    assert at_once(client.recent_engines(name)) == now
     assert await client.engines(name) == now  # the card's own read stays fresh
 
 
@@ -395,11 +394,13 @@ async def test_a_request_found_whole_in_this_process_is_answered_without_waiting
 
 async def test_work_whose_client_leaves_is_cancelled_and_its_caller_goes_on() -> None:
     peer = _Client()
+    started = asyncio.Event()
     cancelled = asyncio.Event()
 
     async def work() -> str:
+        started.set()
         try:
-            await asyncio.sleep(30)
+            await asyncio.sleep(30)  # work that outlasts the test: only a cancel ends it
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -411,13 +412,14 @@ async def test_work_whose_client_leaves_is_cancelled_and_its_caller_goes_on() ->
         return outcome
 
     task = asyncio.create_task(handler())
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(started.wait(), 5)
     peer.leave()
     assert await asyncio.wait_for(task, 5) == (False, None)
     assert cancelled.is_set() and not task.cancelled()
     # A caller cancelled from outside (not by the client leaving) stays cancelled.
+    started.clear()
     outer = asyncio.create_task(unless_disconnected(_request(_Client()), work()))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(started.wait(), 5)
     outer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outer

@@ -7,6 +7,7 @@ it: it computes each item's result and returns the encoded bytes.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 from arq.connections import ArqRedis
@@ -19,6 +20,15 @@ from vllm_srun.queue.results import LocalResults, encode_result
 
 def item(*ids: int) -> WorkItem:
     return WorkItem(token_ids=list(ids), cache_key="key-" + "-".join(map(str, ids)))
+
+
+async def running(runner: Runner, calls: int, timeout_s: float = 10.0) -> None:
+    """Until `runner` has been asked to run `calls` times (a caller looked the cache up, found
+    nothing, and holds its items in flight)."""
+    deadline = time.monotonic() + timeout_s
+    while len(runner.calls) < calls:
+        assert time.monotonic() < deadline, f"asked {runner.calls}, waited for {calls} runs"
+        await asyncio.sleep(0.01)
 
 
 class Runner:
@@ -79,9 +89,9 @@ async def test_identical_items_in_flight_are_computed_once(redis: ArqRedis) -> N
     runner = Runner()
     runner.release.clear()
     first = asyncio.create_task(gateway.resolve("m", [item(7), item(8)], runner))
-    await asyncio.sleep(0.05)
+    await running(runner, 1)
     second = asyncio.create_task(gateway.resolve("m", [item(8), item(9)], runner))
-    await asyncio.sleep(0.05)
+    await running(runner, 2)
     runner.release.set()
     _, b = await asyncio.gather(first, second)
     assert runner.calls == [["key-7", "key-8"], ["key-9"]]  # key-8 waited for the first run
@@ -121,7 +131,7 @@ async def test_a_lost_result_is_an_item_error_and_a_slow_one_times_out(redis: Ar
     runner = Runner()
     runner.release.clear()
     owner = asyncio.create_task(gateway.resolve("m", [item(13)], runner))
-    await asyncio.sleep(0.05)
+    await running(runner, 1)
     waiter = await gateway.resolve("m", [item(13)], runner, timeout_s=0.05)
     assert isinstance(waiter.results[0], ItemError) and waiter.results[0].code == "deadline_exceeded"
     runner.release.set()
@@ -158,10 +168,10 @@ async def test_a_cancelled_owner_leaves_its_waiters_to_run_the_item(redis: ArqRe
     stalled = Runner()
     stalled.release.clear()
     owner = asyncio.create_task(gateway.resolve("m", [item(15)], stalled))
-    await asyncio.sleep(0.05)
+    await running(stalled, 1)
     runner = Runner()
     waiter = asyncio.create_task(gateway.resolve("m", [item(15)], runner, timeout_s=5))
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # its lookup; one not done yet would find nothing in flight: the same run
     owner.cancel()
     result = (await asyncio.wait_for(waiter, 2)).results[0]
     assert not isinstance(result, ItemError) and float(result[0]) == 15.0

@@ -32,7 +32,11 @@ LEASE_S = 0.3
 
 
 def arq_worker(
-    redis: ArqRedis, function: Callable[..., Awaitable[Any]], *, queue: str = QUEUE
+    redis: ArqRedis,
+    function: Callable[..., Awaitable[Any]],
+    *,
+    queue: str = QUEUE,
+    lease_s: float = LEASE_S,
 ) -> DrivenWorker:
     return DrivenWorker(
         functions=[func(function, name=keys.RUN_ITEMS)],
@@ -42,7 +46,7 @@ def arq_worker(
         keep_result=0,
         job_serializer=protocol.serialize,
         job_deserializer=protocol.deserialize,
-        lease_s=LEASE_S,
+        lease_s=lease_s,
         wake_channel=WAKE if queue == QUEUE else keys.wake_channel(queue.rsplit(":", 1)[-1]),
     )
 
@@ -52,6 +56,15 @@ async def enqueue(redis: ArqRedis, payload: bytes, *, queue: str = QUEUE) -> str
         job_id = add_job(pipe, queue=queue, function=keys.RUN_ITEMS, payload=payload, expires_s=60)
         await pipe.execute()
     return job_id
+
+
+async def until_lapsed(redis: ArqRedis, queue: str, job_id: str) -> None:
+    """Until the expiry the claim gave the job's lease (its score, in ms) has passed: a beat
+    from now on finds it lapsed (the reaper compares it with the same clock)."""
+    expiry_ms = await redis.zscore(keys.lease_key(queue), job_id)
+    assert expiry_ms is not None, "the job is leased"
+    while (now_ms := time.time() * 1000) <= expiry_ms:
+        await asyncio.sleep((expiry_ms - now_ms) / 1000 + 0.001)
 
 
 async def hang(ctx: dict[str, Any], payload: bytes) -> None:
@@ -83,7 +96,8 @@ async def test_a_lease_not_renewed_lapses_and_the_job_is_back_with_a_wake(
     redis: ArqRedis, wakes: Callable[[], Awaitable[list[bytes]]]
 ) -> None:
     job_id = await enqueue(redis, b"work")
-    dead = arq_worker(redis, hang)
+    # A lease long enough that the check below runs inside it on a busy machine too.
+    dead = arq_worker(redis, hang, lease_s=1.0)
     await dead.poll()
     assert dead.held() == [job_id]
     lease = await redis.zscore(keys.lease_key(QUEUE), job_id)
@@ -91,7 +105,7 @@ async def test_a_lease_not_renewed_lapses_and_the_job_is_back_with_a_wake(
     live = arq_worker(redis, hang)
     keeper = LeaseKeeper(redis, [live], lease_s=LEASE_S)
     assert await keeper.beat() == [], "a lease within its time is not touched"
-    await asyncio.sleep(LEASE_S + 0.1)
+    await until_lapsed(redis, QUEUE, job_id)
     assert await keeper.beat() == [job_id]
     assert not await redis.exists(arq.constants.in_progress_key_prefix + job_id)
     assert await redis.zscore(QUEUE, job_id) is not None, "the job is due on its queue again"
@@ -130,7 +144,9 @@ async def test_a_renewed_lease_does_not_lapse_during_a_long_forward(
     other = LeaseKeeper(redis, [arq_worker(redis, hang)], lease_s=LEASE_S)
     await worker.poll()
     requeued: list[str] = []
+    deadline = time.monotonic() + 30
     while worker.held():
+        assert time.monotonic() < deadline, "the forward never ended"
         requeued += await other.beat()
         await asyncio.sleep(LEASE_S / 3)
     keeper.stop()
@@ -203,7 +219,7 @@ async def lapse(redis: ArqRedis, queue: str, job_id: str, times: int) -> None:
         dead = arq_worker(redis, hang, queue=queue)
         await dead.poll()
         assert dead.held() == [job_id]
-        await asyncio.sleep(LEASE_S + 0.05)
+        await until_lapsed(redis, queue, job_id)
         assert await LeaseKeeper(redis, [arq_worker(redis, hang, queue=queue)]).beat() == [job_id]
         for task in dead.running():
             task.cancel()

@@ -66,7 +66,10 @@ def test_bulk_job_overflowing_the_cache_redis_keeps_every_result(tmp_path: Path)
         assert count_keys(cache.url, keys.job_key("*")) == 0
         # An interactive request for an evicted input is computed again, the same numbers.
         first = app.post("/v1/embeddings", {"input": texts[0]}).json()["data"][0]["embedding"]
-        assert first == pytest.approx(data[0]["response"]["data"][0]["embedding"], abs=1e-6)
+        # Alone now, in a bulk batch before: a row run alone and in a batch agree within 1e-5
+        # (the engines' parity bound, tests/engines/conftest.py), and normalising to unit length
+        # only shrinks that for a pooled vector longer than 1.
+        assert first == pytest.approx(data[0]["response"]["data"][0]["embedding"], abs=1e-5)
     finally:
         app.stop()
         worker.stop()

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 from helpers import RedisProcess, Topology, metric, submit_job, wait_healthy, write_keywords
+
+from vllm_srun.queue import keys
+
+# A batching window long enough to keep items queued while a test watches them.
+BATCH_WAIT_MS = 1500
 
 
 def bulk_lines(n: int) -> list[dict]:
@@ -156,7 +162,9 @@ def test_stopping_redis_fails_fast_and_recovers(topology: Callable[..., Topology
 
 def test_deadline_and_disconnect_drop_queued_items(topology: Callable[..., Topology], tmp_path: Path) -> None:
     # A batch-variant model and a long batching window keep items queued long enough to watch.
-    topo = topology(write_keywords(tmp_path / "kw", "batching"), worker_args=("--batch-wait-ms", "1500"))
+    topo = topology(
+        write_keywords(tmp_path / "kw", "batching"), worker_args=("--batch-wait-ms", str(BATCH_WAIT_MS))
+    )
     app = topo.apps[0]
     # One worker, so every request below meets the same coalescer: a first request after a
     # quiet spell runs at once, and the window opens for the ones right behind it.
@@ -169,7 +177,9 @@ def test_deadline_and_disconnect_drop_queued_items(topology: Callable[..., Topol
     assert late.json()["results"][0]["error"] == "deadline_exceeded"
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{app.url}/v1/classify", json={"input": "parcel delivery"}, timeout=0.3)
-    time.sleep(2.5)  # past the batching window: a queued item would have run by now
+    # A negative check: past the batching window (with a second's margin), a queued item would
+    # have run by now.
+    time.sleep(BATCH_WAIT_MS / 1000 + 1.0)
     rows = metric(httpx.get(metrics_url).text, "vllm_srun_batch_size_sum")
     assert rows == baseline, "the expired and the withdrawn item never ran"
     ok = app.post("/v1/classify", {"input": "invoice"})
@@ -179,7 +189,7 @@ def test_deadline_and_disconnect_drop_queued_items(topology: Callable[..., Topol
 def test_admission_refuses_whole_requests(topology: Callable[..., Topology], tmp_path: Path) -> None:
     topo = topology(
         write_keywords(tmp_path / "kw", "batching"),
-        worker_args=("--batch-wait-ms", "1500"),
+        worker_args=("--batch-wait-ms", str(BATCH_WAIT_MS)),
         app_args=("--max-queued-items", "4", "--max-queued-tokens", "20"),
     )
     topo.workers[1].stop()  # one coalescer: the held request below waits in its batching window
@@ -189,17 +199,22 @@ def test_admission_refuses_whole_requests(topology: Callable[..., Topology], tmp
     assert too_many.status_code == 413 and "--max-queued-items" in too_many.json()["error"]["message"]
     too_long = app.post("/v1/classify", {"input": ["refund " * 21]})
     assert too_long.status_code == 413 and "tokens" in too_long.json()["error"]["message"]
-    # Under load: right behind a first request, three items wait in the worker's batching window
-    # (1.5 s), holding three of the four slots; two more do not fit, one does.
+    # Under load: right behind a first request, three items wait in the worker's batching window,
+    # holding three of the four slots; two more do not fit, one does.
     assert app.post("/v1/classify", {"input": "charge"}).status_code == 200
+    state = redis.Redis.from_url(topo.redis.url)
+    queued = keys.queue_name("kw")
+    wait_for(lambda: state.zcard(queued) == 0, 10, "the first request's job to leave the queue")
     with ThreadPoolExecutor(2) as pool:
         held = pool.submit(app.post, "/v1/classify", {"input": ["refund", "parcel", "invoice"]})
-        time.sleep(0.4)
+        # Admitted once its job is on the queue (a job stays there until it is done).
+        wait_for(lambda: state.zcard(queued) == 1, 10, "the three items to be queued")
         busy = app.post("/v1/classify", {"input": ["refund", "parcel"]})
         assert busy.status_code == 429 and busy.headers["retry-after"] == "1", busy.text
         assert "2 items queued" not in busy.text and "queued" in busy.json()["error"]["message"]
         one_more = pool.submit(app.post, "/v1/classify", {"input": ["delivery"]})
         assert held.result().status_code == 200 and len(held.result().json()["results"]) == 3
         assert one_more.result().json()["results"][0]["label"] == "shipping"
+    state.close()
     fits = app.post("/v1/classify", {"input": ["refund"] * 4})
     assert fits.status_code == 200 and len(fits.json()["results"]) == 4

@@ -31,7 +31,11 @@ from helpers import (
     write_keywords,
 )
 
-SLOW_S = 10.0
+from vllm_srun import defaults
+
+# A forward that outlasts a lease (and its renewal), so only a lease lapse or a release can
+# free the work a killed worker held.
+SLOW_S = 2 * defaults.LEASE_S
 SLOW = "invoice " * 6
 POISON = "delivery " * 6
 

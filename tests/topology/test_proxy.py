@@ -70,6 +70,8 @@ def test_embeddings_through_the_proxy_are_the_replicas(stack: Stack) -> None:
     direct = httpx.post(stack.apps[1].url + "/v1/embeddings", json={"input": texts}, timeout=60).json()
     got = [d["embedding"] for d in through.json()["data"]]
     assert len(got) == 2 and len(got[0]) == 384
+    # The same two texts in the same batch (or the shared cache's copy): the same float32, which
+    # JSON carries exactly; the float32 spacing of the components is the margin.
     for mine, theirs in zip(got, (d["embedding"] for d in direct["data"]), strict=True):
         assert mine == pytest.approx(theirs, abs=1e-6)
 

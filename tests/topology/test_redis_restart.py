@@ -33,6 +33,7 @@ from helpers import (
     write_keywords,
 )
 
+from vllm_srun import defaults
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
@@ -41,7 +42,7 @@ from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.redis import make_pool
 from vllm_srun.queue.redis_server import find_redis_server
-from vllm_srun.queue.worker import HEARTBEAT_TTL_S, Deployment, DeviceWorker
+from vllm_srun.queue.worker import HEARTBEAT_S, Deployment, DeviceWorker
 from vllm_srun.registry.loader import ModelOptions, load_model
 
 ENGINE = """
@@ -107,6 +108,17 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> floa
     return time.monotonic() - started
 
 
+# Long enough for every loop of the worker to meet the failure at least once: a heartbeat and
+# two lease renewals.
+OUTAGE_S = max(HEARTBEAT_S, 2 * defaults.LEASE_RENEW_S) + 0.5
+
+
+def in_append_only_file(data: Path, needle: bytes) -> bool:
+    """Whether Redis has written `needle` to its append-only file (one file in 6.x, a folder
+    of them from 7.0). Written is enough: a SIGKILL leaves what was written to the kernel."""
+    return any(needle in path.read_bytes() for path in data.rglob("*.aof"))
+
+
 def job(url: str, job_id: str) -> dict[str, Any]:
     r = httpx.get(f"{url}/v1/jobs/{job_id}", timeout=10)
     return dict(r.json()) if r.status_code == 200 else {"status": f"http {r.status_code}", "counts": {}}
@@ -138,7 +150,8 @@ def test_a_redis_kill_and_restart_loses_no_job(paced_engine: None, tmp_path: Pat
     assert created.status_code == 202, created.text
     job_id = created.json()["id"]
     wait_for(lambda: job(app.url, job_id)["counts"].get("done", 0) >= 1500, 60, "the job to be under way")
-    time.sleep(1.5)  # the job's creation is past the fsync second: it must survive
+    # The job's creation is in the file: it must survive.
+    wait_for(lambda: in_append_only_file(data, job_id.encode()), 10, "the job in the append-only file")
 
     before = job(app.url, job_id)
     redis_proc.stop(signal.SIGKILL)
@@ -150,7 +163,7 @@ def test_a_redis_kill_and_restart_loses_no_job(paced_engine: None, tmp_path: Pat
         down = app.post("/v1/classify", {"input": text})
         assert down.status_code == 503 and down.json()["error"]["code"] == "not_ready", down.text
         assert time.monotonic() - started < 5
-    time.sleep(2)
+    time.sleep(OUTAGE_S)  # an outage that every loop of the app and the worker runs into
 
     redis_proc = DurableRedis(data, port, tmp_path / "redis-again.log")
     procs.append(redis_proc)
@@ -227,9 +240,14 @@ async def test_a_worker_outlives_a_redis_that_refuses_writes(
     try:
         await admin.config_set("maxmemory-policy", "noeviction")
         await admin.config_set("maxmemory", "1")  # every write refused from now on
-        await asyncio.sleep(2.5)  # past a heartbeat and a few lease renewals, all refused
+        before = await last_heartbeat(admin)
+        await asyncio.sleep(OUTAGE_S)  # past a heartbeat and two lease renewals
+        assert await last_heartbeat(admin) == before, "the heartbeats were refused"
         await admin.config_set("maxmemory", "0")
-        await asyncio.sleep(HEARTBEAT_TTL_S + 0.5)  # the heartbeat written before has expired
+        deadline = time.monotonic() + HEARTBEAT_S + 10
+        while await last_heartbeat(admin) == before:
+            assert time.monotonic() < deadline, "no heartbeat once writes were accepted again"
+            await asyncio.sleep(0.1)
         assert await client.live_workers("kw") == 1, "the heartbeat goes on"
         items = [item for item in _classify(model, "refund please")]
         answer = await client.submit("kw", model.info.model_sha256, items, timeout_s=10)
@@ -240,6 +258,12 @@ async def test_a_worker_outlives_a_redis_that_refuses_writes(
         await worker.close()
         await admin.aclose()
         executor.shutdown(wait=False)
+
+
+async def last_heartbeat(redis: Any) -> float:
+    """Until when the one worker of `kw` said it is live (its heartbeat's score)."""
+    ((_, until),) = await redis.zrange(keys.worker_key("kw"), 0, -1, withscores=True)
+    return float(until)
 
 
 def _classify(model: object, text: str) -> list[object]:

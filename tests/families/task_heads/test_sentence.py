@@ -123,6 +123,7 @@ def test_dense_module_is_read_and_checked(th: Harness, tmp_path: Path) -> None:
     assert model.info.embedding is not None and model.info.embedding.dimension == 7
     assert model.hidden_size != 7 and model.normalize
     rows = model.post_pooling(np.ones(model.hidden_size, dtype=np.float32))
+    # The modules run in float64: the final Normalize leaves a norm within float64 ulps of 1.
     assert rows.shape == (7,) and abs(float(np.linalg.norm(rows)) - 1.0) < 1e-9
     config = json.loads((path / "2_Dense" / "config.json").read_text())
     config["activation_function"] = "my.module.Activation"
