@@ -158,3 +158,32 @@ def test_the_cache_off_or_unwritable_exports_into_a_private_folder(
     # Two exports of one module on one thread count: the same graph and the same float32
     # arithmetic, so the same answers; 1e-6 leaves float32 rounding of values of order 1.
     np.testing.assert_allclose(got, off, atol=1e-6, rtol=0)
+
+
+def test_a_cache_folder_others_can_write_is_never_used(
+    package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph planted in a folder that is not this user's alone is not opened, nor is one kept
+    there: the load exports into a private folder as with no cache."""
+    load_here(package, tmp_path, monkeypatch)
+    (entry,) = entries(tmp_path)
+    (tmp_path / "small-batch-onnx").chmod(0o777)
+    from_cache, _ = load_here(package, tmp_path, monkeypatch)
+    assert not from_cache
+    assert entries(tmp_path) == [entry]
+
+
+def test_a_graph_that_fails_the_probe_is_not_kept(
+    package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An export that the engine's probe refuses leaves no entry for the next start to fail on."""
+    from vllm_srun.engines.native import engine
+
+    monkeypatch.setattr(engine, "PROBE_ATOL", -1.0)  # no graph can pass
+    from vllm_srun.plugins.discovery import load_plugins
+    from vllm_srun.registry.loader import ModelOptions, load_model
+
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path))
+    model, _ = load_model(load_plugins(), ModelOptions(ref=str(package)), with_engine=True)
+    assert model.engine_model.paths[-1] != "onnx"
+    assert entries(tmp_path) == []

@@ -295,9 +295,15 @@ class NativeModel(EngineModel):
 
         from vllm_srun.engines.native import graph_cache
 
-        key = None if self.graph_identity is None else graph_cache.graph_key(self.module, self.graph_identity)
         threads = tuning.forward_threads() or torch.get_num_threads()
-        while True:
+        try:
+            key = graph_cache.key_for(self.module, self.graph_identity)
+        except Exception as exc:  # a module the key cannot read is exported, uncached
+            log.warning("small_batch_onnx_uncached", error=f"{type(exc).__name__}: {exc}")
+            key = None
+        # At most twice: a kept graph that fails the probe is dropped and exported afresh once,
+        # uncached if it could not be dropped.
+        for _ in range(2):
             try:
                 session = onnx_path.OnnxSmallBatch(self.module, threads, key)
             except Exception as exc:  # an export or session failure costs speed, never an answer
@@ -306,13 +312,14 @@ class NativeModel(EngineModel):
             worst = self._probe(session)
             if worst <= PROBE_ATOL:
                 return
+            if key is not None:  # never kept for the next start to fail on again
+                graph_cache.drop_graph(key)
             if not session.from_cache:
                 log.warning("small_batch_onnx_differs", max_abs_diff=worst)
                 return
-            # A kept graph that no longer reproduces this module: exported afresh, once.
             log.warning("small_batch_onnx_cache_stale", max_abs_diff=worst)
-            assert key is not None
-            graph_cache.drop_graph(key)
+            if key is not None and graph_cache.cached_graph(key) is not None:
+                key = None
 
     def _probe(self, session: Any) -> float:
         """The largest difference between `session` and the torch dense forward on the probe

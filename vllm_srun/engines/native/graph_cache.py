@@ -20,6 +20,7 @@ import importlib.metadata
 import inspect
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -35,7 +36,8 @@ GRAPH_FILE = "dense.onnx"
 
 
 def cache_root() -> Path | None:
-    """The folder graphs are kept in, None when the cache is off."""
+    """The folder graphs are kept in, None when the cache is off, or when the folder exists but
+    is not this user's alone (a graph planted there by another user is never opened)."""
     configured = os.environ.get(CACHE_ENV)
     if configured is not None:
         if configured.strip().lower() in ("", "off", "0", "none"):
@@ -44,7 +46,20 @@ def cache_root() -> Path | None:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         base = (Path(xdg) if xdg else Path.home() / ".cache") / "vllm-srun"
-    return base / "small-batch-onnx"
+    root = base / "small-batch-onnx"
+    try:
+        found = root.lstat()
+    except OSError:
+        return root  # made by store_graph, private
+    mine = found.st_uid == os.geteuid() and stat.S_ISDIR(found.st_mode)
+    return root if mine and found.st_mode & 0o077 == 0 else None
+
+
+def key_for(model: EncoderModel, identity: str | None) -> str | None:
+    """`graph_key`, or None when there is nothing to key (no identity, the cache off)."""
+    if identity is None or cache_root() is None:
+        return None
+    return graph_key(model, identity)
 
 
 def graph_key(model: EncoderModel, identity: str) -> str:
@@ -61,7 +76,7 @@ def graph_key(model: EncoderModel, identity: str) -> str:
         digest.update(_file_digest(path).encode())
     tensors = [*model.named_parameters(), *model.named_buffers()]
     for name, tensor in tensors:
-        flat = tensor.detach().to("cpu").contiguous()
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # a 0-d tensor has no byte view
         digest.update(f"{name}:{flat.dtype}:{tuple(flat.shape)}".encode())
         digest.update(flat.view(torch.uint8).numpy() if flat.numel() else b"")
     return digest.hexdigest()
@@ -83,7 +98,10 @@ def store_graph(key: str, export: Callable[[Path], None]) -> Path | None:
     if root is None:
         return None
     try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(exist_ok=True, mode=0o700)
+        if cache_root() is None:  # there, but not this user's alone
+            return None
         staging = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
     except OSError:
         return None
