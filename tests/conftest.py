@@ -78,7 +78,8 @@ LONGEST_FIRST = (
     "tests/app/test_decisions_contract.py",
     "tests/topology/test_proxy.py",
 )
-# A module that names any of these starts processes (servers, workers, the CLI): not `quick`.
+# A module that names any of these starts processes (servers, workers, the CLI), and so does a
+# test that asks for one of the fixtures after it: not `quick`.
 _STARTS_PROCESSES = (
     "subprocess",
     "Server(",
@@ -88,6 +89,7 @@ _STARTS_PROCESSES = (
     "topology",
     "procs",
 )
+_PROCESS_FIXTURES = {"shared_server", "minilm_server", "reranker_server", "redis_proc", "start_server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -102,7 +104,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             starts[path] = any(word in path.read_text() for word in _STARTS_PROCESSES)
         if path.relative_to(root).as_posix() in SERIAL:
             item.add_marker(pytest.mark.serial)
-        if not starts[path] and item.get_closest_marker("slow") is None:
+        uses = set(getattr(item, "fixturenames", ()))
+        if not starts[path] and not uses & _PROCESS_FIXTURES and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.quick)
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

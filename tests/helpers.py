@@ -145,15 +145,14 @@ class RedisProcess(Proc):
                 self.stop()
 
     def wait(self, timeout_s: float = 10.0) -> None:
-        """Until the server accepts connections; a RuntimeError with its log when it exits or
-        does not within `timeout_s`."""
+        """Until this server says it accepts connections (its own log: a connection alone could
+        reach another process's Redis on the same port); a RuntimeError with its log when it
+        exits or does not within `timeout_s`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.alive():
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
+            if "Ready to accept connections" in self.log():
+                return
+            time.sleep(0.05)
         raise RuntimeError(f"redis did not start:\n{self.log()}")
 
 
