@@ -64,3 +64,17 @@ def test_api_key_prints_the_files_first_key(tmp_path: Path) -> None:
     assert api_key({"VLLM_SRUN_API_KEY": "k"}) == "k"
     with pytest.raises(ConfigError, match="VLLM_SRUN_API_KEY_FILE nor VLLM_SRUN_API_KEY"):
         api_key({})
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("has space", "may not contain ' '"), ("#hash-first", "may not start with '#'"), ('quo"te', "may not contain")],
+)
+def test_a_chosen_key_the_files_cannot_hold_is_refused_naming_its_variable(
+    tmp_path: Path, value: str, why: str
+) -> None:
+    """A key the key file would not read back as written (a space, a quote, a leading '#', which
+    its reader takes for a comment) is refused before anything is written."""
+    with pytest.raises(ConfigError, match=f"VLLM_SRUN_API_KEY: {why}"):
+        init_secrets(tmp_path, env={"VLLM_SRUN_API_KEY": value})
+    assert not list(tmp_path.iterdir())

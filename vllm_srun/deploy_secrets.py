@@ -65,6 +65,8 @@ def given(env: Mapping[str, str], name: str) -> str | None:
     bad = sorted({repr(ch) for ch in value if ch in REFUSED_CHARACTERS or not ch.isprintable()})
     if bad:
         raise ConfigError(f"{name}: may not contain {', '.join(bad)} (use letters, digits and punctuation)")
+    if value.startswith("#"):  # the key file's reader takes such a line for a comment
+        raise ConfigError(f"{name}: may not start with '#' (a key file's comment lines start with it)")
     return value
 
 

@@ -93,6 +93,8 @@ def test_bounds_per_kind_of_output() -> None:
 def test_kendall_tau_and_neighbour_overlap() -> None:
     a = np.arange(16, dtype=np.float64)
     assert kendall_tau(a, a) == 1.0 and kendall_tau(a, -a) == -1.0
+    flat = np.zeros_like(a)  # every score the same: no order kept
+    assert kendall_tau(flat, a) == 0.0 and kendall_tau(a, flat) == 0.0 and kendall_tau(flat, flat) == 1.0
     swapped = a.copy()
     swapped[[3, 4]] = swapped[[4, 3]]  # one discordant pair of 120
     assert kendall_tau(a, swapped) == pytest.approx(1 - 2 / 120)

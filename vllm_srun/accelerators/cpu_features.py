@@ -13,6 +13,7 @@ testable on any host.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -68,6 +69,12 @@ def host_flags() -> frozenset[str] | None:
     given = os.environ.get(FLAGS_ENV)
     if given is not None:
         return frozenset(given.split())
+    return _cpuinfo_flags()
+
+
+@functools.cache
+def _cpuinfo_flags() -> frozenset[str] | None:
+    """/proc/cpuinfo's flags, read once a process: a CPU's instruction sets do not change."""
     try:
         return parse_flags(CPUINFO.read_text(errors="replace"))
     except OSError:

@@ -137,12 +137,16 @@ def neighbour_overlap(ours: np.ndarray, theirs: np.ndarray, k: int = NEIGHBOURS)
 
 
 def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
-    """Kendall's tau-b of two score lists (ties in either count as neither agreeing nor not)."""
+    """Kendall's tau-b of two score lists (ties in either count as neither agreeing nor not).
+    Two lists tied throughout agree (1.0); one tied throughout against one that ranks is no
+    agreement (0.0): a quantization that flattens every score must not pass as keeping order."""
     upper = np.triu_indices(len(a), 1)
     sa = np.sign(np.subtract.outer(a, a))[upper]
     sb = np.sign(np.subtract.outer(b, b))[upper]
     untied = float(np.count_nonzero(sa)) * float(np.count_nonzero(sb))
-    return float((sa * sb).sum() / np.sqrt(untied)) if untied else 1.0
+    if not untied:
+        return 1.0 if not np.count_nonzero(sa) and not np.count_nonzero(sb) else 0.0
+    return float((sa * sb).sum() / np.sqrt(untied))
 
 
 def _request(batch: list[str], **options: Any) -> dict[str, Any]:
