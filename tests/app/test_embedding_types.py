@@ -98,12 +98,25 @@ def test_fewer_dimensions_take_the_calibration_s_leading_components(server: Serv
     assert np.array_equal(ours, reference(served, precision="uint8", ranges=ranges))
 
 
-def test_base64_is_the_bytes_of_the_type(server: Server) -> None:
-    for kind, dtype in (("int8", np.int8), ("ubinary", np.uint8)):
+def test_base64_is_the_values_as_float32_as_openai_decodes_it(server: Server) -> None:
+    for kind in ("int8", "ubinary"):
         values = typed(server, TEXTS, kind)
         encoded = embed(server, TEXTS, encoding_format="base64", options={"embedding_type": kind})
-        decoded = [np.frombuffer(base64.b64decode(e), dtype=dtype) for e in encoded]
+        decoded = [np.frombuffer(base64.b64decode(e), dtype="<f4") for e in encoded]
         assert np.array_equal(np.stack(decoded), values), kind
+
+
+def test_the_openai_client_reads_quantized_values(server: Server) -> None:
+    """The openai package asks for base64 unless told otherwise and decodes it as float32: a
+    quantized type reaches it as its integer values."""
+    import openai
+
+    client = openai.OpenAI(api_key="unused", base_url=server.url + "/v1", max_retries=0)
+    for kind in ("int8", "binary"):
+        made = client.embeddings.create(
+            model="embedder", input=TEXTS, extra_body={"options": {"embedding_type": kind}}
+        )
+        assert np.array_equal(np.asarray([d.embedding for d in made.data]), typed(server, TEXTS, kind)), kind
 
 
 def test_the_cache_never_answers_one_type_for_another(server: Server) -> None:

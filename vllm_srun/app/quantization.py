@@ -167,7 +167,9 @@ async def serve_quantized(
     calibration: Calibration, model: LoadedModel, request: EmbeddingsRequest, run: Runner, calibrate: Runner
 ) -> EmbeddingsResponse:
     """The answer to a request for a quantized `embedding_type`: the float answer (`run`),
-    each vector then quantized, as integers or (encoding_format base64) their bytes."""
+    each vector then quantized, as integers or (encoding_format base64) those integers as
+    float32 bytes: OpenAI's base64 is float32, and every OpenAI client (the openai package asks
+    for base64 by default) decodes it so, where the type's own bytes would decode as garbage."""
     kind = asked(request)
     assert kind is not None
     if request.options.output not in (None, "dense"):
@@ -182,5 +184,8 @@ async def serve_quantized(
     for item in body.data:
         if item.error is None:
             row = next(rows)
-            item.embedding = as_base64(row) if request.encoding_format == "base64" else as_json(row[None])[0]
+            if request.encoding_format == "base64":
+                item.embedding = as_base64(row.astype(np.float32))
+            else:
+                item.embedding = as_json(row[None])[0]
     return body
