@@ -5,13 +5,14 @@ our own name and version are still in the document."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from contract.dashboard_probe import TITLE, failed_checks, probe
+from contract.dashboard_probe import DOCUMENT_LIMIT, TITLE, failed_checks, failed_health, probe
 from helpers import Server
 
 from vllm_srun import __version__, defaults
@@ -19,11 +20,14 @@ from vllm_srun import __version__, defaults
 
 @pytest.mark.parametrize("path", ["/openapi.yaml", "/openapi.json"])
 def test_the_dashboard_probe_passes(start_server: Callable[..., Server], keywords: Path, path: str) -> None:
+    """The probe reads /openapi.yaml (and no more than its limit of it); /openapi.json, the whole
+    document, carries the same identity."""
     server = start_server(str(keywords))
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        assert probe(client, path) == []
+        assert probe(client) == []
         document = yaml.safe_load(client.get(path).text)
         health = client.get("/health").json()
+    assert failed_checks(document, health) == []
     assert document["info"]["title"] == TITLE and document["info"]["version"] == health["api_version"]
     assert health["api_version"] == defaults.API_VERSION
     # Who we are is in the document still, where the probe does not look.
@@ -54,3 +58,31 @@ def test_the_probe_refuses_what_the_dashboard_refuses() -> None:
         (failure,) = failed_checks(broken, health)
         assert failure.startswith(field), failure
     assert failed_checks(document, {"status": "ready"})[0].startswith("info.version")
+
+
+def test_the_yaml_is_the_contracts_part_within_the_probes_limit() -> None:
+    """/openapi.yaml holds the router contract's paths and every schema they reference, and
+    fits the probe's 128 KiB; /openapi.json keeps every route."""
+    from vllm_srun.app.main import create_app
+    from vllm_srun.app.yaml_document import CONTRACT_PATHS, openapi_yaml_text
+
+    app = create_app()
+    whole = app.openapi_schema.to_schema()
+    text = openapi_yaml_text(app)
+    assert len(text.encode()) <= DOCUMENT_LIMIT
+    # The whole document, as /openapi.yaml answered it before, is past what the probe reads.
+    assert len(yaml.safe_dump(whole).encode()) > DOCUMENT_LIMIT
+    part = yaml.safe_load(text)
+    assert set(part["paths"]) == set(CONTRACT_PATHS) and set(whole["paths"]) > set(CONTRACT_PATHS)
+    refs = set(re.findall(r"#/components/schemas/([^'\"]+)", text))
+    assert refs and refs <= set(part["components"]["schemas"]), refs - set(part["components"]["schemas"])
+    for path in CONTRACT_PATHS:
+        assert part["paths"][path] == whole["paths"][path], path
+
+
+def test_the_probe_refuses_a_health_without_the_engines_identity() -> None:
+    health = {"api_version": defaults.API_VERSION, "status": "ready", "reason": None, "model": {}}
+    assert failed_health(health) == []
+    assert failed_health({k: v for k, v in health.items() if k != "reason"}) == ["health.reason: missing"]
+    assert failed_health({**health, "api_version": "2.3"})[0].startswith("health.api_version")
+    assert failed_health({**health, "status": "up"})[0].startswith("health.status")
