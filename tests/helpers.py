@@ -5,9 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,14 +30,21 @@ def free_port() -> int:
 
 
 class Proc:
-    """A `vllm-srun` (or other) process whose output goes to a log file read on failure."""
+    """A `vllm-srun` (or other) process whose output goes to a log file read on failure;
+    forked from the zygote (tests/zygote.py) where it can be."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: Path, env: dict[str, str] | None = None, *, fork: bool = True
+    ) -> None:
         self.args = args
         self.log_path = log_path
         self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            args, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO
+        full_env = {**os.environ, **(env or {})}
+        # fork=False where a test reads the process's own /proc/PID/cmdline or environ, which a
+        # zygote's child shares with the zygote
+        forked = _fork_launch(args, [self._log], full_env) if fork else None
+        self.proc: subprocess.Popen[bytes] | Forked = forked or subprocess.Popen(
+            args, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO
         )
 
     def log(self) -> str:
@@ -53,6 +63,145 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+class Forked:
+    """What tests use of subprocess.Popen, for a child of the zygote (tests/zygote.py): the
+    exit status comes on the launch's connection, since this process is not the parent."""
+
+    def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
+        self.args = args
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._read(timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(15)
+
+    def kill(self) -> None:
+        self.send_signal(9)
+
+    def _read(self, timeout: float | None) -> None:
+        if not select.select([self._conn], [], [], timeout)[0]:
+            return
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self._conn.recv(4096)
+            if not chunk:
+                raise RuntimeError(f"the zygote exited before its child {self.pid} did (log: {_ZYGOTE_LOG})")
+            data += chunk
+        self.returncode = int(json.loads(data)["returncode"])
+        self._conn.close()
+
+
+# One zygote per pytest process (xdist worker), started by its first launch; None once it has
+# failed to start, when every launch is exec'd as before. VLLM_SRUN_TEST_EXEC=1 turns it off.
+_ZYGOTE: dict[str, Any] = {}
+_ZYGOTE_LOCK = threading.Lock()
+_ZYGOTE_LOG = Path(tempfile.gettempdir()) / f"vllm-srun-zygote-{os.getpid()}.log"
+_CLI = [sys.executable, "-m", "vllm_srun.cli"]
+
+
+def _zygote() -> dict[str, Any] | None:
+    with _ZYGOTE_LOCK:
+        if not _ZYGOTE:
+            folder = tempfile.mkdtemp(prefix="zygote-")
+            path = os.path.join(folder, "socket")
+            log = _ZYGOTE_LOG.open("wb")
+            proc = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "zygote.py"), path],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+            deadline = time.monotonic() + 120
+            while "zygote ready" not in _ZYGOTE_LOG.read_text(errors="replace"):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    proc.kill()
+                    print(
+                        f"the zygote did not start; servers are exec'd:\n{_ZYGOTE_LOG.read_text()}",
+                        file=sys.stderr,
+                    )
+                    _ZYGOTE["socket"] = None
+                    break
+                time.sleep(0.05)
+            else:
+                _ZYGOTE.update(socket=path, env=dict(os.environ), proc=proc)
+        return _ZYGOTE if _ZYGOTE["socket"] else None
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, check: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """`python -m vllm_srun.cli ARGS` to its end, as subprocess.run(..., capture_output=True,
+    text=True) runs it (forked from the zygote where it can be); `env` is added to this
+    process's environment."""
+    command = [*_CLI, *args]
+    full_env = {**os.environ, **(env or {})}
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        forked = _fork_launch(command, [out, err], full_env)
+        proc = forked or subprocess.Popen(command, stdout=out, stderr=err, env=full_env, cwd=REPO)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(
+            command, code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _fork_launch(args: list[str], outputs: list[Any], env: dict[str, str]) -> Forked | None:
+    """`args` as a child of the zygote, when it is `python -m vllm_srun.cli ...` and its
+    environment is the zygote's but for PYTHONPATH; None for every other launch (exec it)."""
+    if args[: len(_CLI)] != _CLI or os.environ.get("VLLM_SRUN_TEST_EXEC"):
+        return None
+    zygote = _zygote()
+    if zygote is None:
+        return None
+    pythonpath = env.get("PYTHONPATH")
+    if {**env, "PYTHONPATH": ""} != {**zygote["env"], "PYTHONPATH": ""}:
+        return None
+    if pythonpath == zygote["env"].get("PYTHONPATH"):
+        pythonpath = None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(zygote["socket"])
+    request = json.dumps({"argv": args[len(_CLI) :], "cwd": str(REPO), "pythonpath": pythonpath}).encode()
+    socket.send_fds(conn, [request], [output.fileno() for output in outputs])
+    reply = b""
+    while not reply.endswith(b"\n"):
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise RuntimeError(f"the zygote closed a launch of {args} (log: {_ZYGOTE_LOG})")
+        reply += chunk
+    answer = json.loads(reply)
+    if answer.get("exec"):
+        conn.close()
+        return None
+    return Forked(args, int(answer["pid"]), conn)
 
 
 class Server(Proc):

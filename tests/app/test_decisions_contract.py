@@ -10,14 +10,13 @@ here are refused. A router configuration with preset and set decision signals is
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Server, free_port
+from helpers import Server, free_port, run_cli
 from tokenizers import Tokenizer
 
 from vllm_srun.families.nli_decisions import templates
@@ -185,9 +184,7 @@ def router_yaml(judge: str, signals: str) -> str:
 
 
 def cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return run_cli(*args, timeout=timeout)
 
 
 def test_a_router_config_with_presets_and_sets_serves_and_checks(

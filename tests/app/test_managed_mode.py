@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from contract.dashboard_probe import probe
-from helpers import REPO, Proc, cache_package, free_port, write_keywords
+from helpers import REPO, Proc, cache_package, free_port, run_cli, write_keywords
 
 from vllm_srun.client import http_options
 
@@ -259,14 +259,7 @@ def test_check_config_attaches_over_the_socket(
         f"      - {{name: kw, provider: model_runtime, endpoint: 'unix://{socket}', device: cpu}}\n"
         f"      - {{name: gone, provider: model_runtime, endpoint: 'unix://{socket}.missing'}}\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "check-config", str(router)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        check=False,
-    )
+    proc = run_cli("check-config", str(router), timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert f"ok   kw @ unix://{socket}: 'kw' is ready on cpu" in lines

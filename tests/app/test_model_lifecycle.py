@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import REPO, Server, cache_package, fake_distribution, write_keywords
+from helpers import REPO, Server, cache_package, fake_distribution, run_cli, write_keywords
 
 from vllm_srun.plugins.package import combined_sha256, sha256_file
 
@@ -66,7 +64,9 @@ def test_keyword_and_decision_models_in_one_process(
     models = {m["id"]: m for m in server.get("/v1/models").json()["data"]}
     assert models["kw"]["device"] == "example_host" and models["judge"]["device"] == "cpu"
     assert models["kw"]["state"] == models["judge"]["state"] == "ready"
-    assert models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"]["status"] == "unverified"
+    assert (
+        models["judge"]["surfaces"] == ["decisions"] and models["judge"]["golden"]["status"] == "unverified"
+    )
     assert models["judge"]["modalities"] == ["text"] and "choice" in models["judge"]["question_types"]
     assert models["judge"]["limits"]["min_options"] == 2 and models["judge"]["status"] == "ready"
     assert (
@@ -126,9 +126,7 @@ def test_builtin_by_name_is_verified(start_server: Callable[..., Server], tmp_pa
     assert "matched on cpu" in model["golden"]["reference"]
     assert model["state"] == model["status"] == "ready" and model["ready"] is True
     assert (model["repo"], model["revision"]) == ("vllm-sr-example/keywords", PINNED)
-    listing = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "models"], capture_output=True, text=True
-    )
+    listing = run_cli("models")
     assert "example-keywords" in listing.stdout and "vllm-sr-example/keywords@3f1c2a9e8b7d" in listing.stdout
 
 
@@ -144,7 +142,10 @@ def test_a_tampered_builtin_fails_while_another_serves(
     server.wait_ready(path="/health/live")
     health = wait_states(server, {"example-keywords": "failed", "plain": "ready"})
     assert "example_model.json" in health["reasons"]["example-keywords"]
-    assert health["status"] == "degraded" and "example_model.json" in health["models"]["example-keywords"]["reason"]
+    assert (
+        health["status"] == "degraded"
+        and "example_model.json" in health["models"]["example-keywords"]["reason"]
+    )
     assert server.get("/health").status_code == 503
     assert server.post("/v1/classify", {"model": "plain", "input": "refund"}).status_code == 200
     refused = server.post("/v1/classify", {"model": "example-keywords", "input": "refund"})
@@ -202,12 +203,13 @@ def test_conflicting_tables_refuse_every_model(tmp_path: Path) -> None:
     fake_distribution(
         plugins, "acme-bad", {"vllm_srun.families": {"bad_keywords": "acme_bad:BadFamily"}}, code
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "serve", str(write_keywords(tmp_path / "kw")), "--port", "0"],
-        capture_output=True,
-        text=True,
+    result = run_cli(
+        "serve",
+        str(write_keywords(tmp_path / "kw")),
+        "--port",
+        "0",
         timeout=60,
-        env={**__import__("os").environ, "PYTHONPATH": f"{plugins}:{REPO}"},
+        env={"PYTHONPATH": f"{plugins}:{REPO}"},
     )
     assert result.returncode != 0
     assert "vllm-sr-example/keywords" in result.stderr
@@ -249,12 +251,7 @@ def test_router_config_serves_and_checks(start_server: Callable[..., Server], tm
               - {{name: missing, provider: model_runtime, endpoint: "{server.url}", device: cpu}}
         """)
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "check-config", str(checked)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("check-config", str(checked), timeout=60)
     lines = result.stdout.splitlines()
     assert result.returncode == 1
     assert lines[0].startswith("ok   intent")
@@ -265,12 +262,7 @@ def test_router_config_serves_and_checks(start_server: Callable[..., Server], tm
 def test_models_file_rejects_unknown_keys(tmp_path: Path) -> None:
     models_file = tmp_path / "models.yaml"
     models_file.write_text(json.dumps({"models": [{"model": "x", "devcie": "cpu"}]}))
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "serve", "--models", str(models_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("serve", "--models", str(models_file), timeout=60)
     assert result.returncode == 2 and "devcie" in result.stderr
 
 

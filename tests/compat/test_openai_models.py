@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
-from helpers import Server, cache_package, minilm_dir
+from helpers import Server, cache_package, minilm_dir, run_cli
 
 from vllm_srun.testing.task_heads_fixtures import write_fixture
 
@@ -84,17 +84,10 @@ def test_an_unknown_model_in_a_request_is_a_404(client: openai.OpenAI) -> None:
 
 
 def test_a_clashing_alias_refuses_the_start(tmp_path: Path) -> None:
-    import subprocess
-    import sys
 
     tiny = write_fixture(tmp_path / "tiny", variant="bert-embedding")
     models = tmp_path / "models.yaml"
     models.write_text(f"models:\n  - model: {minilm_dir()!s}\n    name: {MINILM}\n    aliases: [tiny]\n")
-    result = subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "serve", str(tiny), "--models", str(models), "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("serve", str(tiny), "--models", str(models), "--port", "0", timeout=120)
     assert result.returncode != 0
     assert "'tiny' would name both 'tiny' and 'all-MiniLM-L6-v2'" in result.stderr, result.stderr

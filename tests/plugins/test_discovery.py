@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from helpers import fake_distribution
+from helpers import fake_distribution, run_cli
 
 GOOD = """
 from vllm_srun.plugins.base import Accelerator, Device
@@ -19,14 +17,7 @@ class Good(Accelerator):
 
 
 def run_plugins(path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "PYTHONPATH": str(path), **env}
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_srun.cli", "plugins", "--json"],
-        capture_output=True,
-        text=True,
-        env=environment,
-        timeout=60,
-    )
+    return run_cli("plugins", "--json", env={"PYTHONPATH": str(path), **env}, timeout=60)
 
 
 def test_third_party_plugin_is_discovered(tmp_path: Path) -> None:

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server, serve_named, write_keywords
+from helpers import Server, run_cli, serve_named, write_keywords
 
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
@@ -122,23 +120,7 @@ def test_served_max_speed_model_fails_with_its_reason(start_server: Callable[...
 
 
 def test_max_speed_with_an_explicit_dtype_is_refused() -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_srun.cli",
-            "serve",
-            minilm(),
-            "--max-speed",
-            "--dtype",
-            "float32",
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("serve", minilm(), "--max-speed", "--dtype", "float32", "--port", "0", timeout=120)
     assert result.returncode != 0 and "leave --dtype auto" in result.stderr
 
 

@@ -5,8 +5,6 @@ Real redis-server processes, real `serve` and `worker` processes, real HTTP.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from helpers import (
     Server,
     free_port,
     minilm_dir,
+    run_cli,
     start_worker,
     wait_healthy,
     write_keywords,
@@ -105,12 +104,7 @@ def test_strict_redis_refuses_an_evicting_main_redis(tmp_path: Path) -> None:
     package = str(write_keywords(tmp_path / "kw"))
     try:
         for command in (["serve", package, "--port", "1"], ["worker", package]):
-            done = subprocess.run(
-                [sys.executable, "-m", "vllm_srun.cli", *command, "--redis", main.url, "--strict-redis"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
+            done = run_cli(*command, "--redis", main.url, "--strict-redis", timeout=120)
             assert done.returncode == 2, done.stderr
             assert "--strict-redis" in done.stderr and "allkeys-lru" in done.stderr
     finally:

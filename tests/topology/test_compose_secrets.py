@@ -150,7 +150,10 @@ def start_stack(services: dict[str, Any], secrets: Path, tmp_path: Path, procs: 
         ("worker", runtime_command(services["worker"], names)),
         ("proxy", proxy),
     ):
-        procs.append(Proc(command, tmp_path / f"{name}.log", env=secret_env(services[name], secrets)))
+        # exec'd, never forked: the test reads each one's own argv and environment
+        procs.append(
+            Proc(command, tmp_path / f"{name}.log", env=secret_env(services[name], secrets), fork=False)
+        )
     return names["http://app:8000"], f"http://127.0.0.1:{ports['proxy']}"
 
 
