@@ -51,6 +51,24 @@ class Proc:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
+    def listening_port(self, timeout_s: float = 60.0) -> int:
+        """The TCP port of the `listening` line that serve and proxy log as they bind (serve's
+        before its models load): the one the OS chose for port 0."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for line in self.log().splitlines():
+                if '"listening"' in line and "http://" in line:  # serve's log line
+                    return int(json.loads(line)["url"].rsplit(":", 1)[1])
+                if line.startswith("listening: http://"):  # the proxy's
+                    return int(line.rsplit(":", 1)[1])
+            if not self.alive():
+                raise RuntimeError(
+                    f"process exited with {self.proc.returncode} before listening:\n{self.log()}"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not listening in {timeout_s}s:\n{self.log()}")
+            time.sleep(0.05)
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -218,27 +236,12 @@ class Server(Proc):
     @property
     def port(self) -> int:
         if self._port is None:
-            self._port = self._listening_port()
+            self._port = self.listening_port()
         return self._port
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def _listening_port(self, timeout_s: float = 60.0) -> int:
-        """The TCP port of serve's `listening` line (logged as it binds, before models load)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            for line in self.log().splitlines():
-                if '"listening"' in line and "http://" in line:
-                    return int(json.loads(line)["url"].rsplit(":", 1)[1])
-            if not self.alive():
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode} before listening:\n{self.log()}"
-                )
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"server not listening in {timeout_s}s:\n{self.log()}")
-            time.sleep(0.05)
 
     def wait_ready(self, timeout_s: float = 60.0, path: str | None = None) -> Server:
         """Until `path` answers 200: /health (every model ready) unless this is a replica,

@@ -27,12 +27,13 @@ pytestmark = pytest.mark.contract_exempt("toy upstreams behind the proxy")
 
 
 class Upstream:
-    """A real HTTP server on a free port that says who it is, streams on demand and reports
-    when a request body's first chunk arrived."""
+    """A real HTTP server that says who it is, streams on demand and reports when a request
+    body's first chunk arrived; on a port the OS picks as it binds, or on `port` (to come back
+    where one was)."""
 
     def __init__(self, name: str, port: int | None = None) -> None:
         self.name = name
-        self.port = port or free_port()
+        self.port = port or 0
         self.release = threading.Event()
         self.got_first_chunk = threading.Event()
         self.server: uvicorn.Server | None = None
@@ -71,11 +72,15 @@ class Upstream:
         await send({"type": "http.response.body", "body": body})
 
     def start(self) -> Upstream:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=self.port, log_config=None, lifespan="off", interface="asgi3"
         )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
@@ -90,11 +95,10 @@ class Upstream:
 
 
 def start_proxy(tmp_path: Path, *upstreams: str, options: tuple[str, ...] = ()) -> tuple[Proc, str]:
-    port = free_port()
-    args = [sys.executable, "-m", "vllm_srun.cli", "proxy", "--listen", f"127.0.0.1:{port}"]
+    args = [sys.executable, "-m", "vllm_srun.cli", "proxy", "--listen", "127.0.0.1:0"]
     args += ["--check-interval-s", "0.2", *options, "--upstream", *upstreams]
-    proc = Proc(args, tmp_path / f"proxy-{port}.log")
-    url = f"http://127.0.0.1:{port}"
+    proc = Proc(args, tmp_path / f"proxy-{time.monotonic_ns()}.log")
+    url = f"http://127.0.0.1:{proc.listening_port(timeout_s=30)}"
     deadline = time.monotonic() + 30
     while True:
         assert proc.alive(), proc.log()

@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import json
 import socket
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,12 +321,21 @@ def serve(
     limits: ConnectionLimits | None = None,
     max_upstream_connections: int = MAX_UPSTREAM_CONNECTIONS,
 ) -> None:
-    """Run the proxy on `listen` (HOST:PORT) until SIGINT or SIGTERM; connections still open
-    `graceful_stop_s` after the signal (an event stream stays open for as long as its job runs)
-    are closed then."""
+    """Run the proxy on `listen` (HOST:PORT; port 0 takes one the OS picks, which the
+    `listening` line names) until SIGINT or SIGTERM; connections still open `graceful_stop_s`
+    after the signal (an event stream stays open for as long as its job runs) are closed then."""
     import uvicorn
 
+    from vllm_srun.managed import tcp_socket
+
     host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    # Bound here, not by uvicorn, so that the port the OS chose for port 0 can be logged.
+    sock = tcp_socket(host, int(port))
+    shown = f"[{host}]" if ":" in host else host
+    # Printed whatever the log level (the proxy logs warnings only), as the worker prints
+    # "worker ready": the line a supervisor or a test reads the port from.
+    print(f"listening: http://{shown}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)
     app = Proxy(
         upstreams,
         health_path=health_path,
@@ -334,8 +344,8 @@ def serve(
     )
     config = uvicorn.Config(
         app,
-        host=host.strip("[]") or "127.0.0.1",
-        port=int(port),
+        host=host,
+        port=sock.getsockname()[1],
         log_config=None,
         access_log=False,
         interface="asgi3",
@@ -349,4 +359,4 @@ def serve(
         date_header=False,
         **(limits or ConnectionLimits()).uvicorn_options(),
     )
-    uvicorn.Server(config).run()
+    uvicorn.Server(config).run(sockets=[sock])

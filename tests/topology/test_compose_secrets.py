@@ -9,6 +9,7 @@ key `vllm-srun api-key` prints is the one the stack takes, and no secret is on a
 from __future__ import annotations
 
 import os
+import select
 import stat
 import subprocess
 import sys
@@ -133,28 +134,50 @@ def wait_for(url: str, procs: list[Any], timeout_s: float = 90.0, **kwargs: Any)
         time.sleep(0.2)
 
 
+def start_redis(service: dict[str, Any], secrets: Path, folder: Path) -> tuple[subprocess.Popen[str], int]:
+    """A compose Redis service's command, once it says it accepts connections, and its port.
+    Redis cannot bind a port of the OS's choosing, so the port is chosen just before the start
+    and chosen again when another process took it meanwhile."""
+    for _ in range(5):
+        port = free_port()
+        proc = run_redis(service["command"], port, secret_env(service, secrets), folder)
+        assert proc.stdout is not None
+        seen = b""
+        deadline = time.monotonic() + 30
+        while b"Ready to accept connections" not in seen and proc.poll() is None:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")
+            if select.select([proc.stdout], [], [], 0.2)[0]:
+                seen += os.read(proc.stdout.fileno(), 65536)
+        if b"Ready to accept connections" in seen:
+            return proc, port
+        proc.wait(timeout=10)
+        assert b"already in use" in seen, seen.decode(errors="replace")
+    raise AssertionError("five ports taken in a row")
+
+
 def start_stack(services: dict[str, Any], secrets: Path, tmp_path: Path, procs: list[Any]) -> tuple[str, str]:
     """Both Redis, an app, a worker and the proxy from their compose commands; the app's and the
-    proxy's URLs."""
-    ports = {name: free_port() for name in ("state-redis", "cache-redis", "app", "proxy")}
-    names = {f"{name}:6379": f"127.0.0.1:{ports[name]}" for name in ("state-redis", "cache-redis")}
-    names["http://app:8000"] = f"http://127.0.0.1:{ports['app']}"
+    proxy's URLs. The app and the proxy bind ports of the OS's choosing (port 0), read back from
+    the lines they print as they bind."""
+    names = {}
     for name in ("state-redis", "cache-redis"):
         (tmp_path / name).mkdir()
-        env = secret_env(services[name], secrets)
-        procs.append(run_redis(services[name]["command"], ports[name], env, tmp_path / name))
-    app = runtime_command(services["app"], names, **{"--host": "127.0.0.1", "--port": str(ports["app"])})
-    proxy = runtime_command(services["proxy"], names, **{"--listen": f"127.0.0.1:{ports['proxy']}"})
-    for name, command in (
-        ("app", app),
-        ("worker", runtime_command(services["worker"], names)),
-        ("proxy", proxy),
-    ):
+        proc, port = start_redis(services[name], secrets, tmp_path / name)
+        procs.append(proc)
+        names[f"{name}:6379"] = f"127.0.0.1:{port}"
+
+    def start(name: str, **flags: str) -> Proc:
+        command = runtime_command(services[name], names, **flags)
         # exec'd, never forked: the test reads each one's own argv and environment
-        procs.append(
-            Proc(command, tmp_path / f"{name}.log", env=secret_env(services[name], secrets), fork=False)
-        )
-    return names["http://app:8000"], f"http://127.0.0.1:{ports['proxy']}"
+        proc = Proc(command, tmp_path / f"{name}.log", env=secret_env(services[name], secrets), fork=False)
+        procs.append(proc)
+        return proc
+
+    app = start("app", **{"--host": "127.0.0.1", "--port": "0"})
+    start("worker")
+    names["http://app:8000"] = f"http://127.0.0.1:{app.listening_port()}"
+    proxy = start("proxy", **{"--listen": "127.0.0.1:0"})
+    return names["http://app:8000"], f"http://127.0.0.1:{proxy.listening_port()}"
 
 
 def test_the_services_commands_run_on_the_secret_files(checkout: Path, tmp_path: Path) -> None:

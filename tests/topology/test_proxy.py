@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import Proc, RedisProcess, Server, free_port, minilm_dir, start_worker, wait_healthy
+from helpers import Proc, RedisProcess, Server, minilm_dir, start_worker, wait_healthy
 
 
 @dataclass
@@ -48,14 +48,13 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     procs: list[Proc] = [state, cache, *apps]
     try:
         procs.append(start_worker(tmp_path, Path(package), state.url, "--cache-redis", cache.url))
-        port = free_port()
-        proxy_args = [sys.executable, "-m", "vllm_srun.cli", "proxy", "--listen", f"127.0.0.1:{port}"]
+        proxy_args = [sys.executable, "-m", "vllm_srun.cli", "proxy", "--listen", "127.0.0.1:0"]
         proxy_args += ["--upstream", *(app.url for app in apps)]
         procs.append(Proc(proxy_args, tmp_path / "proxy.log"))
         for app in apps:
             app.wait_ready()
             wait_healthy(app, timeout_s=60)
-        proxy_url = f"http://127.0.0.1:{port}"
+        proxy_url = f"http://127.0.0.1:{procs[-1].listening_port()}"
         wait_ok(proxy_url + "/health", procs[-1])
         yield Stack(proxy_url, apps, procs)
     finally:
