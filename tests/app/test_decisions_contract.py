@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Server, free_port, run_cli
+from helpers import Server, run_cli
 from tokenizers import Tokenizer
 
 from vllm_srun.families.nli_decisions import templates
@@ -263,7 +263,7 @@ def test_serve_config_stops_on_a_signal_its_own_model_cannot_answer(
               - {signal}
         """
     router.write_text(router_yaml(f'artifact: "{nli}"', signals))
-    result = cli("serve", "--config", str(router), "--port", str(free_port()), timeout=120)
+    result = cli("serve", "--config", str(router), "--port", "0", timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("error: ") and "decision signal 'odd' (deployment 'judge')" in error, error

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from contract.dashboard_probe import probe
-from helpers import REPO, Proc, cache_package, free_port, run_cli, write_keywords
+from helpers import REPO, Proc, cache_package, run_cli, write_keywords
 
 from vllm_srun.client import http_options
 
@@ -268,10 +268,11 @@ def test_check_config_attaches_over_the_socket(
 
 def test_uds_beside_a_port_and_a_taken_socket_refused(tmp_path: Path) -> None:
     package = write_keywords(tmp_path / "kw")
-    socket, port = tmp_path / "s.sock", free_port()
+    socket = tmp_path / "s.sock"
     args = [sys.executable, "-m", "vllm_srun.cli", "serve", str(package), "--uds", str(socket)]
-    proc = Proc([*args, "--port", str(port), "--uds-mode", "660"], tmp_path / "both.log")
+    proc = Proc([*args, "--port", "0", "--uds-mode", "660"], tmp_path / "both.log")
     try:
+        port = proc.listening_port()
         with httpx.Client(**http_options(f"unix://{socket}", timeout_s=10.0)) as over_socket:
             wait_healthy(proc, over_socket)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10.0).status_code == 200
