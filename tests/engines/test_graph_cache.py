@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -187,3 +188,34 @@ def test_a_graph_that_fails_the_probe_is_not_kept(
     model, _ = load_model(load_plugins(), ModelOptions(ref=str(package)), with_engine=True)
     assert model.engine_model.paths[-1] != "onnx"
     assert entries(tmp_path) == []
+
+
+def test_a_store_removes_entries_unused_for_the_period_and_dead_exports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries opened within UNUSED_S stay, older ones go as another is stored, and so does a
+    staging folder a killed export left; opening an entry renews it."""
+    monkeypatch.setenv(graph_cache.CACHE_ENV, str(tmp_path))
+    root = tmp_path / "small-batch-onnx"
+    root.mkdir(mode=0o700)
+    now = time.time()
+
+    def entry(name: str, idle_s: float) -> Path:
+        folder = root / name
+        folder.mkdir()
+        (folder / graph_cache.GRAPH_FILE).write_bytes(b"graph")
+        os.utime(folder, (now - idle_s, now - idle_s))
+        return folder
+
+    old = entry("old", graph_cache.UNUSED_S + 60)
+    recent = entry("recent", graph_cache.UNUSED_S - 3600)
+    reopened = entry("reopened", graph_cache.UNUSED_S + 60)
+    dead = entry(graph_cache.STAGING_PREFIX + "dead", graph_cache.STALE_EXPORT_S + 60)
+    busy = entry(graph_cache.STAGING_PREFIX + "busy", 5)
+    assert graph_cache.cached_graph("reopened") == reopened / graph_cache.GRAPH_FILE  # renews it
+
+    stored = graph_cache.store_graph("new", lambda folder: (folder / graph_cache.GRAPH_FILE).write_bytes(b"g"))
+
+    assert stored == root / "new" / graph_cache.GRAPH_FILE
+    assert not old.exists() and not dead.exists()
+    assert recent.is_dir() and reopened.is_dir() and busy.is_dir()

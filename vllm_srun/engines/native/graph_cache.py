@@ -10,7 +10,9 @@ is dropped and exported afresh, never served.
 The folder is `$VLLM_SRUN_CACHE_DIR/small-batch-onnx` (else `$XDG_CACHE_HOME/vllm-srun/…`, else
 `~/.cache/vllm-srun/…`), private to its user (0700). `VLLM_SRUN_CACHE_DIR=off` turns it off, and
 an unwritable folder is the same as none: the graph is then exported into a temporary folder
-kept for the model's life, as without a cache.
+kept for the model's life, as without a cache. Each store removes the entries no start has
+opened for UNUSED_S (a model upgraded or the runtime updated would leave its graphs there for
+good), and the staging folders of exports that a killed process left behind.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -33,6 +36,12 @@ if TYPE_CHECKING:
 
 CACHE_ENV = "VLLM_SRUN_CACHE_DIR"
 GRAPH_FILE = "dense.onnx"
+STAGING_PREFIX = ".export-"
+# An entry no start has opened for 30 days is removed when another is stored (opening one
+# renews its folder's mtime).
+UNUSED_S = 30 * 86400
+# A staging folder untouched for an hour is an export whose process died: exports take seconds.
+STALE_EXPORT_S = 3600
 
 
 def cache_root() -> Path | None:
@@ -86,7 +95,13 @@ def cached_graph(key: str) -> Path | None:
     """The graph kept under `key`, None when there is none (or the cache is off)."""
     root = cache_root()
     path = None if root is None else root / key / GRAPH_FILE
-    return path if path is not None and path.is_file() else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        os.utime(path.parent)  # used now: kept another UNUSED_S
+    except OSError:
+        pass
+    return path
 
 
 def store_graph(key: str, export: Callable[[Path], None]) -> Path | None:
@@ -102,7 +117,7 @@ def store_graph(key: str, export: Callable[[Path], None]) -> Path | None:
         root.mkdir(exist_ok=True, mode=0o700)
         if cache_root() is None:  # there, but not this user's alone
             return None
-        staging = Path(tempfile.mkdtemp(prefix=".export-", dir=root))
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
     except OSError:
         return None
     try:
@@ -114,7 +129,29 @@ def store_graph(key: str, export: Callable[[Path], None]) -> Path | None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    prune(root, keep=key)
     return cached_graph(key)
+
+
+def prune(root: Path, keep: str) -> None:
+    """Remove the entries of `root` unused for UNUSED_S and the staging folders untouched for
+    STALE_EXPORT_S, all but `keep`; an entry another process removes or renews meanwhile is
+    left to it."""
+    now = time.time()
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name == keep:
+            continue
+        limit = STALE_EXPORT_S if entry.name.startswith(STAGING_PREFIX) else UNUSED_S
+        try:
+            idle = now - entry.lstat().st_mtime
+        except OSError:
+            continue
+        if idle > limit:
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def drop_graph(key: str) -> None:
