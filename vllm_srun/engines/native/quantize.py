@@ -34,6 +34,12 @@ SCHEMES = ("per_token", "per_tensor")
 # fused `qkv`, ModernBERT's and NomicBERT's `Wqkv`, GTE's `qkv_proj`, DeBERTa's `query_proj`
 # and its position projections, Qwen3's `q_proj`...).
 ATTENTION_INPUTS = re.compile(r"(^|\.)(W?qkv|qkv_proj|(pos_)?(query|key|value)_proj|[qkv]_proj)$")
+# The FFN's output projection (BERT's layer-level `output.dense`, DistilBERT's `ffn.lin2`,
+# ModernBERT's `mlp.Wo`, NomicBERT's `mlp.fc2`, GTE's and Qwen3's `mlp.down_proj`): the next most
+# sensitive in the per-layer table; its input is the activation's output, whose outlier
+# dimensions a per-token scale spreads over every other dimension of the token.
+FFN_OUTPUTS = re.compile(r"^(output\.dense|ffn\.lin2|mlp\.(Wo|fc2|down_proj))$")
+BFLOAT16_KEPT = (ATTENTION_INPUTS, FFN_OUTPUTS)
 # Symmetric int8 on [-127, 127]: -128 is left out so negating a value never overflows.
 QMAX = 127.0
 
@@ -124,14 +130,20 @@ class Bfloat16Linear(nn.Module):
         return out.to(x.dtype)
 
 
-def int8_model(blocks: Sequence[nn.Module], *, bfloat16: bool, scheme: str = "per_token") -> dict[str, str]:
+def int8_model(
+    blocks: Sequence[nn.Module],
+    *,
+    bfloat16: bool,
+    scheme: str = "per_token",
+    kept: Sequence[re.Pattern[str]] = BFLOAT16_KEPT,
+) -> dict[str, str]:
     """Quantize the encoder layers `blocks` in place: attention's input projections to bfloat16
     (`bfloat16`, else left float32), every other linear to int8. Returns each linear's name
     (`<layer>.<path>`) and what it became."""
     done: dict[str, str] = {}
     for number, block in enumerate(blocks):
         for name, linear in list(linears(block)):
-            if ATTENTION_INPUTS.search(name):
+            if any(pattern.search(name) for pattern in kept):
                 if bfloat16:
                     replace(block, name, Bfloat16Linear(linear))
                 done[f"{number}.{name}"] = "bfloat16" if bfloat16 else "float32"
