@@ -1,7 +1,7 @@
 """float32, bfloat16 and int8 on the native engine, in one run: texts/s at one batch and accuracy.
 
     python -m bench.dtypes [--model minilm|base] [--batch 64] [--tokens 40] [--repeats 7]
-                           [--dtypes float32,bfloat16,int8] [--threads N] [--profile]
+                           [--dtypes float32,bfloat16,int8] [--threads N] [--profile] [--keep-freed]
 
 One batch of `--batch` texts of the bench corpus, each cut to `--tokens` MiniLM tokens (texts
 shorter than that are skipped), mean pooled on the packed path. Each repeat times one forward
@@ -9,7 +9,9 @@ of every dtype in turn (so drift on a shared machine hits all alike); the figure
 over `--repeats`, and the ratio is to float32's median. Accuracy: worst and mean cosine of the
 batch's embeddings against float32's. "base" is a random-init 12 x 768 BERT
 (bench/int8_layers.py). `--profile` adds torch.profiler's per-op table of one forward per
-dtype and the share of its self CPU time outside the GEMMs.
+dtype and the share of its self CPU time outside the GEMMs. `--keep-freed` raises glibc's mmap
+and trim thresholds first (mallopt), so a freed [tokens, 1536] tensor's pages are reused
+instead of returned to the kernel and faulted in again by the next allocation.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def gemm_share(prof: torch.profiler.profile) -> tuple[float, float]:
     return total / 1e3, 1 - gemm / total
 
 
+def keep_freed_memory() -> None:
+    """glibc: serve large allocations from the heap and keep freed memory (M_MMAP_THRESHOLD -3,
+    M_TRIM_THRESHOLD -1, at 1 GiB)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    for option in (-3, -1):
+        libc.mallopt(option, 1 << 30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -60,7 +72,10 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--keep-freed", action="store_true")
     args = parser.parse_args()
+    if args.keep_freed:
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     rows = [
         r[: args.tokens]

@@ -86,13 +86,13 @@ class Int8Linear(nn.Module):
         return out.view(*shape[:-1], self.out_features)
 
     def _per_token(self, x: torch.Tensor) -> torch.Tensor:
-        # Few ops over the big tensors (on a shared CPU each is a parallel region whose
-        # barrier costs): the max magnitude per token in one reduction, the scale applied with
-        # the rounding, and the dequantisation as one multiply and one fused multiply-add.
-        amax = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-12)
+        # Measured op by op (1 thread, [2560, 384] x [384, 1536]): abs().amax() is ~10x faster
+        # than linalg.vector_norm(inf), and converting the int32 result before scaling it
+        # faster than one mixed int32 x float32 multiply.
+        amax = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
         q = torch.mul(x, QMAX / amax).round_().to(torch.int8)
-        out = torch.mul(torch._int_mm(q, self.weight_int8), amax.div_(QMAX))
-        return torch.addcmul(self.bias, out, self.weight_scale, out=out)
+        acc = torch._int_mm(q, self.weight_int8)
+        return acc.float().mul_(amax.div_(QMAX)).mul_(self.weight_scale).add_(self.bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme}"
