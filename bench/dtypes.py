@@ -7,8 +7,8 @@ One batch of `--batch` texts of the bench corpus, each cut to `--tokens` MiniLM 
 shorter than that are skipped), mean pooled on the packed path. Each repeat times one forward
 of every dtype in turn (so drift on a shared machine hits all alike); the figure is the median
 over `--repeats`, and the ratio is to float32's median. Accuracy: worst and mean cosine of the
-batch's embeddings against float32's. "base" is a random-init 12 x 768 BERT
-(bench/int8_layers.py). `--profile` adds torch.profiler's per-op table of one forward per
+batch's embeddings against float32's. "base" is a random-init 12 x 768 BERT,
+"minilm12" MiniLM's layers stacked twice (bench/int8_layers.py). `--profile` adds torch.profiler's per-op table of one forward per
 dtype and the share of its self CPU time outside the GEMMs. `--keep-freed` raises glibc's mmap
 and trim thresholds first (mallopt), so a freed [tokens, 1536] tensor's pages are reused
 instead of returned to the kernel and faulted in again by the next allocation.
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.int8_layers import cosines, random_base
+from bench.int8_layers import cosines, random_base, stacked_minilm
 from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.plugins.base import Batch, WorkItem
 from vllm_srun.testing.corpus import corpus
@@ -65,7 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="minilm", choices=("minilm", "base"))
+    parser.add_argument("--model", default="minilm", choices=("minilm", "minilm12", "base"))
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=7)
@@ -86,7 +86,9 @@ def main() -> None:
     batch = Batch.from_items([WorkItem(token_ids=r, output="mean") for r in rows])
     dtypes = args.dtypes.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_dir() if args.model == "minilm" else random_base(Path(tmp))
+        path = {"minilm": lambda: model_dir(), "minilm12": lambda: stacked_minilm(Path(tmp))}.get(
+            args.model, lambda: random_base(Path(tmp))
+        )()
         models = {d: load_native(path, d) for d in dtypes}
     results = {d: np.stack(m.encode(batch)) for d, m in models.items()}  # warm-up, and the accuracy
     times: dict[str, list[float]] = {d: [] for d in dtypes}

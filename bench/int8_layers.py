@@ -9,7 +9,7 @@ corpus are compared with float32's: worst and mean cosine. Then every linear at 
 linear but those whose own mean cosine fell below `--keep-below`, and the engine's own rule
 (`quantize.int8_model`: attention's q/k/v projections in bfloat16, or float32, the rest int8).
 `--no-sweep` skips the one-at-a-time rows. "minilm" is the packaged
-all-MiniLM-L6-v2; "base" a random-init 12 x 768 BERT (Transformers' own init, std 0.02), fed
+all-MiniLM-L6-v2; "minilm12" its six layers stacked twice (12 x 384, derived weights); "base" a random-init 12 x 768 BERT (Transformers' own init, std 0.02), fed
 MiniLM's token ids of the same texts: random weights have none of a trained model's outlier
 dimensions, so "base" is a harsh test of accumulated drift but an honest one only of that.
 """
@@ -35,7 +35,23 @@ BATCH = 32
 def build(which: str, tmp: Path) -> Any:
     if which == "minilm":
         return load_native(model_dir())
-    return load_native(random_base(tmp))
+    return load_native(stacked_minilm(tmp) if which == "minilm12" else random_base(tmp))
+
+
+def stacked_minilm(out: Path) -> Path:
+    """A 12 x 384 model with trained weights: all-MiniLM-L6-v2's six layers, then the same six
+    again (derived weights: real outlier dimensions, twice the depth for drift to accumulate)."""
+    import copy
+
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(str(model_dir())).eval()
+    layers = list(model.encoder.layer)
+    model.encoder.layer = torch.nn.ModuleList([*layers, *(copy.deepcopy(layer) for layer in layers)])
+    model.config.num_hidden_layers = 12
+    model.config.architectures = ["BertModel"]
+    model.save_pretrained(str(out), safe_serialization=True)
+    return out
 
 
 def random_base(out: Path) -> Path:
@@ -72,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="minilm", choices=("minilm", "base"))
+    parser.add_argument("--model", default="minilm", choices=("minilm", "minilm12", "base"))
     parser.add_argument("--texts", type=int, default=128)
     parser.add_argument("--schemes", default="per_token,per_tensor")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
