@@ -81,7 +81,21 @@ def torch_device_of(device: Device) -> torch.device:
 
 class NativeEngine(Engine):
     """Runs the registered PyTorch architectures, float32 or bfloat16, on any accelerator that
-    offers a torch device (the built-in cpu, cuda and mps, or a plugin's)."""
+    offers a torch device (the built-in cpu, cuda and mps, or a plugin's), and int8 on the cpu.
+
+    bfloat16: weights, GEMMs (float32 accumulation inside the kernel), the residual stream,
+    layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax statistics are
+    float32) are bfloat16; mean pooling sums in float32 (layers.mean_rows), rotary tables are
+    float32, and every result leaves as float32. The residual stream stays bfloat16 because
+    the twin check's 0.9995 held without a float32 one on both 12-layer proxies measured
+    (bench/dtypes.py: a random-init 12 x 768 BERT, MiniLM's layers stacked twice): a float32
+    residual would add a cast on each side of every linear for no measured gain.
+
+    int8 (quantize.py): inside the encoder layers, the attention output and FFN intermediate
+    projections are int8 (per-channel weights, per-token activations, int32 accumulation);
+    q/k/v and the FFN output projection bfloat16 where the CPU has it (else float32); the
+    residual stream, layer norms, attention, embeddings, pooling and heads float32.
+    """
 
     name = "native"
     auto_priority: ClassVar[int | None] = 0
