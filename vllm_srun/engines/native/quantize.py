@@ -12,13 +12,14 @@ fused q/k/v projection keeps its three parts apart). Activations are quantized a
   tool, bench/int8_layers.py, which measured it against per-token).
 
 Which linears stay in floating point is decided by measurement, not guessed: bench/int8_layers.py
-quantizes one linear at a time and reports the cosine drop each causes on a corpus. On
-all-MiniLM-L6-v2 (per token) the query/key/value projections were the most sensitive of every
-layer past the first (alone, up to 6.7e-4 of mean cosine; the attention output projection
-~5e-6), and the FFN output projection next. So `int8_model` quantizes the linears inside the
-encoder layers except the ones that feed attention's scores (`ATTENTION_INPUTS`), which run in
-bfloat16 where the CPU has it (float32 otherwise); embedding projections, the pooler and every
-head stay float32 (they are a sliver of the FLOPs and sit where an error is not averaged away).
+quantizes one linear at a time and reports the cosine drop each causes on a corpus (the table is
+in docs/performance.md). On all-MiniLM-L6-v2 the query/key/value projections moved the
+embedding most, then the FFN output projection; the attention output projection least. So
+`int8_model` quantizes the attention output and FFN intermediate projections inside the
+encoder layers, and keeps q/k/v and the FFN output projection in bfloat16 where the CPU has it
+(float32 otherwise); embedding projections, the pooler and every head stay float32 (a sliver
+of the FLOPs, where an error is not averaged away). The twin check still decides per model:
+a model this rule leaves outside its bounds is refused.
 """
 
 from __future__ import annotations
