@@ -131,3 +131,30 @@ def test_reduced_precision_matches_float32_transformers(
             if not b.holds(found[b.figure])
         ]
         assert not missed, f"{dtype}: {', '.join(missed)}; {found}"
+
+
+def test_int8_without_bfloat16_instructions_keeps_those_linears_float32(
+    tmp_path: Path, nt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU with VNNI but no BF16 (Cascade Lake), the linears int8 keeps out of int8 run
+    in float32, not in emulated bfloat16; the rest are int8 all the same."""
+    from vllm_srun.accelerators.cpu_features import FLAGS_ENV
+    from vllm_srun.engines.native.quantize import Bfloat16Linear, Int8Linear
+
+    _, fixture = fx.fixture_of("bert")
+    _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
+    hf = nt.randomize(
+        fx._model("bert", "model", None, fx._config("bert", vocab, ids), multilabel=False), seed=3
+    )
+    path = nt.save(hf, tmp_path / "bert")
+    kinds = {}
+    for flags in ("avx512_vnni avx512_bf16", "avx512_vnni"):
+        monkeypatch.setenv(FLAGS_ENV, flags)
+        module = nt.load_native(path, "int8").module
+        kinds[flags] = {
+            type(m).__name__
+            for m in module.modules()
+            if isinstance(m, (Bfloat16Linear, Int8Linear, torch.nn.Linear))
+        }
+    assert kinds["avx512_vnni avx512_bf16"] == {"Bfloat16Linear", "Int8Linear"}
+    assert kinds["avx512_vnni"] == {"Linear", "Int8Linear"}
