@@ -46,8 +46,8 @@ def tokenize(path: Path, texts: list[str]) -> list[list[int]]:
     return [e.ids for e in tokenizer.encode_batch(texts)]
 
 
-def load_native(path: Path) -> NativeModel:
-    """The package at `path` on the native engine, float32 on the cpu."""
+def load_native(path: Path, dtype: str = "float32") -> NativeModel:
+    """The package at `path` on the native engine, in `dtype` on the cpu."""
     config = json.loads((path / "config.json").read_text())
     spec = ModelSpec(
         family="bench",
@@ -56,7 +56,7 @@ def load_native(path: Path) -> NativeModel:
         weight_files=(path / "model.safetensors",),
     )
     engine = NativeEngine()
-    return engine.load(spec, Device("cpu"), "float32", engine.read(spec, "float32"))
+    return engine.load(spec, Device("cpu"), dtype, engine.read(spec, dtype))
 
 
 def native_batches(rows: list[list[int]], size: int) -> list[Batch]:

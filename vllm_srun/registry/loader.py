@@ -155,7 +155,7 @@ def resolve_dtype(engine: Engine, wanted: str, device: Device, *, max_speed: boo
     if max_speed:
         if wanted != "auto":
             raise ConfigError("--max-speed chooses the dtype itself: leave --dtype auto")
-        candidate = "int8" if device.accelerator == "cpu" else "bfloat16"
+        candidate = max_speed_dtype(device.accelerator)
         if candidate not in engine.dtypes:
             raise ConfigError(f"engine {engine.name!r} has no faster numerics ({candidate}) on {device}")
         refuse_unrunnable(engine, candidate, device)
@@ -190,11 +190,19 @@ def runnable_dtypes(engine: Engine, device: Device) -> tuple[str, ...]:
 
 
 def numerics_of(options: ModelOptions, dtype: str) -> str:
-    """float32 is the reference; anything else is `approximate`. An app replica knows no dtype,
-    only whether it was told --max-speed; one deployment has one numerics, so that is enough."""
-    if options.max_speed or dtype not in ("auto", "float32"):
-        return "approximate"
-    return "float32"
+    """What a deployment's results are computed in, for its cache keys and `meta.numerics`:
+    the dtype itself (float32, bfloat16, int8), so that results of two numerics never share a
+    key. An app replica knows the dtype it was told, and for --max-speed the one `prepare`
+    derived from its device; where even that is unknown, "max_speed", which no worker runs (a
+    worker refuses its jobs, naming both, rather than share keys between dtypes)."""
+    if dtype not in ("auto", ""):
+        return dtype
+    return "max_speed" if options.max_speed else "float32"
+
+
+def max_speed_dtype(accelerator: str) -> str:
+    """The dtype --max-speed picks on an accelerator: int8 linears on the cpu, else bfloat16."""
+    return "int8" if accelerator == "cpu" else "bfloat16"
 
 
 @dataclass(frozen=True)
@@ -222,7 +230,14 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     spec = family.describe(resolved.package)
     name = options.name or resolved.name
     if not with_engine:
-        placement = Placement(engine=options.engine, device=options.device, dtype=options.dtype)
+        dtype = options.dtype
+        if options.max_speed and dtype == "auto":
+            # The dtype the workers will pick, so that this replica's cache keys are theirs.
+            try:
+                dtype = max_speed_dtype(resolve_device(plugins, options.device).accelerator)
+            except ConfigError:
+                pass  # numerics_of says "max_speed": the workers refuse such jobs, naming both
+        placement = Placement(engine=options.engine, device=options.device, dtype=dtype)
         return Prepared(options, resolved, family, spec, name, placement)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)

@@ -81,11 +81,26 @@ def torch_device_of(device: Device) -> torch.device:
 
 class NativeEngine(Engine):
     """Runs the registered PyTorch architectures, float32 or bfloat16, on any accelerator that
-    offers a torch device (the built-in cpu, cuda and mps, or a plugin's)."""
+    offers a torch device (the built-in cpu, cuda and mps, or a plugin's), and int8 on the cpu.
+
+    bfloat16: weights, GEMMs (float32 accumulation inside the kernel), the residual stream,
+    layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax statistics are
+    float32) are bfloat16; mean pooling sums in float32 (layers.mean_rows), rotary tables are
+    float32, and every result leaves as float32. The residual stream stays bfloat16 because
+    the twin check's 0.9995 held without a float32 one on both 12-layer proxies measured
+    (bench/dtypes.py: a random-init 12 x 768 BERT, MiniLM's layers stacked twice): a float32
+    residual would add a cast on each side of every linear for no measured gain.
+
+    int8 (quantize.py): inside the encoder layers, the attention output and FFN intermediate
+    projections are int8 (per-channel weights, per-token activations, int32 accumulation);
+    q/k/v and the FFN output projection bfloat16 where the CPU has it (else float32); the
+    residual stream, layer norms, attention, embeddings, pooling and heads float32.
+    """
 
     name = "native"
     auto_priority: ClassVar[int | None] = 0
-    # int8: dynamic int8 linears on the CPU (approximate; only when asked, e.g. by --max-speed).
+    # int8: int8 linears in the encoder layers on the CPU (quantize.py; approximate, only when
+    # asked, e.g. by --max-speed).
     dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "int8")
 
     def supports(self, spec: ModelSpec, device: Device) -> str | None:
@@ -104,7 +119,7 @@ class NativeEngine(Engine):
 
     def dtype_refusal(self, dtype: str, device: Device) -> str | None:
         if dtype == "int8" and device.accelerator != "cpu":
-            return f"engine {self.name!r} runs int8 (dynamic int8 linears) on the cpu only, not {device}"
+            return f"engine {self.name!r} runs int8 (int8 linears) on the cpu only, not {device}"
         return super().dtype_refusal(dtype, device)
 
     def read(self, spec: ModelSpec, dtype: str) -> dict[str, torch.Tensor]:
@@ -126,13 +141,12 @@ class NativeEngine(Engine):
         return tensors
 
     def load(self, spec: ModelSpec, device: Device, dtype: str, host: Any) -> NativeModel:
-        import torch
 
         from vllm_srun.engines.native.weights import materialize, meta_build, torch_dtype
 
         target = torch_device_of(device)
         if dtype == "int8" and target.type != "cpu":
-            raise ConfigError(f"int8 (dynamic int8 linears) runs on the cpu only, not {device}")
+            raise ConfigError(f"int8 (int8 linears) runs on the cpu only, not {device}")
         cls = resolve_model(spec.architecture)
         row = architecture_of(spec.architecture)
         assert row is not None  # resolve_model raised otherwise
@@ -163,11 +177,11 @@ class NativeEngine(Engine):
         module.load_weights(tensors)
         module.eval()
         if dtype == "int8":
-            # Per output channel: one scale per row keeps the fused QKV projections apart.
-            qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
-            module = torch.ao.quantization.quantize_dynamic(
-                module, {torch.nn.Linear: qconfig}, dtype=torch.qint8
-            )
+            from vllm_srun.engines.native.quantize import int8_model
+
+            # Attention's input projections in bfloat16 where this CPU multiplies it natively.
+            provider = accelerator_of(device)
+            int8_model(module.backbone.blocks, bfloat16=provider.dtype_refusal("bfloat16", device) is None)
         kernels = accelerator_of(device).kernels()
         model = NativeModel(
             module,

@@ -1,0 +1,154 @@
+"""int8 linears for the native engine: per-output-channel int8 weights, int32 accumulation.
+
+Weights are quantized symmetrically per output channel (one scale per row of the weight, so a
+fused q/k/v projection keeps its three parts apart). Activations are quantized at run time:
+
+- "per_token" (the default): one symmetric scale per token, int8 x int8 with int32 accumulation
+  in `torch._int_mm` (VNNI on x86), then the per-token and per-channel scales and the bias
+  applied to the int32 result. A token's outlier dimension costs only that token's precision.
+- "per_tensor": fbgemm's dynamic linear (`torch.ops.quantized.linear_dynamic`), one affine
+  uint8 scale for the whole batch. Faster, but one outlier token coarsens every other token of
+  the batch, and the result then depends on what else is in the batch (kept for the per-layer
+  tool, bench/int8_layers.py, which measured it against per-token).
+
+Which linears stay in floating point is decided by measurement, not guessed: bench/int8_layers.py
+quantizes one linear at a time and reports the cosine drop each causes on a corpus (the table is
+in docs/performance.md). On all-MiniLM-L6-v2 the query/key/value projections moved the
+embedding most, then the FFN output projection; the attention output projection least. So
+`int8_model` quantizes the attention output and FFN intermediate projections inside the
+encoder layers, and keeps q/k/v and the FFN output projection in bfloat16 where the CPU has it
+(float32 otherwise); embedding projections, the pooler and every head stay float32 (a sliver
+of the FLOPs, where an error is not averaged away). The twin check still decides per model:
+a model this rule leaves outside its bounds is refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch import nn
+
+SCHEMES = ("per_token", "per_tensor")
+# The projections that make queries, keys and values, as each architecture names them (BERT's
+# fused `qkv`, ModernBERT's and NomicBERT's `Wqkv`, GTE's `qkv_proj`, DeBERTa's `query_proj`
+# and its position projections, Qwen3's `q_proj`...).
+ATTENTION_INPUTS = re.compile(r"(^|\.)(W?qkv|qkv_proj|(pos_)?(query|key|value)_proj|[qkv]_proj)$")
+# The FFN's output projection (BERT's layer-level `output.dense`, DistilBERT's `ffn.lin2`,
+# ModernBERT's `mlp.Wo`, NomicBERT's `mlp.fc2`, GTE's and Qwen3's `mlp.down_proj`): the next most
+# sensitive in the per-layer table; its input is the activation's output, whose outlier
+# dimensions a per-token scale spreads over every other dimension of the token.
+FFN_OUTPUTS = re.compile(r"^(output\.dense|ffn\.lin2|mlp\.(Wo|fc2|down_proj))$")
+BFLOAT16_KEPT = (ATTENTION_INPUTS, FFN_OUTPUTS)
+# Symmetric int8 on [-127, 127]: -128 is left out so negating a value never overflows.
+QMAX = 127.0
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight [out, in], float32 scale [out]) with weight ~= int8 * scale[:, None]."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / QMAX
+    q = torch.round(w / scale[:, None]).clamp(-QMAX, QMAX).to(torch.int8)
+    return q, scale
+
+
+class Int8Linear(nn.Module):
+    """A drop-in for `nn.Linear` (float32 in, float32 out) computing in int8.
+
+    `weight_int8` [in, out] (the layout `torch._int_mm` reads), `weight_scale` [out] and
+    `bias` [out] are buffers: the module has no parameters, so nothing reloads into it."""
+
+    def __init__(self, linear: nn.Linear, scheme: str = "per_token") -> None:
+        super().__init__()
+        if scheme not in SCHEMES:
+            raise ValueError(f"int8 scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
+        self.scheme = scheme
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scale = quantize_weight(linear.weight)
+        bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("bias", bias.clone())
+        if scheme == "per_token":
+            self.register_buffer("weight_int8", q.t().contiguous())
+            self._packed = None
+        else:
+            zeros = torch.zeros(self.out_features, dtype=torch.long)
+            qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).float()
+        if self._packed is not None:
+            out = torch.ops.quantized.linear_dynamic(x2, self._packed, False)
+        else:
+            out = self._per_token(x2)
+        return out.view(*shape[:-1], self.out_features)
+
+    def _per_token(self, x: torch.Tensor) -> torch.Tensor:
+        # Measured op by op (1 thread, [2560, 384] x [384, 1536]): abs().amax() is ~10x faster
+        # than linalg.vector_norm(inf), and converting the int32 result before scaling it
+        # faster than one mixed int32 x float32 multiply.
+        amax = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
+        q = torch.mul(x, QMAX / amax).round_().to(torch.int8)
+        acc = torch._int_mm(q, self.weight_int8)
+        return acc.float().mul_(amax.div_(QMAX)).mul_(self.weight_scale).add_(self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme}"
+
+
+def linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """Every `nn.Linear` of `module` by its dotted name."""
+    for name, child in module.named_modules():
+        if isinstance(child, nn.Linear):
+            yield name, child
+
+
+def replace(module: nn.Module, name: str, new: nn.Module) -> nn.Module:
+    """Put `new` at dotted `name` in `module`; return what was there."""
+    parent_name, _, leaf = name.rpartition(".")
+    parent = module.get_submodule(parent_name) if parent_name else module
+    old = getattr(parent, leaf)
+    setattr(parent, leaf, new)
+    return old  # type: ignore[no-any-return]
+
+
+class Bfloat16Linear(nn.Module):
+    """A linear computed in bfloat16 (float32 accumulation inside the GEMM), read and returned
+    in its caller's dtype: the layers around it (norms, rotary, position biases) stay float32."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).clone())
+        bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias)
+        return out.to(x.dtype)
+
+
+def int8_model(
+    blocks: Sequence[nn.Module],
+    *,
+    bfloat16: bool,
+    scheme: str = "per_token",
+    kept: Sequence[re.Pattern[str]] = BFLOAT16_KEPT,
+) -> dict[str, str]:
+    """Quantize the encoder layers `blocks` in place: attention's input projections to bfloat16
+    (`bfloat16`, else left float32), every other linear to int8. Returns each linear's name
+    (`<layer>.<path>`) and what it became."""
+    done: dict[str, str] = {}
+    for number, block in enumerate(blocks):
+        for name, linear in list(linears(block)):
+            if any(pattern.search(name) for pattern in kept):
+                if bfloat16:
+                    replace(block, name, Bfloat16Linear(linear))
+                done[f"{number}.{name}"] = "bfloat16" if bfloat16 else "float32"
+            else:
+                replace(block, name, Int8Linear(linear, scheme))
+                done[f"{number}.{name}"] = "int8"
+    return done
