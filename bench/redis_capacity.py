@@ -1,0 +1,263 @@
+"""What one Redis core carries: Redis commands and Redis CPU per item, interactive and bulk.
+
+    python -m bench.redis_capacity [--seconds 10] [--job-items 5000] [--baseline main]
+                                   [--redis-url redis://host:port]
+
+A Redis server, two app replicas (`serve --redis`) and two device workers run the example
+keyword model, whose forward costs next to nothing, so the Redis path is what is measured.
+Interactive: `--clients` concurrent clients send classify requests of `--inputs` distinct texts
+each (every item a cache miss) for `--seconds`. Bulk: one classify job of `--job-items` distinct
+lines, from submission to `completed`. For each, Redis's own counters are reset before and read
+after (`CONFIG RESETSTAT`, `INFO commandstats`, `used_cpu_sys` + `used_cpu_user`): commands per
+item, Redis CPU microseconds per item, and hence items per second one Redis core could carry
+(1e6 / CPU us per item). The client's own items/s is reported too, but on a small machine the
+apps and workers, not Redis, bound it.
+
+`--baseline REF` runs the same measurement first on the code of git REF (extracted with
+`git archive` into a temporary folder; nothing in the repository changes), then on this tree,
+in one run, and prints both. `--redis-url` measures against a Redis (or a cluster node) already
+running instead of starting one; its counters are reset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+from bench.procs import HOST, Proc, free_port
+from vllm_srun.queue.redis_server import find_redis_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Profile:
+    """What Redis did for `items` items in `wall_s`."""
+
+    path: str
+    items: int
+    wall_s: float
+    commands: int
+    cpu_s: float
+    top: list[tuple[str, int, int]]
+
+    @property
+    def commands_per_item(self) -> float:
+        return self.commands / max(self.items, 1)
+
+    @property
+    def cpu_us_per_item(self) -> float:
+        return self.cpu_s * 1e6 / max(self.items, 1)
+
+    @property
+    def items_per_core_s(self) -> float:
+        return 1e6 / self.cpu_us_per_item if self.cpu_us_per_item else float("inf")
+
+
+def _reset(client: redis.Redis) -> float:
+    client.config_resetstat()
+    return _cpu(client)
+
+
+def _cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _commands(client: redis.Redis) -> list[tuple[str, int, int]]:
+    """(command, calls, microseconds inside it) as Redis counted them; a script's own commands
+    are counted too, and inside its EVALSHA's time."""
+    stats = client.info("commandstats")
+    calls = [(name.removeprefix("cmdstat_"), int(v["calls"]), int(v["usec"])) for name, v in stats.items()]
+    # Our own INFO / CONFIG reads are not the runtime's.
+    return sorted((c for c in calls if c[0] not in ("info", "config")), key=lambda x: -x[1])
+
+
+def _profile(client: redis.Redis, path: str, items: int, wall_s: float, cpu_start: float) -> Profile:
+    calls = _commands(client)
+    return Profile(path, items, wall_s, sum(c for _, c, _ in calls), _cpu(client) - cpu_start, calls[:10])
+
+
+_WORDS = ("refund", "invoice", "charge", "parcel", "delivery")
+
+
+def _text(run: int, i: int) -> str:
+    """A text whose token ids no other (run, i) has: the keyword model's ids are its known words
+    in order, so the digits of (run, i) in base 5, written as its five words, are distinct."""
+    n, words = run * 10**8 + i, []
+    while n:
+        n, digit = divmod(n, 5)
+        words.append(_WORDS[digit])
+    return " ".join(words)
+
+
+async def interactive(urls: list[str], clients: int, inputs: int, seconds: float, run: int) -> int:
+    """Items answered by `clients` concurrent clients over `seconds` (each request `inputs` texts)."""
+    stop = time.monotonic() + seconds
+    counter = iter(range(10**9))
+    done = 0
+
+    async def one(index: int) -> None:
+        nonlocal done
+        async with httpx.AsyncClient(base_url=urls[index % len(urls)], timeout=30) as http:
+            while time.monotonic() < stop:
+                texts = [_text(run, next(counter)) for _ in range(inputs)]
+                r = await http.post("/v1/classify", json={"input": texts})
+                r.raise_for_status()
+                done += inputs
+
+    await asyncio.gather(*(one(i) for i in range(clients)))
+    return done
+
+
+def bulk(url: str, items: int, run: int, timeout_s: float = 600.0) -> float:
+    """Seconds from submitting a job of `items` lines to its completion."""
+    body = "\n".join(json.dumps({"input": _text(run, i)}) for i in range(items))
+    started = time.monotonic()
+    r = httpx.post(
+        f"{url}/v1/jobs?surface=classify",
+        content=body,
+        headers={"content-type": "application/x-ndjson"},
+        timeout=120,
+    )
+    r.raise_for_status()
+    job = r.json()["id"]
+    while time.monotonic() - started < timeout_s:
+        status = httpx.get(f"{url}/v1/jobs/{job}", timeout=30).json()
+        if status["status"] in ("completed", "failed", "cancelled"):
+            assert status["status"] == "completed", status
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise RuntimeError(f"job {job} not done in {timeout_s} s")
+
+
+def _serve(tree: Path, package: Path, redis_url: str, name: str) -> tuple[Proc, str]:
+    port = free_port()
+    args = [sys.executable, "-m", "vllm_srun.cli", "serve", str(package), "--redis", redis_url]
+    args += ["--port", str(port), "--log-level", "warning"]
+    return Proc(args, name, env=_env(tree)), f"http://{HOST}:{port}"
+
+
+def _worker(tree: Path, package: Path, redis_url: str, name: str) -> Proc:
+    args = [sys.executable, "-m", "vllm_srun.cli", "worker", str(package), "--redis", redis_url]
+    return Proc([*args, "--log-level", "warning"], name, env=_env(tree))
+
+
+def _env(tree: Path) -> dict[str, str]:
+    # `python -m` from `tree` imports that tree's vllm_srun, ahead of any installed one.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
+
+
+def _wait_ready(url: str, proc: Proc, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"exited:\n{proc.log_tail()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"not ready in {timeout_s} s:\n{proc.log_tail()}")
+
+
+def measure(tree: Path, package: Path, redis_url: str, args: argparse.Namespace, run: int) -> list[Profile]:
+    """Both paths, with apps and workers running `tree`'s code, against `redis_url`."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushall()
+    procs: list[Proc] = []
+    try:
+        apps = [_serve(tree, package, redis_url, f"cap-app{i}") for i in range(args.apps)]
+        procs += [p for p, _ in apps] + [_worker(tree, package, redis_url, f"cap-w{i}") for i in range(args.workers)]
+        for proc, url in apps:
+            _wait_ready(url, proc)
+        urls = [url for _, url in apps]
+        asyncio.run(interactive(urls, 4, args.inputs, 1.0, 3 * run + 1))  # warm code paths
+        cpu = _reset(client)
+        started = time.monotonic()
+        items = asyncio.run(interactive(urls, args.clients, args.inputs, args.seconds, 3 * run + 2))
+        profiles = [_profile(client, "interactive", items, time.monotonic() - started, cpu)]
+        cpu = _reset(client)
+        wall_s = bulk(urls[0], args.job_items, 3 * run + 3)
+        profiles.append(_profile(client, "bulk job", args.job_items, wall_s, cpu))
+        return profiles
+    finally:
+        for proc in procs:
+            proc.stop()
+        client.close()
+
+
+def _extract(ref: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def table(rows: list[tuple[str, Profile]]) -> str:
+    head = "| code | path | items | items/s (client) | Redis cmds/item | Redis CPU us/item | items/s per Redis core |"
+    lines = [head, "|" + "---|" * 7]
+    for label, p in rows:
+        lines.append(
+            f"| {label} | {p.path} | {p.items} | {p.items / p.wall_s:.0f} | {p.commands_per_item:.2f} "
+            f"| {p.cpu_us_per_item:.1f} | {p.items_per_core_s:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=10.0, help="interactive traffic per run")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent interactive clients")
+    parser.add_argument("--inputs", type=int, default=4, help="texts per interactive request")
+    parser.add_argument("--job-items", type=int, default=5000, help="lines of the bulk job")
+    parser.add_argument("--apps", type=int, default=2, help="app replicas")
+    parser.add_argument("--workers", type=int, default=2, help="device workers")
+    parser.add_argument("--baseline", default=None, help="git ref measured first, in the same run")
+    parser.add_argument("--redis-url", default=None, help="an existing Redis to measure (default: start one)")
+    args = parser.parse_args(argv)
+    from vllm_sr_example.fixtures import write_fixture
+
+    with tempfile.TemporaryDirectory(prefix="bench-capacity-") as tmp:
+        package = write_fixture(Path(tmp) / "kw")
+        server: Proc | None = None
+        redis_url = args.redis_url
+        if redis_url is None:
+            port = free_port()
+            server = Proc([find_redis_server(), "--port", str(port), "--bind", HOST, "--save", ""], "cap-redis")
+            redis_url = f"redis://{HOST}:{port}/0"
+            deadline = time.monotonic() + 10
+            while "Ready to accept connections" not in server.log_tail(100000):
+                if time.monotonic() > deadline or not server.alive():
+                    raise RuntimeError(server.log_tail())
+                time.sleep(0.05)
+        try:
+            trees: list[tuple[str, Path]] = []
+            if args.baseline:
+                trees.append((args.baseline, _extract(args.baseline, Path(tempfile.mkdtemp(dir=tmp)))))
+            trees.append(("this tree", REPO))
+            rows = []
+            for run, (label, tree) in enumerate(trees):
+                for profile in measure(tree, package, redis_url, args, run):
+                    rows.append((label, profile))
+                    print(f"{label} {profile.path}: top commands {profile.top}", file=sys.stderr)
+        finally:
+            if server is not None:
+                server.stop()
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
