@@ -427,6 +427,27 @@ def _cluster_port() -> int:
         return port
 
 
+_KEYWORDS = ("refund", "invoice", "charge", "parcel", "delivery")
+
+
+def keyword_text(i: int) -> str:
+    """A text of its own token ids for the example keyword model (its ids are its known words in
+    order): the digits of `i` in base 5, as its five words. No two `i` share a cache key."""
+    n, words = i + 5**6, []
+    while n:
+        n, digit = divmod(n, 5)
+        words.append(_KEYWORDS[digit])
+    return " ".join(words)
+
+
+def assert_no_crossslot(*logs: str) -> None:
+    """No log holds a Redis Cluster slot error: CROSSSLOT from a server, redis-py's own refusal of
+    a multi-key command over slots, or a script touching a key of another slot."""
+    for log in logs:
+        for said in ("CROSSSLOT", "different slots", "non local key"):
+            assert said not in log, log[-4000:]
+
+
 def write_keywords(out: Path, variant: str = "default") -> Path:
     from vllm_sr_example.fixtures import write_fixture
 

@@ -22,6 +22,8 @@ from helpers import (
     RedisCluster,
     RedisProcess,
     Server,
+    assert_no_crossslot,
+    keyword_text,
     start_worker,
     submit_job,
     wait_healthy,
@@ -31,18 +33,6 @@ from helpers import (
 from vllm_srun.queue import keys
 
 RESULTS = keys.PREFIX + ":result:*"
-WORDS = ("refund", "invoice", "charge", "parcel", "delivery")
-
-
-def text(i: int) -> str:
-    """A text of its own token ids: the digits of `i` in base 5 as the keyword model's words."""
-    n, words = i + 5**6, []
-    while n:
-        n, digit = divmod(n, 5)
-        words.append(WORDS[digit])
-    return " ".join(words)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
     made = RedisCluster(tmp_path_factory.mktemp("cluster"))
@@ -52,11 +42,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
 
 def node_url(cluster: RedisCluster, index: int) -> str:
     return cluster.nodes[index].url
-
-
-def crossslot_free(*logs: str) -> None:
-    for log in logs:
-        assert "CROSSSLOT" not in log and "different slots" not in log and "non local key" not in log, log[-4000:]
 
 
 def test_interactive_requests_and_a_job_on_a_cluster(cluster: RedisCluster, tmp_path: Path) -> None:
@@ -70,7 +55,7 @@ def test_interactive_requests_and_a_job_on_a_cluster(cluster: RedisCluster, tmp_
         for app in apps:
             app.wait_ready()
             wait_healthy(app)
-        inputs = [text(i) for i in range(40)]
+        inputs = [keyword_text(i) for i in range(40)]
         body = {"input": inputs, "options": {"return_meta": True}}
         computed = apps[0].post("/v1/classify", body).json()
         assert computed["meta"]["cache"] == {"hits": 0, "misses": 40}
@@ -79,11 +64,11 @@ def test_interactive_requests_and_a_job_on_a_cluster(cluster: RedisCluster, tmp_
         assert shared["meta"]["cache"] == {"hits": 40, "misses": 0}  # from the cache, on other masters
         assert shared["results"] == computed["results"]
         for i in range(20):  # one request at a time, on both replicas
-            one = apps[i % 2].post("/v1/classify", {"input": [text(1000 + i)]})
+            one = apps[i % 2].post("/v1/classify", {"input": [keyword_text(1000 + i)]})
             assert one.status_code == 200, one.text
 
         started = time.monotonic()
-        lines = [{"input": text(10_000 + i), "custom_id": str(i)} for i in range(5000)]
+        lines = [{"input": keyword_text(10_000 + i), "custom_id": str(i)} for i in range(5000)]
         job_id = submit_job(apps[1].url, lines)
         deadline = time.monotonic() + 120
         while (status := apps[0].get(f"/v1/jobs/{job_id}").json())["status"] not in ("completed", "failed"):
@@ -103,7 +88,7 @@ def test_interactive_requests_and_a_job_on_a_cluster(cluster: RedisCluster, tmp_
             assert any(client.scan_iter(match=RESULTS, count=1000)), master.port
             client.close()
         assert apps[0].get("/health").status_code == 200
-        crossslot_free(*(app.log() for app in apps), worker.log(), cluster.logs())
+        assert_no_crossslot(*(app.log() for app in apps), worker.log(), cluster.logs())
     finally:
         for app in apps:
             app.stop()
@@ -151,7 +136,7 @@ def test_a_cluster_cache_redis_beside_a_single_state_redis(cluster: RedisCluster
     try:
         app.wait_ready()
         wait_healthy(app)
-        body = {"input": [text(50_000 + i) for i in range(30)], "options": {"return_meta": True}}
+        body = {"input": [keyword_text(50_000 + i) for i in range(30)], "options": {"return_meta": True}}
         assert app.post("/v1/classify", body).json()["meta"]["cache"]["misses"] == 30
         assert app.post("/v1/classify", {**body, "input": body["input"][::-1]}).status_code == 200
         state_client = redis.Redis.from_url(state.url)
@@ -160,7 +145,7 @@ def test_a_cluster_cache_redis_beside_a_single_state_redis(cluster: RedisCluster
             sum(1 for _ in redis.Redis(port=m.port).scan_iter(match=RESULTS)) for m in cluster.masters()
         )
         assert stored >= 30
-        crossslot_free(app.log(), worker.log())
+        assert_no_crossslot(app.log(), worker.log())
         assert httpx.get(app.url + "/health").status_code == 200
     finally:
         app.stop()

@@ -47,7 +47,7 @@ from redis.asyncio.client import Pipeline
 
 from vllm_srun import defaults
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.redis import pipeline, publish, run_script
+from vllm_srun.queue.redis import is_cluster, pipeline, publish, run_script, wait_replica
 
 log = logging.getLogger("arq.worker")  # where arq's own run_job reports a job that fails
 
@@ -136,6 +136,18 @@ async def get_or_add_job(
     again). The result keys must share the queue's slot on a cluster: there, give none."""
     now_ms = int(time.time() * 1000)
     body = serialize_job(function, (payload,), {}, None, now_ms, serializer=protocol.serialize)
+    if is_cluster(pool):
+        # Queued once a replica has it: a failover loses no job a request waits for.
+        async with pool.pipeline(transaction=False) as pipe:
+            await run_script(
+                pipe,
+                _GET_OR_ADD,
+                [queue, job_key_prefix + job_id, *result_keys],
+                [body, int(expires_s * 1000), now_ms, job_id, wake_channel],
+            )
+            wait_replica(pipe, pool, queue)
+            replies = await pipe.execute()
+        return list(replies[0])
     script = pool.register_script(_GET_OR_ADD)  # local: hashes the script, no round trip
     found: list[bytes | None] = await script(
         keys=[queue, job_key_prefix + job_id, *result_keys],

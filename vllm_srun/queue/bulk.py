@@ -47,7 +47,16 @@ from vllm_srun.errors import IdempotencyKeyReused, JobNotFound, Overloaded, Unav
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
-from vllm_srun.queue.redis import REDIS_ERRORS, is_cluster, out_of_memory, pipeline, publish, state_full
+from vllm_srun.queue.redis import (
+    REDIS_ERRORS,
+    is_cluster,
+    out_of_memory,
+    pipeline,
+    publish,
+    run_script,
+    state_full,
+    wait_replica,
+)
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -423,6 +432,7 @@ class BulkStore:
                 if is_cluster(self.redis):
                     # The records (one slot) before the chunks (the model's): a chunk that ran
                     # before them would find no job. No MULTI spans both slots.
+                    wait_replica(pipe, self.redis, keys.job_key(job_id))
                     await pipe.execute()
                 trace = tracing.inject()  # each chunk's span joins the creating request's trace
                 for index, start, end in chunks:
@@ -437,6 +447,7 @@ class BulkStore:
                         expires_s=self.ttl_s,
                     )
                 publish(pipe, keys.bulk_wake_channel(deployment), b"bulk", after=keys.bulk_queue_name(deployment))
+                wait_replica(pipe, self.redis, keys.bulk_queue_name(deployment))
                 await pipe.execute()
         except (*REDIS_ERRORS, ResponseError):
             with contextlib.suppress(*REDIS_ERRORS, ResponseError):
@@ -481,7 +492,14 @@ class BulkStore:
             keys.job_chunks_key(job_id),
             *_ACCOUNTING[1:],
         ]
-        await self._store_chunk(keys=job_keys, args=argv)
+        if not is_cluster(self.redis):
+            await self._store_chunk(keys=job_keys, args=argv)
+            return
+        # Replicated before the chunk is acknowledged (on the model's slot): see wait_replica.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await run_script(pipe, _STORE_CHUNK, job_keys, argv)
+            wait_replica(pipe, self.redis, job_keys[0])
+            await pipe.execute()
 
     @_redis_unavailable
     async def raw(self, job_id: str, client: ArqRedis | None = None) -> dict[str, str]:

@@ -231,6 +231,25 @@ def publish(pipe: Any, channel: str, message: bytes, *, after: str) -> None:
         pipe.publish(channel, message)
 
 
+# How long a write waits for a replica's acknowledgement (`wait_replica`) before it goes on.
+REPLICA_WAIT_MS = 500
+
+
+def wait_replica(pipe: Any, client: Any, key: str) -> None:
+    """On a cluster pipeline (of `client`), queue a WAIT, on `key`'s master after the writes the
+    pipeline sends there, for one replica to have them (at most REPLICA_WAIT_MS). Replication is
+    asynchronous: a master killed before its replica had a write loses it in the failover, and
+    what other masters hold that depends on it (a chunk acknowledged on the model's slot, a
+    job's records) would be left without it. WAIT counts the writes of its own connection, so
+    it travels in the same pipeline. Nothing on a single Redis, or for a master without a
+    replica now (its own was promoted)."""
+    if not isinstance(pipe, ClusterPipeline):
+        return
+    nodes = client.nodes_manager.slots_cache.get(client.keyslot(key)) or []
+    if len(nodes) >= 2:
+        pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=nodes[0])
+
+
 def pipeline(client: Any, *, transaction: bool) -> Any:
     """`client.pipeline(transaction=...)`; on a cluster always without MULTI (see the module doc):
     what one of ours touches shares a slot, so its commands reach one master in order."""
