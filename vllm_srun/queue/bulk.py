@@ -225,11 +225,18 @@ local chunk, n_chunks, now, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonum
 local limits = redis.call('HMGET', job, 'max_result_bytes', 'max_stored_bytes')
 local job_max, all_max = tonumber(limits[1]), tonumber(limits[2])
 local accounted = redis.call('HEXISTS', items, id) == 1
+-- The byte counts are read once and kept here, and every counter is written once per chunk:
+-- per line, only its HSETNX and its event (a line already stored is neither counted nor
+-- limited: its HSETNX stores nothing).
+local used, all = 0, 0
+if job_max then
+  used = tonumber(redis.call('HGET', bytes, id) or '0')
+  all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
+end
+local n_stored, n_bytes, n_done, n_failed, n_cached, n_skipped = 0, 0, 0, 0, 0, 0
 for i = 6, #ARGV, 4 do
   local line, kind = ARGV[i + 2], ARGV[i + 1]
-  if job_max and redis.call('HEXISTS', results, ARGV[i]) == 0 then
-    local used = tonumber(redis.call('HGET', bytes, id) or '0')
-    local all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
+  if job_max then
     local limit = nil
     if used + #line > job_max then limit = job_max .. ' bytes of results per job (--max-job-result-bytes)'
     elseif all + #line > all_max then limit = all_max .. ' bytes of results of all jobs (--max-stored-result-bytes)' end
@@ -240,19 +247,24 @@ for i = 6, #ARGV, 4 do
     end
   end
   if redis.call('HSETNX', results, ARGV[i], line) == 1 then
-    if accounted then
-      redis.call('HINCRBY', items, id, -1)
-      redis.call('HINCRBY', bytes, id, #line)
-      redis.call('HINCRBY', totals, 'items', -1)
-      redis.call('HINCRBY', totals, 'bytes', #line)
-    end
-    if kind == FAILED or kind == SKIPPED then redis.call('HINCRBY', job, 'failed', 1)
-    else redis.call('HINCRBY', job, 'done', 1) end
-    if kind == CACHED then redis.call('HINCRBY', job, 'cached', 1) end
-    if kind == SKIPPED then redis.call('HINCRBY', job, 'skipped', 1) end
+    n_stored, n_bytes = n_stored + 1, n_bytes + #line
+    used, all = used + #line, all + #line
+    if kind == FAILED or kind == SKIPPED then n_failed = n_failed + 1 else n_done = n_done + 1 end
+    if kind == CACHED then n_cached = n_cached + 1 end
+    if kind == SKIPPED then n_skipped = n_skipped + 1 end
     redis.call('XADD', events, '*', 'event', 'result', 'index', ARGV[i])
   end
 end
+if accounted and n_stored > 0 then
+  redis.call('HINCRBY', items, id, -n_stored)
+  redis.call('HINCRBY', bytes, id, n_bytes)
+  redis.call('HINCRBY', totals, 'items', -n_stored)
+  redis.call('HINCRBY', totals, 'bytes', n_bytes)
+end
+if n_done > 0 then redis.call('HINCRBY', job, 'done', n_done) end
+if n_failed > 0 then redis.call('HINCRBY', job, 'failed', n_failed) end
+if n_cached > 0 then redis.call('HINCRBY', job, 'cached', n_cached) end
+if n_skipped > 0 then redis.call('HINCRBY', job, 'skipped', n_skipped) end
 redis.call('SADD', chunks, chunk)
 local c = redis.call('HMGET', job, 'total', 'done', 'failed', 'cached', 'status', 'skipped')
 local progress = cjson.encode({total = tonumber(c[1]), done = tonumber(c[2]), failed = tonumber(c[3]),
