@@ -146,16 +146,18 @@ def _serve(tree: Path, package: Path, redis_url: str, name: str) -> tuple[Proc, 
     port = free_port()
     args = [sys.executable, "-m", "vllm_srun.cli", "serve", str(package), "--redis", redis_url]
     args += ["--port", str(port), "--log-level", "warning"]
-    return Proc(args, name, env=_env(tree)), f"http://{HOST}:{port}"
+    return Proc(args, name, env=_env(tree), cwd=tree), f"http://{HOST}:{port}"
 
 
 def _worker(tree: Path, package: Path, redis_url: str, name: str) -> Proc:
     args = [sys.executable, "-m", "vllm_srun.cli", "worker", str(package), "--redis", redis_url]
-    return Proc([*args, "--log-level", "warning"], name, env=_env(tree))
+    return Proc([*args, "--log-level", "warning"], name, env=_env(tree), cwd=tree)
 
 
 def _env(tree: Path) -> dict[str, str]:
-    # `python -m` from `tree` imports that tree's vllm_srun, ahead of any installed one.
+    # Run from `tree` (`python -m` puts the working directory first on the path), with it on
+    # PYTHONPATH too: that tree's vllm_srun, ahead of any installed one. The bench module itself
+    # and the example plugin are this run's.
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
 
 
@@ -175,6 +177,15 @@ def _wait_ready(url: str, proc: Proc, timeout_s: float = 120.0) -> None:
 
 def measure(tree: Path, package: Path, redis_url: str, args: argparse.Namespace, run: int) -> list[Profile]:
     """Both paths, with apps and workers running `tree`'s code, against `redis_url`."""
+    imported = subprocess.run(
+        [sys.executable, "-c", "import vllm_srun; print(vllm_srun.__file__)"],
+        env=_env(tree),
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert Path(imported).resolve().is_relative_to(tree.resolve()), f"{tree} runs {imported}"
     client = redis.Redis.from_url(redis_url)
     client.flushall()
     procs: list[Proc] = []
