@@ -217,12 +217,22 @@ def _extract(ref: str, into: Path) -> Path:
 
 
 def table(rows: list[tuple[str, Profile]]) -> str:
-    head = "| code | path | items | items/s (client) | Redis cmds/item | Redis CPU us/item | items/s per Redis core |"
+    """One row per tree and path: the items of all rounds, and the median round's CPU per item
+    (the rounds' range beside it)."""
+    head = "| code | path | items | items/s (client) | Redis cmds/item | Redis CPU us/item (range) | items/s per Redis core |"
     lines = [head, "|" + "---|" * 7]
+    groups: dict[tuple[str, str], list[Profile]] = {}
     for label, p in rows:
+        groups.setdefault((label, p.path), []).append(p)
+    for (label, path), runs in groups.items():
+        cpu = sorted(p.cpu_us_per_item for p in runs)
+        median = cpu[len(cpu) // 2] if len(cpu) % 2 else (cpu[len(cpu) // 2 - 1] + cpu[len(cpu) // 2]) / 2
+        items = sum(p.items for p in runs)
+        rate = items / sum(p.wall_s for p in runs)
+        commands = sum(p.commands for p in runs) / items
         lines.append(
-            f"| {label} | {p.path} | {p.items} | {p.items / p.wall_s:.0f} | {p.commands_per_item:.2f} "
-            f"| {p.cpu_us_per_item:.1f} | {p.items_per_core_s:.0f} |"
+            f"| {label} | {path} | {items} | {rate:.0f} | {commands:.2f} "
+            f"| {median:.1f} ({cpu[0]:.1f}-{cpu[-1]:.1f}) | {1e6 / median:.0f} |"
         )
     return "\n".join(lines)
 
@@ -236,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--apps", type=int, default=2, help="app replicas")
     parser.add_argument("--workers", type=int, default=2, help="device workers")
     parser.add_argument("--baseline", default=None, help="git ref measured first, in the same run")
+    parser.add_argument("--rounds", type=int, default=1, help="measurements of each tree, alternated")
     parser.add_argument("--redis-url", default=None, help="an existing Redis to measure (default: start one)")
     args = parser.parse_args(argv)
     from vllm_sr_example.fixtures import write_fixture
@@ -259,10 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                 trees.append((args.baseline, _extract(args.baseline, Path(tempfile.mkdtemp(dir=tmp)))))
             trees.append(("this tree", REPO))
             rows = []
-            for run, (label, tree) in enumerate(trees):
-                for profile in measure(tree, package, redis_url, args, run):
-                    rows.append((label, profile))
-                    print(f"{label} {profile.path}: top commands {profile.top}", file=sys.stderr)
+            # Rounds alternate the trees, so load from elsewhere on the machine falls on both.
+            for round_ in range(args.rounds):
+                for index, (label, tree) in enumerate(trees):
+                    for profile in measure(tree, package, redis_url, args, round_ * len(trees) + index):
+                        rows.append((label, profile))
+                        print(f"{label} {profile.path}: top commands {profile.top}", file=sys.stderr)
         finally:
             if server is not None:
                 server.stop()
