@@ -88,6 +88,8 @@ def test_interactive_requests_and_a_job_on_a_cluster(cluster: RedisCluster, tmp_
             assert any(client.scan_iter(match=RESULTS, count=1000)), master.port
             client.close()
         assert apps[0].get("/health").status_code == 200
+        for app in apps:
+            assert "unhandled_error" not in app.log(), app.log()[-4000:]
         assert_no_crossslot(*(app.log() for app in apps), worker.log(), cluster.logs())
     finally:
         for app in apps:

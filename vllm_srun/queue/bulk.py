@@ -464,6 +464,9 @@ class BulkStore:
         except (*REDIS_ERRORS, ResponseError):
             with contextlib.suppress(*REDIS_ERRORS, ResponseError):
                 await self._release(keys=_ACCOUNTING, args=[job_id])
+            if is_cluster(self.redis):  # no MULTI there: drop what was written (one slot)
+                with contextlib.suppress(*REDIS_ERRORS, ResponseError):
+                    await self.redis.delete(*_job_keys(job_id))
             if idem is not None:  # the key must not name a job that was never written
                 with contextlib.suppress(*REDIS_ERRORS):
                     await self.redis.delete(idem)
@@ -673,6 +676,18 @@ class BulkStore:
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
         return read.result() if not read.cancelled() else None
+
+
+def _job_keys(job_id: str) -> list[str]:
+    """Every key of one job's records (they share the bulk state's slot)."""
+    return [
+        keys.job_key(job_id),
+        keys.job_requests_key(job_id),
+        keys.job_custom_ids_key(job_id),
+        keys.job_results_key(job_id),
+        keys.job_chunks_key(job_id),
+        keys.job_events_key(job_id),
+    ]
 
 
 def _write_errors(pipe: Any, job_id: str, lines: Sequence[ResultLine]) -> None:
