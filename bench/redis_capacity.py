@@ -15,8 +15,9 @@ apps and workers, not Redis, bound it.
 
 `--baseline REF` runs the same measurement first on the code of git REF (extracted with
 `git archive` into a temporary folder; nothing in the repository changes), then on this tree,
-in one run, and prints both. `--redis-url` measures against a Redis (or a cluster node) already
-running instead of starting one; its counters are reset.
+in one run, and prints both. `--redis-url` measures against a Redis already running instead of
+starting one (its data is flushed and its counters reset); a cluster node's URL measures the
+whole cluster, its counters summed over every node (masters and replicas).
 """
 
 from __future__ import annotations
@@ -65,26 +66,61 @@ class Profile:
         return 1e6 / self.cpu_us_per_item if self.cpu_us_per_item else float("inf")
 
 
-def _reset(client: redis.Redis) -> float:
-    client.config_resetstat()
-    return _cpu(client)
+class Servers:
+    """The Redis servers behind a URL: the one it names, or every node of the cluster it names
+    (masters and replicas: a replica's CPU applying the writes is the cluster's cost too)."""
+
+    def __init__(self, url: str) -> None:
+        from vllm_srun.queue.redis import cluster_nodes
+
+        nodes = cluster_nodes(url)
+        if nodes:
+            self.clients = [redis.Redis(host=host, port=port) for host, port in nodes]
+        else:
+            self.clients = [redis.Redis.from_url(url)]
+
+    def flush(self) -> None:
+        for client in self.clients:
+            if client.info("replication")["role"] == "master":
+                client.flushall()
+
+    def config_resetstat(self) -> None:
+        for client in self.clients:
+            client.config_resetstat()
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
 
 
-def _cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+def _reset(servers: Servers) -> float:
+    servers.config_resetstat()
+    return _cpu(servers)
 
 
-def _commands(client: redis.Redis) -> list[tuple[str, int, int]]:
-    """(command, calls, microseconds inside it) as Redis counted them; a script's own commands
-    are counted too, and inside its EVALSHA's time."""
-    stats = client.info("commandstats")
-    calls = [(name.removeprefix("cmdstat_"), int(v["calls"]), int(v["usec"])) for name, v in stats.items()]
-    # Our own INFO / CONFIG reads are not the runtime's.
-    return sorted((c for c in calls if c[0] not in ("info", "config")), key=lambda x: -x[1])
+def _cpu(servers: Servers) -> float:
+    total = 0.0
+    for client in servers.clients:
+        info = client.info("cpu")
+        total += float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+    return total
 
 
-def _profile(client: redis.Redis, path: str, items: int, wall_s: float, cpu_start: float) -> Profile:
+def _commands(servers: Servers) -> list[tuple[str, int, int]]:
+    """(command, calls, microseconds inside it) as Redis counted them, summed over the servers;
+    a script's own commands are counted too, and inside its EVALSHA's time."""
+    calls: dict[str, list[int]] = {}
+    for client in servers.clients:
+        for name, v in client.info("commandstats").items():
+            entry = calls.setdefault(name.removeprefix("cmdstat_"), [0, 0])
+            entry[0] += int(v["calls"])
+            entry[1] += int(v["usec"])
+    # Our own INFO / CONFIG reads are not the runtime's; nor a cluster's own gossip.
+    ours = [(n, c, u) for n, (c, u) in calls.items() if n not in ("info", "config", "cluster", "ping")]
+    return sorted(ours, key=lambda x: -x[1])
+
+
+def _profile(client: Servers, path: str, items: int, wall_s: float, cpu_start: float) -> Profile:
     calls = _commands(client)
     return Profile(path, items, wall_s, sum(c for _, c, _ in calls), _cpu(client) - cpu_start, calls[:10])
 
@@ -186,8 +222,8 @@ def measure(tree: Path, package: Path, redis_url: str, args: argparse.Namespace,
         check=True,
     ).stdout.strip()
     assert Path(imported).resolve().is_relative_to(tree.resolve()), f"{tree} runs {imported}"
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
+    client = Servers(redis_url)
+    client.flush()
     procs: list[Proc] = []
     try:
         apps = [_serve(tree, package, redis_url, f"cap-app{i}") for i in range(args.apps)]
