@@ -351,26 +351,7 @@ class RedisCluster:
             raise
 
     def _node(self, index: int) -> RedisProcess:
-        for attempt in range(10):
-            port = _cluster_port()
-            folder = self.root / f"node-{port}"
-            folder.mkdir(parents=True, exist_ok=True)
-            try:
-                return RedisProcess(
-                    folder / "redis.log",
-                    port=port,
-                    extra=[
-                        "--cluster-enabled", "yes",
-                        "--cluster-config-file", str(folder / "nodes.conf"),
-                        "--cluster-node-timeout", str(self.node_timeout_ms),
-                        "--dir", str(folder),
-                        "--maxmemory-policy", "noeviction",
-                    ],
-                )
-            except RuntimeError:
-                if attempt == 9:
-                    raise
-        raise AssertionError("unreachable")
+        return cluster_node(self.root, node_timeout_ms=self.node_timeout_ms)
 
     def _wait_replicas_synced(self, deadline: float) -> None:
         import redis
@@ -411,6 +392,25 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+def cluster_node(root: Path, *, node_timeout_ms: int = 1000, extra: list[str] | None = None) -> RedisProcess:
+    """One redis-server with `--cluster-enabled yes` (in a folder of its own under `root`), on a
+    port whose cluster bus is free too; started again on others when either is taken."""
+    for attempt in range(10):
+        port = _cluster_port()
+        folder = root / f"node-{port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        options = ["--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf")]
+        options += ["--cluster-node-timeout", str(node_timeout_ms), "--dir", str(folder)]
+        try:
+            return RedisProcess(
+                folder / "redis.log", port=port, extra=[*options, "--maxmemory-policy", "noeviction", *(extra or [])]
+            )
+        except RuntimeError:
+            if attempt == 9:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _cluster_port() -> int:

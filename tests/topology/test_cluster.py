@@ -23,6 +23,7 @@ from helpers import (
     RedisProcess,
     Server,
     assert_no_crossslot,
+    cluster_node,
     keyword_text,
     start_worker,
     submit_job,
@@ -111,7 +112,7 @@ def start_refused(package: Path, url: str, tmp_path: Path) -> str:
 
 
 def test_a_cluster_with_unassigned_slots_refuses_the_start(tmp_path: Path) -> None:
-    node = RedisProcess(tmp_path / "lone.log", extra=["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "n.conf")])
+    node = cluster_node(tmp_path)  # never joined to a cluster: no slot assigned
     try:
         said = start_refused(write_keywords(tmp_path / "kw"), node.url, tmp_path)
         assert f"127.0.0.1:{node.port}" in said and "0 of 16384 slots assigned" in said, said
@@ -120,8 +121,7 @@ def test_a_cluster_with_unassigned_slots_refuses_the_start(tmp_path: Path) -> No
 
 
 def test_a_node_refusing_cluster_commands_refuses_the_start(tmp_path: Path) -> None:
-    extra = ["--cluster-enabled", "yes", "--cluster-config-file", str(tmp_path / "n.conf")]
-    node = RedisProcess(tmp_path / "renamed.log", extra=[*extra, "--rename-command", "CLUSTER", '""'])
+    node = cluster_node(tmp_path, extra=["--rename-command", "CLUSTER", '""'])
     try:
         said = start_refused(write_keywords(tmp_path / "kw"), node.url, tmp_path)
         assert f"127.0.0.1:{node.port}" in said and "refuses CLUSTER commands" in said, said
