@@ -10,7 +10,9 @@ each (every item a cache miss) for `--seconds`. Bulk: one classify job of `--job
 lines, from submission to `completed`. For each, Redis's own counters are reset before and read
 after (`CONFIG RESETSTAT`, `INFO commandstats`, `used_cpu_sys` + `used_cpu_user`): commands per
 item, Redis CPU microseconds per item, and hence items per second one Redis core could carry
-(1e6 / CPU us per item). The client's own items/s is reported too, but on a small machine the
+(1e6 / CPU us per item), and Redis's I/O events per item (`total_reads_processed` +
+`total_writes_processed`: a request or pipeline read, a reply or pub/sub message written). The
+client's own items/s is reported too, but on a small machine the
 apps and workers, not Redis, bound it.
 
 `--baseline REF` runs the same measurement first on the code of git REF (extracted with
@@ -52,6 +54,10 @@ class Profile:
     commands: int
     cpu_s: float
     top: list[tuple[str, int, int]]
+    # Read events Redis handled (a client's request or pipeline arriving: a round trip), and
+    # write events (a reply, or pub/sub messages, going out).
+    reads: int = 0
+    writes: int = 0
 
     @property
     def commands_per_item(self) -> float:
@@ -122,7 +128,11 @@ def _commands(servers: Servers) -> list[tuple[str, int, int]]:
 
 def _profile(client: Servers, path: str, items: int, wall_s: float, cpu_start: float) -> Profile:
     calls = _commands(client)
-    return Profile(path, items, wall_s, sum(c for _, c, _ in calls), _cpu(client) - cpu_start, calls[:10])
+    cpu_s = _cpu(client) - cpu_start
+    stats = [c.info("stats") for c in client.clients]
+    reads = sum(int(s.get("total_reads_processed", 0)) for s in stats)
+    writes = sum(int(s.get("total_writes_processed", 0)) for s in stats)
+    return Profile(path, items, wall_s, sum(c for _, c, _ in calls), cpu_s, calls[:10], reads, writes)
 
 
 _WORDS = ("refund", "invoice", "charge", "parcel", "delivery")
@@ -255,8 +265,11 @@ def _extract(ref: str, into: Path) -> Path:
 def table(rows: list[tuple[str, Profile]]) -> str:
     """One row per tree and path: the items of all rounds, and the median round's CPU per item
     (the rounds' range beside it)."""
-    head = "| code | path | items | items/s (client) | Redis cmds/item | Redis CPU us/item (range) | items/s per Redis core |"
-    lines = [head, "|" + "---|" * 7]
+    head = (
+        "| code | path | items | items/s (client) | Redis cmds/item | Redis I/O events/item "
+        "| Redis CPU us/item (range) | items/s per Redis core |"
+    )
+    lines = [head, "|" + "---|" * 8]
     groups: dict[tuple[str, str], list[Profile]] = {}
     for label, p in rows:
         groups.setdefault((label, p.path), []).append(p)
@@ -266,8 +279,9 @@ def table(rows: list[tuple[str, Profile]]) -> str:
         items = sum(p.items for p in runs)
         rate = items / sum(p.wall_s for p in runs)
         commands = sum(p.commands for p in runs) / items
+        events = sum(p.reads + p.writes for p in runs) / items
         lines.append(
-            f"| {label} | {path} | {items} | {rate:.0f} | {commands:.2f} "
+            f"| {label} | {path} | {items} | {rate:.0f} | {commands:.2f} | {events:.2f} "
             f"| {median:.1f} ({cpu[0]:.1f}-{cpu[-1]:.1f}) | {1e6 / median:.0f} |"
         )
     return "\n".join(lines)
@@ -311,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
                 for index, (label, tree) in enumerate(trees):
                     for profile in measure(tree, package, redis_url, args, round_ * len(trees) + index):
                         rows.append((label, profile))
-                        print(f"{label} {profile.path}: top commands {profile.top}", file=sys.stderr)
+                        print(
+                            f"{label} {profile.path}: {profile.reads / profile.items:.2f} reads and "
+                            f"{profile.writes / profile.items:.2f} writes per item; top commands {profile.top}",
+                            file=sys.stderr,
+                        )
         finally:
             if server is not None:
                 server.stop()
