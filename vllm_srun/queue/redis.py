@@ -28,6 +28,7 @@ from arq.connections import ArqRedis, RedisSettings
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.exceptions import (
     ClusterDownError,
     OutOfMemoryError,
@@ -194,9 +195,11 @@ class Subscriber:
         options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "health_check_interval": 30}
         self._clients: list[Redis] = []
         if nodes:
-            settings = RedisSettings.from_dsn(url)
-            auth: dict[str, Any] = {"username": settings.username, "password": settings.password, "ssl": settings.ssl}
-            self._clients = [Redis(host=h, port=p, **auth, **options) for h, p in nodes]
+            given = parse_url(url)  # redis-py's own reading: credentials unquoted, TLS, database
+            self._clients = [
+                Redis(connection_pool=ConnectionPool(**{**given, "host": h, "port": p, **options}))
+                for h, p in nodes
+            ]
         else:
             self._clients = [ArqRedis(connection_pool=ConnectionPool.from_url(url, **options))]
         self._turn = itertools.cycle(self._clients)
