@@ -9,7 +9,10 @@ submitted every `--job-every-s`, while:
 - a worker is killed (SIGKILL) every `--worker-kill-every-s` and started again at once, as a
   supervisor would;
 - one app replica is killed (SIGKILL) once and started again on its port;
-- Redis is killed (SIGKILL) once and started again from its file on its port.
+- Redis is killed (SIGKILL) once and started again from its file on its port; with
+  `--cluster`, the state is on a Redis Cluster of 3 masters and 3 replicas and the master of
+  the bulk state's slot is killed instead: its replica is promoted (cluster-node-timeout 1 s),
+  and the killed node is started again, to rejoin as a replica.
 
 A client does what a well-behaved client of a replicated service does: a request refused with
 503, or whose connection failed (its replica was killed), is sent again, to the other replica,
@@ -48,15 +51,118 @@ RETRY_PAUSE_S = 0.2
 
 
 class DurableRedis(Proc):
-    """redis-server with an append-only file in `data`, on `port` (restartable there)."""
+    """redis-server with an append-only file in `data`, on `port` (restartable there); with
+    `cluster`, a Redis Cluster node (its node file in `data` too)."""
 
-    def __init__(self, data: Path, port: int) -> None:
+    def __init__(self, data: Path, port: int, *, cluster: bool = False) -> None:
         self.port = port
         self.url = f"redis://{HOST}:{port}/0"
         args = [find_redis_server(), "--port", str(port), "--bind", HOST, "--dir", str(data)]
         args += ["--appendonly", "yes", "--appendfsync", "everysec", "--save", ""]
+        if cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", str(data / "nodes.conf")]
+            args += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
         super().__init__([*args, "--maxmemory-policy", "noeviction"], "redis")
         _wait(lambda: _pings(port), 30, "redis", self)
+
+
+# A master silent this long is failed over to its replica.
+CLUSTER_NODE_TIMEOUT_MS = 1000
+
+
+def _cluster_port() -> int:
+    """A free port below 55536 whose cluster bus port (+10000) is free too."""
+    import socket
+
+    while True:
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((HOST, port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class ClusterRedis:
+    """The state on a Redis Cluster of 3 masters and 3 replicas, each node durable as above.
+    `fail_over` SIGKILLs the master of the bulk state's slot, waits for its replica to be
+    promoted and starts the killed node again on its port, where it rejoins as a replica."""
+
+    def __init__(self, data: Path) -> None:
+        import subprocess
+
+        self.data = data
+        self.nodes: list[DurableRedis] = []
+        for _ in range(6):
+            port = _cluster_port()
+            (data / str(port)).mkdir()
+            self.nodes.append(DurableRedis(data / str(port), port, cluster=True))
+        cli = str(Path(find_redis_server()).with_name("redis-cli"))
+        addresses = [f"{HOST}:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        _wait(lambda: all(self._ok(node.port) for node in self.nodes), 30, "the cluster", self.nodes[0])
+        self.url = self.nodes[0].url
+        self.port = self.nodes[0].port
+
+    @staticmethod
+    def _ok(port: int) -> bool:
+        import redis
+
+        try:
+            info = redis.Redis(host=HOST, port=port, socket_timeout=1).execute_command("CLUSTER INFO")
+        except redis.RedisError:
+            return False
+        return bool(info.get("cluster_state") == "ok")
+
+    def master_of(self, key: str) -> DurableRedis:
+        import redis
+
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            try:
+                client = redis.Redis(host=HOST, port=node.port, socket_timeout=1)
+                slot = int(client.execute_command("CLUSTER KEYSLOT", key))
+                for start, end, master, *_ in client.execute_command("CLUSTER SLOTS"):
+                    if start <= slot <= end:
+                        return next(n for n in self.nodes if n.port == int(master[1]))
+            except redis.RedisError:
+                continue
+        raise RuntimeError("no cluster node answers")
+
+    def fail_over(self, topo: Topology, down_s: float) -> None:
+        from vllm_srun.queue import keys
+
+        key = keys.job_key("any")  # every job's records and the quotas share this slot
+        victim = self.master_of(key)
+        kill(victim)
+        topo.note(f"cluster master {victim.port} (the bulk state's slot) killed")
+        deadline = time.monotonic() + 30
+        while self.master_of(key) is victim:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no replica was promoted")
+            time.sleep(0.1)
+        topo.note(f"its replica {self.master_of(key).port} promoted")
+        time.sleep(down_s)
+        victim.stop()
+        index = self.nodes.index(victim)
+        self.nodes[index] = DurableRedis(self.data / str(victim.port), victim.port, cluster=True)
+        topo.note(f"node {victim.port} started again (a replica now)")
+
+    def alive(self) -> bool:
+        return all(node.alive() for node in self.nodes)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
 
 
 class App(Proc):
@@ -110,15 +216,16 @@ def kill(proc: Proc) -> None:
 class Topology:
     model: str
     data: Path
-    redis: DurableRedis
+    redis: DurableRedis | ClusterRedis
     apps: list[App] = field(default_factory=list)
     workers: list[Worker] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
 
     @classmethod
-    def start(cls, model: str, data: Path) -> Topology:
-        topo = cls(model, data, DurableRedis(data, free_port()))
+    def start(cls, model: str, data: Path, *, cluster: bool = False) -> Topology:
+        redis = ClusterRedis(data) if cluster else DurableRedis(data, free_port())
+        topo = cls(model, data, redis)
         topo.apps = [App(model, topo.redis.url, free_port()) for _ in range(2)]
         topo.workers = [Worker(model, topo.redis.url) for _ in range(2)]
         for app in topo.apps:
@@ -144,6 +251,9 @@ class Topology:
         self.note(f"app replica {index} serving again")
 
     def restart_redis(self, down_s: float) -> None:
+        if isinstance(self.redis, ClusterRedis):
+            self.redis.fail_over(self, down_s)
+            return
         kill(self.redis)
         self.redis.stop()
         self.note("redis killed")
@@ -363,7 +473,9 @@ def report(tally: Tally, topo: Topology, args: argparse.Namespace) -> str:
     ]
     head = (
         f"chaos run: {args.duration_s:.0f} s, {args.clients} clients, a worker killed every "
-        f"{args.worker_kill_every_s:.0f} s, one app replica and Redis killed once"
+        f"{args.worker_kill_every_s:.0f} s, one app replica and "
+        + ("a master of the state's Redis Cluster" if args.cluster else "Redis")
+        + " killed once"
     )
     body = "\n".join(f"{name:<40} {value}" for name, value in rows)
     samples = "".join(f"\n{sample}" for sample in tally.samples)
@@ -389,11 +501,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-lines", type=int, default=1000, help="requests in each bulk job")
     parser.add_argument("--redis-down-s", type=float, default=2.0, help="how long Redis stays down")
     parser.add_argument("--settle-s", type=float, default=180.0, help="longest wait for the jobs at the end")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the state on a Redis Cluster (3 masters, 3 replicas): the Redis fault kills a master",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vllm-srun-chaos-") as root:
         data = Path(root) / "redis-data"
         data.mkdir()
-        topo = Topology.start(args.model or default_model(Path(root)), data)
+        topo = Topology.start(args.model or default_model(Path(root)), data, cluster=args.cluster)
         tally = Tally()
         try:
             topo.note("topology serving; traffic starts")

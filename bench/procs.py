@@ -34,11 +34,13 @@ def free_port() -> int:
 class Proc:
     """A subprocess whose output goes to a temporary log, shown when it fails."""
 
-    def __init__(self, args: list[str], name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], name: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.args = args
         self._log = tempfile.NamedTemporaryFile(prefix=f"bench-{name}-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         self.pid = self.proc.pid
 
     def alive(self) -> bool:

@@ -1,15 +1,19 @@
 """Added latency of the Redis path at concurrency 1, against calling the engine directly.
 
-    python bench/redis_path.py [--requests 300]
+    python bench/redis_path.py [--requests 300] [--baseline main]
 
 Both sides run the example keyword model on the same distinct inputs (so every server request
 is a cache miss) in one run: "direct" plans, runs and finishes in-process; "server" is
 `vllm-srun serve` on its embedded Redis, called over HTTP on 127.0.0.1, one request at a time.
+`--baseline REF` also serves the code of git REF (a `git archive` of it in a temporary folder),
+in the same run, alternating the two servers in rounds so that load from elsewhere on the
+machine falls on both alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import statistics
 import subprocess
@@ -42,7 +46,12 @@ def direct(package: Path, inputs: list[str]) -> list[float]:
     return timings
 
 
-def served(package: Path, inputs: list[str]) -> tuple[list[float], list[float]]:
+def served(package: Path, inputs: list[str], tree: Path | None = None) -> tuple[list[float], list[float]]:
+    """(HTTP round trips, Server-Timing totals) of `inputs`, served by `tree`'s code (default:
+    this one's)."""
+    env = None
+    if tree is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -60,6 +69,8 @@ def served(package: Path, inputs: list[str]) -> tuple[list[float], list[float]]:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
+        cwd=tree,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -89,6 +100,8 @@ def served(package: Path, inputs: list[str]) -> tuple[list[float], list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--baseline", default=None, help="git ref also served, in the same run")
+    parser.add_argument("--rounds", type=int, default=3, help="with --baseline: alternations")
     args = parser.parse_args()
     from vllm_sr_example.fixtures import write_fixture
 
@@ -96,6 +109,28 @@ def main() -> None:
         package = write_fixture(Path(tmp) / "kw")
         inputs = texts(args.requests)
         direct_s = direct(package, inputs)
+        if args.baseline:
+            base = Path(tmp) / "baseline"
+            base.mkdir()
+            archive = subprocess.run(
+                ["git", "-C", str(Path(__file__).resolve().parents[1]), "archive", args.baseline],
+                check=True,
+                capture_output=True,
+            ).stdout
+            subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+            runs: dict[str, tuple[list[float], list[float]]] = {"baseline": ([], []), "this tree": ([], [])}
+            for _ in range(args.rounds):
+                for label, tree in (("baseline", base), ("this tree", None)):
+                    wall, total = served(package, inputs, tree)
+                    runs[label][0].extend(wall)
+                    runs[label][1].extend(total)
+            ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
+            print(f"requests: {args.requests} x {args.rounds} rounds each (distinct, all cache misses), concurrency 1")
+            print(f"direct in-process (plan+run+finish) p50: {ms(direct_s):.3f} ms")
+            for label, (wall, total) in runs.items():
+                name = args.baseline if label == "baseline" else label
+                print(f"{name:>12}: Server-Timing total p50 {ms(total):.3f} ms, HTTP round trip p50 {ms(wall):.3f} ms")
+            return
         wall_s, server_s = served(package, inputs)
     ms = lambda xs: statistics.median(xs) * 1000  # noqa: E731
     print(f"requests: {args.requests} (distinct, all cache misses), concurrency 1")

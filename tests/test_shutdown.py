@@ -34,6 +34,7 @@ from helpers import (
 )
 
 from vllm_srun import defaults
+from vllm_srun.queue import keys
 
 GRACE_S = 10.0  # docker stop's, Kubernetes' default terminationGracePeriodSeconds, systemd's
 SLOW = "invoice " * 6
@@ -132,7 +133,7 @@ class Held:
 def leases(redis_url: str) -> int:
     client = redis.Redis.from_url(redis_url)
     try:
-        return int(client.zcard("vllm_srun:queue:kw:leases"))
+        return int(client.zcard(keys.lease_key(keys.queue_name("kw"))))
     finally:
         client.close()
 

@@ -426,6 +426,9 @@ def _check_redis(url: str, *, strict: bool = False, flag: str = "--redis") -> No
         raise ConfigError(f"{flag} {url!r}: {exc}") from exc
     except (redis.RedisError, OSError) as exc:
         raise ConfigError(f"cannot reach Redis at {describe_url(url)}: {exc}") from exc
+    from vllm_srun.queue.redis import check_cluster
+
+    check_cluster(url, flag=flag)
     if flag != "--redis":
         return
     try:

@@ -67,3 +67,48 @@ def test_idempotency_keys_are_per_caller() -> None:
     assert keys.idempotency_key("m", "k", a) != keys.idempotency_key("m", "k", b)
     assert keys.idempotency_key("m", "k") == keys.idempotency_key("m", "k", "")
     assert a in keys.idempotency_key("m", "k", a)
+
+
+def test_what_one_script_touches_shares_a_hash_tag() -> None:
+    """Redis Cluster hashes only a key's tag: a model's queue, leases, workers and every arq key
+    of its jobs share one; bulk state shares another; cache entries carry none."""
+    from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+
+    name = "my model:v1"
+    job_id = keys.arq_job_id(name)
+    assert job_id != keys.arq_job_id(name)
+    model = {
+        keys.queue_name(name),
+        keys.bulk_queue_name(name),
+        keys.lease_key(keys.queue_name(name)),
+        keys.lease_key(keys.bulk_queue_name(name)),
+        keys.worker_key(name),
+        keys.engines_key(name),
+        job_key_prefix + job_id,
+        in_progress_key_prefix + job_id,
+        retry_key_prefix + job_id,
+        keys.crashes_key(job_id),
+        keys.withdrawn_key(job_id),
+        keys.isolation_key(job_id),
+    }
+    assert {keys.key_slot_tag(k) for k in model} == {"m:my_model_v1"}
+    assert keys.key_slot_tag(keys.queue_name("other")) != "m:my_model_v1"
+    bulk = {
+        keys.job_key("job_1"),
+        keys.job_requests_key("job_1"),
+        keys.job_custom_ids_key("job_1"),
+        keys.job_results_key("job_1"),
+        keys.job_chunks_key("job_1"),
+        keys.job_events_key("job_1"),
+        keys.jobs_live_key(),
+        keys.jobs_items_key(),
+        keys.jobs_bytes_key(),
+        keys.jobs_totals_key(),
+        keys.idempotency_key(name, "k", "owner"),
+    }
+    assert {keys.key_slot_tag(k) for k in bulk} == {"jobs"}
+    # No tag: a cache entry's slot is its whole key's, so entries spread over the cluster.
+    entry = keys.result_key(name, "abc")
+    assert "{" not in entry and keys.key_slot_tag(entry) == entry
+    # A name with braces cannot open a tag of its own.
+    assert keys.key_slot_tag(keys.queue_name("a}{b")) == "m:a__b"

@@ -32,6 +32,7 @@ from helpers import (
 )
 
 from vllm_srun import defaults
+from vllm_srun.queue import keys
 
 # A forward that outlasts a lease (and its renewal), so only a lease lapse or a release can
 # free the work a killed worker held.
@@ -111,7 +112,8 @@ class Cluster:
         """Jobs workers hold (leased) from the model's interactive or bulk queue."""
         client = redis.Redis.from_url(self.redis.url)
         try:
-            return int(client.zcard(f"vllm_srun:{queue}:kw:leases"))
+            name = keys.queue_name("kw") if queue == "queue" else keys.bulk_queue_name("kw")
+            return int(client.zcard(keys.lease_key(name)))
         finally:
             client.close()
 

@@ -47,6 +47,7 @@ from redis.asyncio.client import Pipeline
 
 from vllm_srun import defaults
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue.redis import is_cluster, pipeline, publish, run_script, wait_replica
 
 log = logging.getLogger("arq.worker")  # where arq's own run_job reports a job that fails
 
@@ -88,8 +89,9 @@ WORKER_METHODS = {
 def add_job(
     pipe: Pipeline, *, queue: str, function: str, payload: bytes, expires_s: float, job_id: str = ""
 ) -> str:
-    """Queue one arq job (function(payload)) on `pipe`; returns its id."""
-    job_id = job_id or uuid.uuid4().hex
+    """Queue one arq job (function(payload)) on `pipe`; returns its id (a fresh one carries the
+    queue's hash tag, keys.arq_job_id, so the job's keys share the queue's slot)."""
+    job_id = job_id or "{" + keys.key_slot_tag(queue) + "}" + uuid.uuid4().hex
     now_ms = int(time.time() * 1000)
     body = serialize_job(function, (payload,), {}, None, now_ms, serializer=protocol.serialize)
     pipe.psetex(job_key_prefix + job_id, int(expires_s * 1000), body)
@@ -97,11 +99,13 @@ def add_job(
     return job_id
 
 
-# Looks up result keys (KEYS[3..]) and, only when none is there, queues the arq job (body ARGV[1]
-# under KEYS[2], entry ARGV[4] in the queue KEYS[1] at ARGV[3]) and wakes the workers (ARGV[5]),
-# as `add_job` and a publish would: a request whose inputs all miss costs one round trip.
+# Looks up result keys (KEYS[3..], none: queues at once) and, only when none is there, queues
+# the arq job (body ARGV[1] under KEYS[2], entry ARGV[4] in the queue KEYS[1] at ARGV[3]) and
+# wakes the workers (ARGV[5]), as `add_job` and a publish would: a request whose inputs all miss
+# costs one round trip.
 _GET_OR_ADD = """
-local found = redis.call('MGET', unpack(KEYS, 3))
+local found = {}
+if #KEYS > 2 then found = redis.call('MGET', unpack(KEYS, 3)) end
 for i = 1, #found do
   if found[i] then return found end
 end
@@ -127,10 +131,23 @@ async def get_or_add_job(
     result_keys: list[str],
     wake_channel: str,
 ) -> list[bytes | None]:
-    """What `result_keys` hold; when they hold nothing, the job is queued and its workers woken,
-    in the same step (a job for inputs already stored would only run them again)."""
+    """What `result_keys` hold; when they hold nothing (or none are given), the job is queued and
+    its workers woken, in the same step (a job for inputs already stored would only run them
+    again). The result keys must share the queue's slot on a cluster: there, give none."""
     now_ms = int(time.time() * 1000)
     body = serialize_job(function, (payload,), {}, None, now_ms, serializer=protocol.serialize)
+    if is_cluster(pool):
+        # Queued once a replica has it: a failover loses no job a request waits for.
+        async with pool.pipeline(transaction=False) as pipe:
+            await run_script(
+                pipe,
+                _GET_OR_ADD,
+                [queue, job_key_prefix + job_id, *result_keys],
+                [body, int(expires_s * 1000), now_ms, job_id, wake_channel],
+            )
+            wait_replica(pipe, pool, queue)
+            replies = await pipe.execute()
+        return list(replies[0])
     script = pool.register_script(_GET_OR_ADD)  # local: hashes the script, no round trip
     found: list[bytes | None] = await script(
         keys=[queue, job_key_prefix + job_id, *result_keys],
@@ -212,7 +229,6 @@ async def requeue_lapsed(
 ) -> Any:
     """Run the requeue script for `queue` on `client`: on a pool, returns the ids put back; on a
     pipeline, queues it (its reply, those ids, comes with the pipeline's)."""
-    script = client.register_script(_REQUEUE)  # local: hashes the script, no round trip
     args = [
         now_ms,
         in_progress_key_prefix,
@@ -222,7 +238,7 @@ async def requeue_lapsed(
         wake_channel,
         limit,
     ]
-    return await script(keys=[keys.lease_key(queue), queue], args=args, client=client)
+    return await run_script(client, _REQUEUE, [keys.lease_key(queue), queue], args)
 
 
 async def release(pool: Any, *, queue: str, wake_channel: str, job_ids: list[str]) -> None:
@@ -230,10 +246,8 @@ async def release(pool: Any, *, queue: str, wake_channel: str, job_ids: list[str
     if not job_ids:
         return
     async with pool.pipeline(transaction=False) as pipe:
-        await pipe.register_script(_RELEASE)(
-            keys=[keys.lease_key(queue)], args=[in_progress_key_prefix, *job_ids], client=pipe
-        )
-        pipe.publish(wake_channel, b"released")
+        await run_script(pipe, _RELEASE, [keys.lease_key(queue)], [in_progress_key_prefix, *job_ids])
+        publish(pipe, wake_channel, b"released", after=keys.lease_key(queue))
         await pipe.execute()
 
 
@@ -390,6 +404,33 @@ class DrivenWorker(Worker):
                 return None
         await asyncio.shield(self.finish_job(job_id, done, None, None, False, None, None))
         return None
+
+    async def finish_job(
+        self,
+        job_id: str,
+        finish: bool,
+        result_data: bytes | None,
+        result_timeout_s: float | None,
+        keep_result_forever: bool,
+        incr_score: int | None,
+        keep_in_progress: float | None,
+    ) -> None:
+        """arq's finish_job for our jobs (no kept results, no aborts, no keep_in_progress): arq's
+        own also updates its global `arq:abort` set in the same MULTI, which on a Redis Cluster
+        is another slot; every key here shares the job's (keys.arq_job_id)."""
+        async with pipeline(self.pool, transaction=True) as tr:
+            if finish:
+                tr.delete(in_progress_key_prefix + job_id, retry_key_prefix + job_id, job_key_prefix + job_id)
+                tr.zrem(self.queue_name, job_id)
+            else:
+                if incr_score:
+                    tr.zincrby(self.queue_name, incr_score, job_id)
+                tr.delete(in_progress_key_prefix + job_id)
+            await tr.execute()
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        """arq's finish_failed_job without its `arq:abort` set and kept result (see finish_job)."""
+        await self.finish_job(job_id, True, None, None, False, None, None)
 
     def _done(self, job_id: str, _: asyncio.Task[Any]) -> None:
         self._release_sem_dec_counter_on_complete()

@@ -47,7 +47,16 @@ from vllm_srun.errors import IdempotencyKeyReused, JobNotFound, Overloaded, Unav
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.protocol import ChunkPayload
-from vllm_srun.queue.redis import REDIS_ERRORS, out_of_memory, state_full
+from vllm_srun.queue.redis import (
+    REDIS_ERRORS,
+    is_cluster,
+    out_of_memory,
+    pipeline,
+    publish,
+    run_script,
+    state_full,
+    wait_replica,
+)
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -216,11 +225,18 @@ local chunk, n_chunks, now, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonum
 local limits = redis.call('HMGET', job, 'max_result_bytes', 'max_stored_bytes')
 local job_max, all_max = tonumber(limits[1]), tonumber(limits[2])
 local accounted = redis.call('HEXISTS', items, id) == 1
+-- The byte counts are read once and kept here, and every counter is written once per chunk:
+-- per line, only its HSETNX and its event (a line already stored is neither counted nor
+-- limited: its HSETNX stores nothing).
+local used, all = 0, 0
+if job_max then
+  used = tonumber(redis.call('HGET', bytes, id) or '0')
+  all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
+end
+local n_stored, n_bytes, n_done, n_failed, n_cached, n_skipped = 0, 0, 0, 0, 0, 0
 for i = 6, #ARGV, 4 do
   local line, kind = ARGV[i + 2], ARGV[i + 1]
-  if job_max and redis.call('HEXISTS', results, ARGV[i]) == 0 then
-    local used = tonumber(redis.call('HGET', bytes, id) or '0')
-    local all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
+  if job_max then
     local limit = nil
     if used + #line > job_max then limit = job_max .. ' bytes of results per job (--max-job-result-bytes)'
     elseif all + #line > all_max then limit = all_max .. ' bytes of results of all jobs (--max-stored-result-bytes)' end
@@ -231,19 +247,24 @@ for i = 6, #ARGV, 4 do
     end
   end
   if redis.call('HSETNX', results, ARGV[i], line) == 1 then
-    if accounted then
-      redis.call('HINCRBY', items, id, -1)
-      redis.call('HINCRBY', bytes, id, #line)
-      redis.call('HINCRBY', totals, 'items', -1)
-      redis.call('HINCRBY', totals, 'bytes', #line)
-    end
-    if kind == FAILED or kind == SKIPPED then redis.call('HINCRBY', job, 'failed', 1)
-    else redis.call('HINCRBY', job, 'done', 1) end
-    if kind == CACHED then redis.call('HINCRBY', job, 'cached', 1) end
-    if kind == SKIPPED then redis.call('HINCRBY', job, 'skipped', 1) end
+    n_stored, n_bytes = n_stored + 1, n_bytes + #line
+    used, all = used + #line, all + #line
+    if kind == FAILED or kind == SKIPPED then n_failed = n_failed + 1 else n_done = n_done + 1 end
+    if kind == CACHED then n_cached = n_cached + 1 end
+    if kind == SKIPPED then n_skipped = n_skipped + 1 end
     redis.call('XADD', events, '*', 'event', 'result', 'index', ARGV[i])
   end
 end
+if accounted and n_stored > 0 then
+  redis.call('HINCRBY', items, id, -n_stored)
+  redis.call('HINCRBY', bytes, id, n_bytes)
+  redis.call('HINCRBY', totals, 'items', -n_stored)
+  redis.call('HINCRBY', totals, 'bytes', n_bytes)
+end
+if n_done > 0 then redis.call('HINCRBY', job, 'done', n_done) end
+if n_failed > 0 then redis.call('HINCRBY', job, 'failed', n_failed) end
+if n_cached > 0 then redis.call('HINCRBY', job, 'cached', n_cached) end
+if n_skipped > 0 then redis.call('HINCRBY', job, 'skipped', n_skipped) end
 redis.call('SADD', chunks, chunk)
 local c = redis.call('HMGET', job, 'total', 'done', 'failed', 'cached', 'status', 'skipped')
 local progress = cjson.encode({total = tonumber(c[1]), done = tonumber(c[2]), failed = tonumber(c[3]),
@@ -382,7 +403,7 @@ class BulkStore:
                     await self.redis.delete(idem)
             raise
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
+            async with pipeline(self.redis, transaction=True) as pipe:
                 pipe.hset(
                     keys.job_key(job_id),
                     mapping={
@@ -420,6 +441,11 @@ class BulkStore:
                         for i, body in errors.items()
                     ],
                 )
+                if is_cluster(self.redis):
+                    # The records (one slot) before the chunks (the model's): a chunk that ran
+                    # before them would find no job. No MULTI spans both slots.
+                    wait_replica(pipe, self.redis, keys.job_key(job_id))
+                    await pipe.execute()
                 trace = tracing.inject()  # each chunk's span joins the creating request's trace
                 for index, start, end in chunks:
                     payload = protocol.encode(
@@ -432,11 +458,15 @@ class BulkStore:
                         payload=payload,
                         expires_s=self.ttl_s,
                     )
-                pipe.publish(keys.bulk_wake_channel(deployment), b"bulk")
+                publish(pipe, keys.bulk_wake_channel(deployment), b"bulk", after=keys.bulk_queue_name(deployment))
+                wait_replica(pipe, self.redis, keys.bulk_queue_name(deployment))
                 await pipe.execute()
         except (*REDIS_ERRORS, ResponseError):
             with contextlib.suppress(*REDIS_ERRORS, ResponseError):
                 await self._release(keys=_ACCOUNTING, args=[job_id])
+            if is_cluster(self.redis):  # no MULTI there: drop what was written (one slot)
+                with contextlib.suppress(*REDIS_ERRORS, ResponseError):
+                    await self.redis.delete(*_job_keys(job_id))
             if idem is not None:  # the key must not name a job that was never written
                 with contextlib.suppress(*REDIS_ERRORS):
                     await self.redis.delete(idem)
@@ -477,7 +507,14 @@ class BulkStore:
             keys.job_chunks_key(job_id),
             *_ACCOUNTING[1:],
         ]
-        await self._store_chunk(keys=job_keys, args=argv)
+        if not is_cluster(self.redis):
+            await self._store_chunk(keys=job_keys, args=argv)
+            return
+        # Replicated before the chunk is acknowledged (on the model's slot): see wait_replica.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            await run_script(pipe, _STORE_CHUNK, job_keys, argv)
+            wait_replica(pipe, self.redis, job_keys[0])
+            await pipe.execute()
 
     @_redis_unavailable
     async def raw(self, job_id: str, client: ArqRedis | None = None) -> dict[str, str]:
@@ -639,6 +676,18 @@ class BulkStore:
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
         return read.result() if not read.cancelled() else None
+
+
+def _job_keys(job_id: str) -> list[str]:
+    """Every key of one job's records (they share the bulk state's slot)."""
+    return [
+        keys.job_key(job_id),
+        keys.job_requests_key(job_id),
+        keys.job_custom_ids_key(job_id),
+        keys.job_results_key(job_id),
+        keys.job_chunks_key(job_id),
+        keys.job_events_key(job_id),
+    ]
 
 
 def _write_errors(pipe: Any, job_id: str, lines: Sequence[ResultLine]) -> None:

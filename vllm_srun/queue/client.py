@@ -32,13 +32,17 @@ from vllm_srun import defaults, tracing
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import GET_OR_ADD_MAX_KEYS, add_job, get_or_add_job, remove_job
+from vllm_srun.queue.arq_compat import GET_OR_ADD_MAX_KEYS, get_or_add_job, remove_job
 from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
 from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     describe_url,
+    is_cluster,
     make_pool,
+    mget,
     out_of_memory,
+    pipeline,
+    publish,
     pubsub_client,
     state_full,
 )
@@ -294,14 +298,15 @@ class QueueClient:
         go to a device worker in the job of this event-loop tick."""
         # The cache span covers the gateway's lookup, up to the job for the misses (its sibling).
         lookup = tracing.start("cache", deployment=deployment, items=len(items))
-        # One Redis for both: the shared cache is looked up by the script that queues the job.
-        looks_up = self.cache is self.redis
+        # One Redis for both: the shared cache is looked up by the script that queues the job
+        # (not on a cluster: the cache entries are in other slots than the queue).
+        looks_up = self.cache is self.redis and not is_cluster(self.redis)
 
         async def run(misses: list[WorkItem]) -> Ran:
             lookup.end(misses=len(misses))
             with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
                 if self._refusal is None and await self._has_worker(deployment) and self._refusal is None:
-                    part = _Part(uuid.uuid4().hex, misses, deadline_s, timeout_s, tracing.inject())
+                    part = _Part(keys.arq_job_id(deployment), misses, deadline_s, timeout_s, tracing.inject())
                     return await self._run(deployment, (model_sha256, numerics), part, looks_up)
                 # Nothing can run (no worker, or this process stops): stored results are still
                 # answered, and only a request that needs a forward is refused.
@@ -380,7 +385,7 @@ class QueueClient:
                         wake_channel=keys.wake_channel(deployment),
                     )
                 else:
-                    found = await self.cache.mget(result_keys)
+                    found = await mget(self.cache, result_keys)
                 if all(raw is None for raw in found) and len(result_keys) <= GET_OR_ADD_MAX_KEYS:
                     self._sent(job_id, parts, timeout_s + JOB_EXPIRY_S)
                     return
@@ -421,7 +426,7 @@ class QueueClient:
             job_parts.append(protocol.JobPart(part.request_id, len(job_items), part.deadline_s))
         deadlines = [part.deadline_s for part in parts]
         # A job of one request is that request's, as the worker's cancel messages name it.
-        job_id = parts[0].request_id if len(parts) == 1 else uuid.uuid4().hex
+        job_id = parts[0].request_id if len(parts) == 1 else keys.arq_job_id(deployment)
         payload = protocol.JobPayload(
             deployment=deployment,
             model_sha256=identity[0],
@@ -465,19 +470,18 @@ class QueueClient:
             self._waiting.pop(part.job_id, None)
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
-        """The arq job, its queue entry and the wake-up, in one transaction."""
+        """The arq job, its queue entry and the wake-up, in one script (one slot on a cluster)."""
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                add_job(
-                    pipe,
-                    queue=keys.queue_name(deployment),
-                    function=keys.RUN_ITEMS,
-                    payload=payload,
-                    expires_s=timeout_s + JOB_EXPIRY_S,
-                    job_id=job_id,
-                )
-                pipe.publish(keys.wake_channel(deployment), b"1")
-                await pipe.execute()
+            await get_or_add_job(
+                self.redis,
+                queue=keys.queue_name(deployment),
+                function=keys.RUN_ITEMS,
+                payload=payload,
+                expires_s=timeout_s + JOB_EXPIRY_S,
+                job_id=job_id,
+                result_keys=[],
+                wake_channel=keys.wake_channel(deployment),
+            )
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
 
@@ -494,14 +498,14 @@ class QueueClient:
         members.discard(part.request_id)  # before any await: parts withdrawn together see it
         last = not members
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
+            async with pipeline(self.redis, transaction=True) as pipe:
                 if last:
                     remove_job(pipe, queue=keys.queue_name(deployment), job_id=part.job_id)
                 else:
                     withdrawn = keys.withdrawn_key(part.job_id)
                     pipe.sadd(withdrawn, part.request_id)
                     pipe.pexpire(withdrawn, max(1, int(part.expires_s * 1000)))
-                pipe.publish(keys.cancel_channel(deployment), part.request_id.encode())
+                publish(pipe, keys.cancel_channel(deployment), part.request_id.encode(), after=keys.queue_name(deployment))
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             log.warning("withdraw_failed", error=str(exc))
@@ -535,7 +539,7 @@ class QueueClient:
         """Fill `found` from what the result cache already holds; True when nothing is missing."""
         pending = [index for index, raw in enumerate(found) if raw is None]
         try:
-            stored = await self.cache.mget([keys.result_key(deployment, items[i].cache_key) for i in pending])
+            stored = await mget(self.cache, [keys.result_key(deployment, items[i].cache_key) for i in pending])
         except REDIS_ERRORS:
             return False
         for index, raw in zip(pending, stored, strict=True):

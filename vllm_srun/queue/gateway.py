@@ -29,7 +29,7 @@ from redis.asyncio.client import Pipeline
 from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, Result, WorkItem
 from vllm_srun.queue import keys
-from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.redis import REDIS_ERRORS, mget
 from vllm_srun.queue.results import LocalResults, cacheable, decode_result
 
 
@@ -172,7 +172,7 @@ class ResultGateway:
         if not missing:
             return found
         try:
-            stored = await self.cache.mget([keys.result_key(deployment, items[i].cache_key) for i in missing])
+            stored = await mget(self.cache, [keys.result_key(deployment, items[i].cache_key) for i in missing])
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
         for index, raw in zip(missing, stored, strict=True):

@@ -3,6 +3,19 @@
 Keys are pure functions of their inputs so two replicas, or a restarted one, name the same
 thing the same way. Everything lives under one prefix per deployment so an operator can
 see, bound (`maxmemory-policy allkeys-lru`) or drop one deployment's state.
+
+**Hash tags** (Redis Cluster: only the part of a key between its first `{` and the next `}`
+chooses its slot). What one Lua script, transaction or multi-key command touches shares a slot:
+
+- one model's queues, leases, live workers and engine descriptions, and every arq key of its
+  jobs, carry the model's tag (`model_tag`): an arq job id starts with it (`arq_job_id`), so
+  arq's `arq:job:<id>`, `arq:in-progress:<id>` and `arq:retry:<id>` and our crash, withdrawn
+  and isolation keys of that job land in the model's slot;
+- bulk-job state (each job's records and the quotas' accounting across jobs) carries one tag,
+  `JOBS_TAG`: the chunk script updates a job's records and the global totals in one step;
+- result-cache entries carry none, so they spread over every slot.
+
+On a single Redis the braces are just characters. Slugs never contain braces.
 """
 
 from __future__ import annotations
@@ -10,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+import uuid
 from collections.abc import Sequence
 
 PREFIX = "vllm_srun"
@@ -25,14 +39,25 @@ def deployment_slug(deployment: str) -> str:
     return _SAFE.sub("_", deployment)
 
 
+def model_tag(deployment: str) -> str:
+    """The hash tag of everything one deployment's queue scripts touch (see the module doc)."""
+    return "{m:" + deployment_slug(deployment) + "}"
+
+
+def arq_job_id(deployment: str) -> str:
+    """A fresh arq job id (an interactive job or a bulk chunk of `deployment`) that carries the
+    model's tag, so every arq and lease key of the job shares the queue's slot."""
+    return model_tag(deployment) + uuid.uuid4().hex
+
+
 def queue_name(deployment: str) -> str:
     """arq queue (sorted set) of interactive jobs for one deployment."""
-    return f"{PREFIX}:queue:{deployment_slug(deployment)}"
+    return f"{PREFIX}:queue:{model_tag(deployment)}"
 
 
 def bulk_queue_name(deployment: str) -> str:
     """arq queue of bulk-job chunks; workers take interactive work first."""
-    return f"{PREFIX}:bulk:{deployment_slug(deployment)}"
+    return f"{PREFIX}:bulk:{model_tag(deployment)}"
 
 
 def wake_channel(deployment: str) -> str:
@@ -58,13 +83,13 @@ def result_key(deployment: str, cache_key: str) -> str:
 
 def worker_key(deployment: str) -> str:
     """Sorted set of live workers of a deployment, scored by heartbeat expiry (ms)."""
-    return f"{PREFIX}:workers:{deployment_slug(deployment)}"
+    return f"{PREFIX}:workers:{model_tag(deployment)}"
 
 
 def engines_key(deployment: str) -> str:
     """Hash of what each worker's engine says of a deployment (worker id -> JSON), written with
     its heartbeat; only the fields of workers live in `worker_key` count."""
-    return f"{PREFIX}:engines:{deployment_slug(deployment)}"
+    return f"{PREFIX}:engines:{model_tag(deployment)}"
 
 
 def cache_key(
@@ -113,40 +138,42 @@ def cache_salt(api_key: str) -> str:
     return hashlib.sha256(b"vllm_srun cache salt\0" + api_key.encode()).hexdigest()
 
 
-# Bulk jobs. One job's keys share the `job:{id}` stem so they expire and read together.
+# Bulk jobs. One job's keys share the `job:<id>` stem so they expire and read together; all of
+# bulk state shares JOBS_TAG (the chunk script counts a job's lines into the global totals).
 
 RUN_CHUNK = "run_chunk"
+JOBS_TAG = "{jobs}"
 
 
 def job_key(job_id: str) -> str:
     """Hash: the job's status, counts, times and settings."""
-    return f"{PREFIX}:job:{job_id}"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}"
 
 
 def job_requests_key(job_id: str) -> str:
     """List: the job's surface requests, as JSON, in input order."""
-    return f"{PREFIX}:job:{job_id}:requests"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}:requests"
 
 
 def job_custom_ids_key(job_id: str) -> str:
     """List: each request's custom_id ("" when none), in input order."""
-    return f"{PREFIX}:job:{job_id}:custom_ids"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}:custom_ids"
 
 
 def job_results_key(job_id: str) -> str:
     """Hash: input index -> that request's result line (JSON)."""
-    return f"{PREFIX}:job:{job_id}:results"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}:results"
 
 
 def job_chunks_key(job_id: str) -> str:
     """Set: indices of the chunks that have finished (a retried chunk is counted once)."""
-    return f"{PREFIX}:job:{job_id}:chunks"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}:chunks"
 
 
 def job_events_key(job_id: str) -> str:
     """Stream: progress and status events, and result events naming the index of a line stored
     in the results hash (one copy of each line), read by Server-Sent Events."""
-    return f"{PREFIX}:job:{job_id}:events"
+    return f"{PREFIX}:{JOBS_TAG}:job:{job_id}:events"
 
 
 # What every live job holds, for the global quotas (BulkQuotas): one key each, not per job.
@@ -154,22 +181,22 @@ def job_events_key(job_id: str) -> str:
 
 def jobs_live_key() -> str:
     """Sorted set: job id -> when its data expires (the accounting below forgets it then)."""
-    return f"{PREFIX}:jobs:live"
+    return f"{PREFIX}:{JOBS_TAG}:live"
 
 
 def jobs_items_key() -> str:
     """Hash: job id -> its items not yet stored (queued or running)."""
-    return f"{PREFIX}:jobs:items"
+    return f"{PREFIX}:{JOBS_TAG}:items"
 
 
 def jobs_bytes_key() -> str:
     """Hash: job id -> bytes of the result lines it has stored."""
-    return f"{PREFIX}:jobs:bytes"
+    return f"{PREFIX}:{JOBS_TAG}:bytes"
 
 
 def jobs_totals_key() -> str:
     """Hash: `items` and `bytes`, the sums of the two hashes above over live jobs."""
-    return f"{PREFIX}:jobs:totals"
+    return f"{PREFIX}:{JOBS_TAG}:totals"
 
 
 def idempotency_key(model: str, key: str, owner: str = "") -> str:
@@ -177,8 +204,8 @@ def idempotency_key(model: str, key: str, owner: str = "") -> str:
     `caller_id`, "" where the server takes no key), so two callers' keys never meet."""
     digest = hashlib.sha256(key.encode()).hexdigest()
     if owner:
-        return f"{PREFIX}:idem:{deployment_slug(model)}:{owner}:{digest}"
-    return f"{PREFIX}:idem:{deployment_slug(model)}:{digest}"
+        return f"{PREFIX}:{JOBS_TAG}:idem:{deployment_slug(model)}:{owner}:{digest}"
+    return f"{PREFIX}:{JOBS_TAG}:idem:{deployment_slug(model)}:{digest}"
 
 
 def cancel_channel(deployment: str) -> str:
@@ -198,6 +225,16 @@ def withdrawn_key(job_id: str) -> str:
 
 
 # Leases and crash recovery (queue/leases.py).
+
+
+def key_slot_tag(key: str) -> str:
+    """What Redis Cluster hashes of `key`: its hash tag's content, else the whole key."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return key[start + 1 : end]
+    return key
 
 
 def lease_key(queue: str) -> str:

@@ -49,7 +49,7 @@ from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
 from vllm_srun.queue import keys
 from vllm_srun.queue.arq_compat import DrivenWorker, release, requeue_lapsed
 from vllm_srun.queue.gateway import write_back
-from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.redis import REDIS_ERRORS, mget
 from vllm_srun.queue.results import encode_result
 
 log = structlog.get_logger("vllm_srun.leases")
@@ -105,7 +105,7 @@ class LeaseKeeper:
                 finished = worker.released()
                 if finished:
                     pipe.zrem(worker.lease_key, *finished)
-                reaped.append(len(pipe.command_stack))
+                reaped.append(len(pipe))
                 await requeue_lapsed(
                     pipe, queue=worker.queue_name, wake_channel=worker.wake_channel, now_ms=now_ms
                 )
@@ -147,7 +147,7 @@ async def run_isolated(
     cache = cache if cache is not None else redis
     names = [item.cache_key or str(index) for index, item in enumerate(items)]
     marks_key = keys.isolation_key(job_id)
-    stored = await cache.mget([keys.result_key(deployment, item.cache_key or "-") for item in items])
+    stored = await mget(cache, [keys.result_key(deployment, item.cache_key or "-") for item in items])
     marks = await redis.hmget(marks_key, names)  # type: ignore[misc]
     out: list[bytes] = []
     for item, name, raw, mark in zip(items, names, stored, marks, strict=True):

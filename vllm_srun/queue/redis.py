@@ -3,24 +3,54 @@
 Two roles (DESIGN.md, "Two Redis roles"): the main Redis holds queues, leases, job state and
 job results and must never evict; the result cache (`--cache-redis`, by default the main one)
 may. `EvictionPolicy` is what a start reads of the main Redis to say so.
+
+**Redis Cluster.** Either role may be a cluster: a URL naming any node of one is detected
+(`INFO cluster`: `cluster_enabled:1`, once per URL and process) and served by redis-py's cluster
+client, which routes each command to its slot's master and follows failovers. keys.py lays the
+keys out so no script or multi-key command crosses slots; what differs on a cluster is here:
+a "transaction" is a pipeline without MULTI (redis-py's cluster pipeline has none; what one
+touches shares a slot, so it goes to one master in order), scripts in a pipeline are sent whole
+(`run_script`: a cluster pipeline cannot load a missing one), a cache lookup over many slots is
+one MGET per master (`mget`), and a subscriber is a plain connection to one node, the next
+node when that one is lost (`pubsub_client`): PUBLISH reaches subscribers on every node.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import redis as sync_redis
 from arq.connections import ArqRedis, RedisSettings
-from redis.asyncio import BlockingConnectionPool, ConnectionPool
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.connection import parse_url
+from redis.exceptions import (
+    ClusterDownError,
+    OutOfMemoryError,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import OutOfMemoryError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vllm_srun.errors import Unavailable
 from vllm_srun.queue import protocol
 
-# What a lost or unreachable Redis raises, wherever it is called.
-REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+# What a lost or unreachable Redis raises, wherever it is called (on a cluster also while a
+# failover is under way: its slots are down, or being moved).
+REDIS_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ConnectionError,
+    OSError,
+    ClusterDownError,
+    TryAgainError,
+)
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -46,8 +76,79 @@ CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
 
 
+# A cluster's node addresses (host, port), per URL given: known once per process.
+_CLUSTERS: dict[str, list[tuple[str, int]]] = {}
+_SINGLE: set[str] = set()
+_DETECT = threading.Lock()
+
+
+def cluster_nodes(url: str) -> list[tuple[str, int]]:
+    """The nodes of the cluster `url` names, the named one first; [] for a single Redis (or one
+    that cannot be reached now: the start-up check, `check_cluster`, reports that)."""
+    if url.startswith("unix://"):
+        return []
+    with _DETECT:
+        if url in _CLUSTERS:
+            return _CLUSTERS[url]
+        if url in _SINGLE:
+            return []
+        try:
+            client = sync_redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
+            with client:
+                if not int(cast(dict[str, Any], client.info("cluster")).get("cluster_enabled", 0)):
+                    _SINGLE.add(url)
+                    return []
+                nodes = _node_addresses(client.execute_command("CLUSTER NODES"))  # type: ignore[no-untyped-call]
+        except (sync_redis.RedisError, OSError):
+            return []
+        settings = RedisSettings.from_dsn(url)
+        first = (str(settings.host), settings.port)
+        _CLUSTERS[url] = [first, *(n for n in nodes if n != first)]
+        return _CLUSTERS[url]
+
+
+def _node_addresses(reply: object) -> list[tuple[str, int]]:
+    """(host, port) of each node of a CLUSTER NODES reply (a text, or redis-py's parsed dict)."""
+    if isinstance(reply, dict):
+        names = list(reply)
+    else:
+        text = reply.decode() if isinstance(reply, bytes) else str(reply)
+        names = [line.split()[1] for line in text.splitlines() if line.strip()]
+    out = []
+    for name in names:
+        address = (name.decode() if isinstance(name, bytes) else str(name)).split("@", 1)[0]
+        host, _, port = address.rpartition(":")
+        if host and port.isdigit():
+            out.append((host, int(port)))
+    return out
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` (a client or a pipeline) talks to a Redis Cluster."""
+    return isinstance(client, RedisCluster | ClusterPipeline)
+
+
+def _cluster(url: str, max_connections: int) -> ArqRedis:
+    # The commands this package sends are common to both clients; arq's own transactions are
+    # replaced where they would run on it (arq_compat.DrivenWorker).
+    client = RedisCluster.from_url(
+        url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=30,
+        max_connections=max_connections,
+        # A failover takes the cluster-node-timeout and an election: retried within that, a
+        # command that met it is answered late, not failed.
+        cluster_error_retry_attempts=8,
+    )
+    return cast(ArqRedis, client)
+
+
 def make_pool(url: str) -> ArqRedis:
-    """An arq-capable client on `url` (redis://, rediss:// or unix://)."""
+    """An arq-capable client on `url` (redis://, rediss:// or unix://); on a cluster's node, a
+    cluster client of the same commands."""
+    if cluster_nodes(url):
+        return _cluster(url, 512)
     pool = ConnectionPool.from_url(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
@@ -65,7 +166,10 @@ def make_pool(url: str) -> ArqRedis:
 def blocking_pool(url: str, max_connections: int) -> ArqRedis:
     """A client on a pool of at most `max_connections` that waits for a free connection instead
     of failing ("Too many connections"): for long reads (event streams) that must not take the
-    request path's pool, however many wait."""
+    request path's pool, however many wait. On a cluster, a cluster client of at most
+    `max_connections` per node."""
+    if cluster_nodes(url):
+        return _cluster(url, max_connections)
     pool = BlockingConnectionPool.from_url(
         url,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
@@ -77,10 +181,134 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
     return ArqRedis(connection_pool=pool)
 
 
-def pubsub_client(url: str) -> ArqRedis:
-    """A client for subscriptions: no socket timeout, since a subscriber waits on purpose."""
-    pool = ConnectionPool.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, health_check_interval=30)
-    return ArqRedis(connection_pool=pool)
+def pubsub_client(url: str) -> Subscriber:
+    """A client for subscriptions: no socket timeout, since a subscriber waits on purpose. Each
+    `pubsub()` of it is a new subscription; on a cluster each is to the next node in turn, so a
+    subscriber that lost its node subscribes again on another."""
+    return Subscriber(url, cluster_nodes(url))
+
+
+class Subscriber:
+    """Subscriptions to one Redis, or to the nodes of a cluster in turn (see `pubsub_client`)."""
+
+    def __init__(self, url: str, nodes: Sequence[tuple[str, int]] = ()) -> None:
+        options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "health_check_interval": 30}
+        self._clients: list[Redis] = []
+        if nodes:
+            given = parse_url(url)  # redis-py's own reading: credentials unquoted, TLS, database
+            self._clients = [
+                Redis(connection_pool=ConnectionPool(**{**given, "host": h, "port": p, **options}))
+                for h, p in nodes
+            ]
+        else:
+            self._clients = [ArqRedis(connection_pool=ConnectionPool.from_url(url, **options))]
+        self._turn = itertools.cycle(self._clients)
+
+    def pubsub(self) -> PubSub:
+        return next(self._turn).pubsub()
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+
+
+async def run_script(client: Any, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """Run Lua `script` on `client` (a client or a pipeline). On a client or a single Redis's
+    pipeline, by its digest (loaded when missing); on a cluster's pipeline, whole (EVAL): such a
+    pipeline cannot load a script a node lacks, which a promoted replica may."""
+    if isinstance(client, ClusterPipeline):
+        return client.eval(script, len(keys), *keys, *args)
+    return await client.register_script(script)(keys=list(keys), args=list(args), client=client)
+
+
+_PUBLISH = "return redis.call('PUBLISH', ARGV[1], ARGV[2])"
+
+
+def publish(pipe: Any, channel: str, message: bytes, *, after: str) -> None:
+    """Queue a PUBLISH on `pipe` that runs after the pipeline's commands on key `after`'s slot.
+    A cluster pipeline refuses PUBLISH, and would send it to some node at the same time as the
+    writes it announces; a script declaring `after` runs on that slot's master, in order."""
+    if isinstance(pipe, ClusterPipeline):
+        cast(Any, pipe).eval(_PUBLISH, 1, after, channel, message)
+    else:
+        pipe.publish(channel, message)
+
+
+# How long a write waits for a replica's acknowledgement (`wait_replica`) before it goes on.
+REPLICA_WAIT_MS = 500
+
+
+def wait_replica(pipe: Any, client: Any, key: str) -> None:
+    """On a cluster pipeline (of `client`), queue a WAIT, on `key`'s master after the writes the
+    pipeline sends there, for one replica to have them (at most REPLICA_WAIT_MS). Replication is
+    asynchronous: a master killed before its replica had a write loses it in the failover, and
+    what other masters hold that depends on it (a chunk acknowledged on the model's slot, a
+    job's records) would be left without it. WAIT counts the writes of its own connection, so
+    it travels in the same pipeline. Nothing on a single Redis, or for a master without a
+    replica now (its own was promoted)."""
+    if not isinstance(pipe, ClusterPipeline):
+        return
+    nodes = client.nodes_manager.slots_cache.get(client.keyslot(key)) or []
+    if len(nodes) >= 2:
+        pipe.execute_command("WAIT", 1, REPLICA_WAIT_MS, target_nodes=nodes[0])
+
+
+def pipeline(client: Any, *, transaction: bool) -> Any:
+    """`client.pipeline(transaction=...)`; on a cluster always without MULTI (see the module doc):
+    what one of ours touches shares a slot, so its commands reach one master in order."""
+    return client.pipeline(transaction=transaction and not is_cluster(client))
+
+
+async def mget(client: Any, keys: Sequence[str]) -> list[Any]:
+    """MGET of `keys`; on a cluster, one MGET per master, in parallel (the keys spread)."""
+    if not keys:
+        return []
+    if is_cluster(client):
+        return list(await client.mget_nonatomic(list(keys)))
+    return list(await client.mget(list(keys)))
+
+
+def check_cluster(url: str, *, flag: str = "--redis") -> None:
+    """At start: a cluster that `url` names must serve every slot and answer CLUSTER commands,
+    or the start is refused naming it (instead of requests that hang on a slot nobody serves).
+    Nothing to check of a single Redis."""
+    from vllm_srun.errors import ConfigError
+
+    if url.startswith("unix://"):
+        return
+    where = describe_url(url)
+    client = sync_redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3, decode_responses=True)
+    with client:
+        try:
+            enabled = int(cast(dict[str, Any], client.info("cluster")).get("cluster_enabled", 0))
+        except sync_redis.ResponseError:
+            return  # INFO refused: not a cluster this package can tell; a single Redis as before
+        if not enabled:
+            return
+        try:
+            info = client.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
+        except sync_redis.ResponseError as exc:
+            raise ConfigError(
+                f"{flag} {where} is a Redis Cluster node that refuses CLUSTER commands ({exc}): "
+                "allow CLUSTER INFO, CLUSTER NODES and CLUSTER SLOTS for this user"
+            ) from exc
+    fields = _cluster_info(info)
+    assigned = int(fields.get("cluster_slots_assigned", "0"))
+    if assigned < 16384 or fields.get("cluster_state") != "ok":
+        raise ConfigError(
+            f"{flag} {where}: the Redis Cluster is not ready (cluster_state "
+            f"{fields.get('cluster_state', '?')}, {assigned} of 16384 slots assigned, "
+            f"{fields.get('cluster_slots_fail', '?')} failing): assign every slot to a master "
+            "(redis-cli --cluster create / fix) and start again"
+        )
+
+
+def _cluster_info(reply: object) -> dict[str, str]:
+    if isinstance(reply, dict):
+        return {str(k): str(v) for k, v in reply.items()}
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    pairs = (line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return {k.strip(): v.strip() for k, v in pairs}
 
 
 def describe_url(url: str) -> str:
@@ -132,7 +360,8 @@ def policy_of(reply: Any) -> EvictionPolicy:
 
 
 async def eviction_policy(redis: ArqRedis) -> EvictionPolicy:
-    """The main Redis's policy; `unknown` where CONFIG is refused (renamed, or an ACL)."""
+    """The main Redis's policy; `unknown` where CONFIG is refused (renamed, or an ACL). On a
+    cluster, the policy of the node redis-py asks (operators set it alike on every node)."""
     try:
         return policy_of(await redis.config_get("maxmemory-policy"))
     except ResponseError:

@@ -39,7 +39,7 @@ from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
 from vllm_srun.queue.gateway import write_back
 from vllm_srun.queue.leases import LeaseKeeper, run_isolated
-from vllm_srun.queue.redis import REDIS_ERRORS, make_pool, pubsub_client
+from vllm_srun.queue.redis import REDIS_ERRORS, is_cluster, make_pool, publish, pubsub_client, run_script
 from vllm_srun.queue.results import encode_result
 
 log = structlog.get_logger("vllm_srun.worker")
@@ -168,7 +168,8 @@ class _WakeablePoller:
                         log.warning("poll_failed", queue=worker.queue_name, error=repr(exc))
                     subscribed = False
                     with contextlib.suppress(*REDIS_ERRORS):
-                        await pubsub.reset()
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    pubsub = subscriber.pubsub()  # on a cluster, on the next node
                     await asyncio.sleep(delay_s)
                     delay_s = min(delay_s * 2, max(worker.poll_delay_s, RECONNECT_S))
         finally:
@@ -358,11 +359,10 @@ class DeviceWorker:
         the workers whose heartbeats lapsed (they died without withdrawing)."""
         now_ms = int(time.time() * 1000)
         expires_ms = now_ms + int(HEARTBEAT_TTL_S * 1000)
-        beat = self.redis.register_script(_BEAT)  # local: hashes the script, no round trip
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, deployment in self.deployments.items():
                 args: list[str | int] = [now_ms, expires_ms, self.worker_id, _engine_description(deployment)]
-                await beat(keys=[keys.worker_key(name), keys.engines_key(name)], args=args, client=pipe)
+                await run_script(pipe, _BEAT, [keys.worker_key(name), keys.engines_key(name)], args)
             await pipe.execute()
 
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
@@ -424,15 +424,18 @@ class DeviceWorker:
         # Stored before the reply and before arq acknowledges the job (see gateway.Ran.stored):
         # a pipeline runs its commands in order, so one round trip does all three when the cache
         # is the main Redis.
+        # On a cluster the entries are on other masters than the job: a cluster pipeline sends to
+        # each master at once, so the results go first, in a round trip of their own.
         cache = self._cache if self._cache is not None else self.redis
-        if cache is not self.redis:
+        apart = cache is not self.redis or is_cluster(cache)
+        if apart:
             async with cache.pipeline(transaction=False) as pipe:
                 write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
                 await pipe.execute()
         async with self.redis.pipeline(transaction=False) as pipe:
-            if cache is self.redis:
+            if not apart:
                 write_back(pipe, job.deployment, job.items, encoded, job.ttl_s)
-            pipe.publish(job.reply_to, protocol.encode(reply))
+            publish(pipe, job.reply_to, protocol.encode(reply), after=keys.queue_name(job.deployment))
             if finish is not None:
                 finish.on(pipe)
             await pipe.execute()
@@ -456,7 +459,7 @@ class DeviceWorker:
         finish: Finish | None = ctx.get(FINISH)
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.publish(keys.bulk_wake_channel(chunk.deployment), b"chunk")
+                publish(pipe, keys.bulk_wake_channel(chunk.deployment), b"chunk", after=keys.bulk_queue_name(chunk.deployment))
                 if finish is not None:
                     finish.on(pipe)
                 await pipe.execute()
