@@ -22,3 +22,45 @@ def test_cluster_info_from_text_or_dict() -> None:
     text = "cluster_state:fail\r\ncluster_slots_assigned:0\r\n"
     assert _cluster_info(text) == {"cluster_state": "fail", "cluster_slots_assigned": "0"}
     assert _cluster_info({"cluster_state": "ok"}) == {"cluster_state": "ok"}
+
+
+def test_a_transport_closed_under_a_command_is_a_lost_connection() -> None:
+    """uvloop's RuntimeError on a write to a closed transport (a killed master) counts as
+    Redis lost, as ConnectionError does; any other RuntimeError does not."""
+    from vllm_srun.queue.redis import lost_connection
+
+    closed = RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+    assert lost_connection(closed)
+    assert lost_connection(ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."))
+    assert not lost_connection(RuntimeError("a bug"))
+    assert not lost_connection(ValueError("handler is closed"))
+
+
+async def test_a_chunk_whose_redis_closed_under_it_runs_again() -> None:
+    """A worker's job that fails on a transport closed under it is run again once Redis is back,
+    not finished as failed (which left a bulk job's lines of that chunk unstored for good)."""
+    from types import SimpleNamespace
+
+    from vllm_srun.queue.worker import DeviceWorker
+
+    calls = []
+
+    async def attempt() -> int:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+        return 7
+
+    worker = SimpleNamespace(_closing=False)
+    assert await DeviceWorker._through_outage(worker, attempt, {"job_id": "j"}) == 7  # type: ignore[arg-type]
+    assert len(calls) == 2
+
+    async def bug() -> int:
+        raise RuntimeError("a bug")
+
+    try:
+        await DeviceWorker._through_outage(worker, bug, {"job_id": "j"})  # type: ignore[arg-type]
+    except RuntimeError as exc:
+        assert str(exc) == "a bug"
+    else:
+        raise AssertionError("a RuntimeError that is no lost connection was retried")

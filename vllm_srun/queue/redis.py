@@ -53,6 +53,16 @@ REDIS_ERRORS = (
 )
 
 
+def lost_connection(exc: BaseException) -> bool:
+    """Whether `exc` is Redis lost under a command: one of REDIS_ERRORS, or the RuntimeError
+    uvloop raises when redis-py writes to a transport that closed under it ("the handler is
+    closed"), which redis-py passes on as it is. Seen when a cluster's master is killed mid-job:
+    a chunk that failed on it was finished as failed, and its lines never stored."""
+    if isinstance(exc, REDIS_ERRORS):
+        return True
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
 def out_of_memory(exc: BaseException) -> bool:
     """Redis at maxmemory under noeviction refused a write: OutOfMemoryError (in a transaction
     too, where redis-py's message no longer starts with OOM), or inside a script a plain

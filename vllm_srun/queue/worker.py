@@ -39,7 +39,15 @@ from vllm_srun.queue.bulk_runner import ChunkRunner
 from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
 from vllm_srun.queue.gateway import write_back
 from vllm_srun.queue.leases import LeaseKeeper, run_isolated
-from vllm_srun.queue.redis import REDIS_ERRORS, is_cluster, make_pool, publish, pubsub_client, run_script
+from vllm_srun.queue.redis import (
+    REDIS_ERRORS,
+    is_cluster,
+    lost_connection,
+    make_pool,
+    publish,
+    pubsub_client,
+    run_script,
+)
 from vllm_srun.queue.results import encode_result
 
 log = structlog.get_logger("vllm_srun.worker")
@@ -463,7 +471,9 @@ class DeviceWorker:
                 if finish is not None:
                     finish.on(pipe)
                 await pipe.execute()
-        except REDIS_ERRORS:
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
             if finish is not None:
                 finish.sent = False  # arq's own finish tries again
         return done
@@ -480,7 +490,9 @@ class DeviceWorker:
         while True:
             try:
                 return await attempt()
-            except (Unavailable, *REDIS_ERRORS) as exc:
+            except Exception as exc:
+                if not isinstance(exc, Unavailable) and not lost_connection(exc):
+                    raise
                 if self._closing:
                     raise
                 log.warning("job_waits_for_redis", job=ctx.get("job_id"), error=str(exc))
