@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from bench.procs import HOST, Proc, free_port
-from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.queue.redis_server import find_redis_server, free_cluster_port
 
 REQUEST_DEADLINE_S = 60.0
 RETRY_PAUSE_S = 0.2
@@ -70,22 +70,6 @@ class DurableRedis(Proc):
 CLUSTER_NODE_TIMEOUT_MS = 1000
 
 
-def _cluster_port() -> int:
-    """A free port below 55536 whose cluster bus port (+10000) is free too."""
-    import socket
-
-    while True:
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((HOST, port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 class ClusterRedis:
     """The state on a Redis Cluster of 3 masters and 3 replicas, each node durable as above.
     `fail_over` SIGKILLs the master of the bulk state's slot, waits for its replica to be
@@ -97,7 +81,7 @@ class ClusterRedis:
         self.data = data
         self.nodes: list[DurableRedis] = []
         for _ in range(6):
-            port = _cluster_port()
+            port = free_cluster_port(HOST)
             (data / str(port)).mkdir()
             self.nodes.append(DurableRedis(data / str(port), port, cluster=True))
         cli = str(Path(find_redis_server()).with_name("redis-cli"))

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.queue.redis_server import find_redis_server, free_cluster_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -401,7 +401,7 @@ def cluster_node(root: Path, *, node_timeout_ms: int = 1000, extra: list[str] | 
     """One redis-server with `--cluster-enabled yes` (in a folder of its own under `root`), on a
     port whose cluster bus is free too; started again on others when either is taken."""
     for attempt in range(10):
-        port = _cluster_port()
+        port = free_cluster_port()
         folder = root / f"node-{port}"
         folder.mkdir(parents=True, exist_ok=True)
         options = ["--cluster-enabled", "yes", "--cluster-config-file", str(folder / "nodes.conf")]
@@ -414,20 +414,6 @@ def cluster_node(root: Path, *, node_timeout_ms: int = 1000, extra: list[str] | 
             if attempt == 9:
                 raise
     raise AssertionError("unreachable")
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too, both within 1..65535."""
-    while True:
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 _KEYWORDS = ("refund", "invoice", "charge", "parcel", "delivery")

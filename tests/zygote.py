@@ -1,6 +1,6 @@
 """A process that has imported what every `vllm-srun` process imports (torch, Litestar, arq,
 the engines and plugins) and forks one child per launch, so that a test's server or worker
-starts without paying those imports again: 2-3 s of a tiny model's 3 s start on this machine.
+starts without paying those imports again: most of a tiny model's start (docs/development.md).
 
 Each child is what `python -m vllm_srun.cli ARGS` would be: `vllm_srun.cli` run as `__main__`
 with that argv, in the same working directory, its output on the file the test opened, and
@@ -41,8 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# What `vllm-srun serve`/`worker` import for the fixtures the suite serves (measured with
-# PYTHONPROFILEIMPORTTIME on a tiny BERT server: torch alone is 1.5-2 s of it). Nothing here
+# What `vllm-srun serve`/`worker` import for the fixtures the suite serves (as
+# PYTHONPROFILEIMPORTTIME lists them for a tiny BERT server; torch the most of it). Nothing here
 # reads a variable a test changes: those launches are exec'd (module docstring).
 PRELOAD = (
     "vllm_srun.cli",
@@ -220,7 +220,7 @@ def run_child(launch: ChildLaunch) -> None:
         code = 1
     # The interpreter's exit without its teardown: non-daemon threads joined and atexit's
     # handlers run, as at any exit, but not the freeing of every module's objects, which
-    # takes a process that has imported torch 0.7-1.2 s here (measured), at every stop.
+    # takes a process that has imported torch most of a second, at every stop.
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

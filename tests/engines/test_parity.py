@@ -41,14 +41,20 @@ def cases() -> list[Any]:
 
 def build(flavour: str, kind: str, tmp_path: Path, nt: Any) -> tuple[Any, Any, Any, int]:
     """(Transformers model, native model, table row, vocab size) of one case."""
+    hf, path, arch, vocab = saved(flavour, kind, tmp_path, nt)
+    return hf, nt.load_native(path), arch, vocab
+
+
+def saved(flavour: str, kind: str, tmp_path: Path, nt: Any) -> tuple[Any, Path, Any, int]:
+    """(Transformers model, the folder it is saved in, table row, vocab size) of one case,
+    every parameter redrawn."""
     arch, fixture = fx.fixture_of(flavour)
     _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
     config = fx._config(flavour, vocab, ids)
     config._attn_implementation = "eager"
     head = {"model": "model", "sequence": "sequence", "token": "token"}[kind]
     hf = nt.randomize(fx._model(flavour, head, LABELS[kind], config, multilabel=False), seed=3)
-    path = nt.save(hf, tmp_path / flavour)
-    return hf, nt.load_native(path), arch, vocab
+    return hf, nt.save(hf, tmp_path / flavour), arch, vocab
 
 
 def rows_for(vocab: int, nt: Any) -> list[list[int]]:

@@ -30,11 +30,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from vllm_srun.plugins.architectures import architectures  # noqa: E402
+from engines.test_parity import cases, nt_reference, saved  # noqa: E402
+
 from vllm_srun.registry.approximate import bounds_for  # noqa: E402
 from vllm_srun.testing import task_heads_fixtures as fx  # noqa: E402
 
-LABELS = {"sequence": ["a", "b", "c"], "token": ["O", "B", "I", "X"], "model": None}
 OUTPUT = {"model": "mean", "sequence": "logits", "token": "token_logits"}
 ROWS = 48
 # Label agreement counts the rows (tokens) float32 decides by at least this much probability
@@ -45,16 +45,6 @@ DECIDED = 0.01
 DTYPES = ("bfloat16", "int8")
 
 
-def cases() -> list[Any]:
-    out = []
-    for arch in architectures():
-        kinds = sorted({kind for kind, _ in arch.classes.values()})
-        for flavour in arch.fixtures:
-            for kind in kinds:
-                out.append(pytest.param(flavour, kind, id=f"{flavour}-{kind}"))
-    return out
-
-
 def rows_of(vocab: int) -> list[list[int]]:
     rng = np.random.default_rng(5)
     return [rng.integers(5, vocab, size=int(n)).tolist() for n in rng.integers(8, 40, size=ROWS)]
@@ -62,14 +52,7 @@ def rows_of(vocab: int) -> list[list[int]]:
 
 def reference(hf: Any, kind: str, rows: list[list[int]]) -> list[np.ndarray]:
     """float32 Transformers on right-padded rows: what the native rows are compared with."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), int(hf.config.pad_token_id or 0), dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-    with torch.no_grad():
-        out = hf(input_ids=ids, attention_mask=mask)
+    out = nt_reference(hf, rows, None)
     if kind == "sequence":
         return list(out.logits.numpy())
     if kind == "token":
@@ -112,13 +95,7 @@ def bounds(kind: str, dtype: str) -> list[Any]:
 def test_reduced_precision_matches_float32_transformers(
     flavour: str, kind: str, tmp_path: Path, nt: Any
 ) -> None:
-    _, fixture = fx.fixture_of(flavour)
-    _, vocab, ids = fx.TOKENIZERS[fixture.tokenizer]()
-    config = fx._config(flavour, vocab, ids)
-    config._attn_implementation = "eager"
-    head = {"model": "model", "sequence": "sequence", "token": "token"}[kind]
-    hf = nt.randomize(fx._model(flavour, head, LABELS[kind], config, multilabel=False), seed=3)
-    path = nt.save(hf, tmp_path / flavour)
+    hf, path, _, vocab = saved(flavour, kind, tmp_path, nt)
     rows = rows_of(vocab)
     want = reference(hf, kind, rows)
     for dtype in DTYPES:

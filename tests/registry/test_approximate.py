@@ -52,7 +52,7 @@ def test_max_speed_picks_int8_on_the_cpu_and_reports_it() -> None:
 def test_int8_minilm_passes_the_twin_check() -> None:
     """The packaged all-MiniLM-L6-v2 in int8 (q/k/v and FFN output in bfloat16) is within the
     int8 embedder bounds on the check's 256 texts: worst cosine >= 0.99, mean >= 0.997,
-    neighbour overlap >= 0.95 (measured here: worst 0.9987, mean 0.9995, overlap 0.966)."""
+    neighbour overlap >= 0.95 (its figures: docs/performance.md)."""
     p = prepared(minilm(), dtype="int8")
     result = check_approximation(p, load_prepared(p))
     assert result.passed() and result.dtype == "int8"

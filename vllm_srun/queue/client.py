@@ -374,16 +374,7 @@ class QueueClient:
                 result_keys = [keys.result_key(deployment, item.cache_key) for item in items]
                 if len(result_keys) <= GET_OR_ADD_MAX_KEYS:
                     job_id, payload, timeout_s = self._job(deployment, identity, parts)
-                    found = await get_or_add_job(
-                        self.redis,
-                        queue=keys.queue_name(deployment),
-                        function=keys.RUN_ITEMS,
-                        payload=payload,
-                        expires_s=timeout_s + JOB_EXPIRY_S,
-                        job_id=job_id,
-                        result_keys=result_keys,
-                        wake_channel=keys.wake_channel(deployment),
-                    )
+                    found = await self._get_or_add(deployment, job_id, payload, timeout_s, result_keys)
                 else:
                     found = await mget(self.cache, result_keys)
                 if all(raw is None for raw in found) and len(result_keys) <= GET_OR_ADD_MAX_KEYS:
@@ -472,18 +463,25 @@ class QueueClient:
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one script (one slot on a cluster)."""
         try:
-            await get_or_add_job(
-                self.redis,
-                queue=keys.queue_name(deployment),
-                function=keys.RUN_ITEMS,
-                payload=payload,
-                expires_s=timeout_s + JOB_EXPIRY_S,
-                job_id=job_id,
-                result_keys=[],
-                wake_channel=keys.wake_channel(deployment),
-            )
+            await self._get_or_add(deployment, job_id, payload, timeout_s, [])
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
+
+    async def _get_or_add(
+        self, deployment: str, job_id: str, payload: bytes, timeout_s: float, result_keys: list[str]
+    ) -> list[bytes | None]:
+        """`get_or_add_job` on `deployment`'s queue: the stored results of `result_keys`, and the
+        job queued with its wake-up where none is stored."""
+        return await get_or_add_job(
+            self.redis,
+            queue=keys.queue_name(deployment),
+            function=keys.RUN_ITEMS,
+            payload=payload,
+            expires_s=timeout_s + JOB_EXPIRY_S,
+            job_id=job_id,
+            result_keys=result_keys,
+            wake_channel=keys.wake_channel(deployment),
+        )
 
     async def _withdraw(self, deployment: str, part: _Part) -> None:
         """Tell a worker that took `part`'s job to drop its items; once no part of the job

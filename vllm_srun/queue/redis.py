@@ -138,14 +138,20 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster | ClusterPipeline)
 
 
+# Every client's timeouts and health check, on a single server's pools and a cluster's nodes.
+_CONNECTION_OPTIONS: dict[str, Any] = {
+    "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    "socket_timeout": SOCKET_TIMEOUT_S,
+    "health_check_interval": 30,
+}
+
+
 def _cluster(url: str, max_connections: int) -> ArqRedis:
     # The commands this package sends are common to both clients; arq's own transactions are
     # replaced where they would run on it (arq_compat.DrivenWorker).
     client = RedisCluster.from_url(
         url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=30,
+        **_CONNECTION_OPTIONS,
         max_connections=max_connections,
         # A failover takes the cluster-node-timeout and an election: retried within that, a
         # command that met it is answered late, not failed.
@@ -161,9 +167,7 @@ def make_pool(url: str) -> ArqRedis:
         return _cluster(url, 512)
     pool = ConnectionPool.from_url(
         url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=30,
+        **_CONNECTION_OPTIONS,
         max_connections=512,
     )
     return ArqRedis(
@@ -182,9 +186,7 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
         return _cluster(url, max_connections)
     pool = BlockingConnectionPool.from_url(
         url,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_timeout=SOCKET_TIMEOUT_S,
-        health_check_interval=30,
+        **_CONNECTION_OPTIONS,
         max_connections=max_connections,
         timeout=None,  # a waiting stream is bounded by the stream caps, not by this pool
     )

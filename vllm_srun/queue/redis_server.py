@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -114,3 +115,21 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def free_cluster_port(host: str = "127.0.0.1") -> int:
+    """A port of `host` free now whose cluster bus port (port + 10000, so at most 55535) is
+    free too: where a `--cluster-enabled yes` node can be started (a node's port is chosen
+    before its start, since Redis cannot bind a port of the OS's choosing)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port + 10000))
+            except OSError:
+                continue
+        return port
