@@ -254,3 +254,28 @@ def test_the_head_a_refused_line_keeps_is_index_and_custom_id(custom_id: str) ->
         "custom_id": custom_id or None,
         "error": {},
     }
+
+
+async def test_a_chunks_lines_are_one_stream_entry_yet_a_reader_resumes_after_any_line(
+    redis: ArqRedis,
+) -> None:
+    """The chunk script writes one `results` entry per chunk; a reader sends a `result` event
+    per line, each with an id of its own in stream order, and a reader resumed from any of
+    them gets exactly the lines after it."""
+    store = BulkStore(redis, ttl_s=60, chunk_size=5)
+    job, _ = await store.create(
+        deployment="m", surface="classify", requests=requests(10), custom_ids=[""] * 10, errors={}
+    )
+    await store.store_chunk(job.id, 0, 2, [line(i, DONE) for i in range(5)])
+    await store.store_chunk(job.id, 0, 2, [line(i, DONE) for i in range(5)])  # a retried chunk
+    await store.store_chunk(job.id, 1, 2, [line(i, DONE) for i in (5, 6, 8, 9, 7)])
+    # Per chunk its lines and its progress, the retry only its progress, and the final status.
+    assert await redis.xlen(keys.job_events_key(job.id)) == 2 + 1 + 3
+    events = [(event_id, name, data) async for event_id, name, data in store.events(job.id, block_ms=100)]
+    results = [(event_id, msgspec.json.decode(data)["index"]) for event_id, name, data in events if name == "result"]
+    assert [index for _, index in results] == [0, 1, 2, 3, 4, 5, 6, 8, 9, 7]
+    ids = [tuple(int(part) for part in event_id.split("-")) for event_id, _, _ in events]
+    assert ids == sorted(set(ids)), "every event has its own id, in stream order"
+    for position, (event_id, _) in enumerate(results):
+        resumed = [data async for _, name, data in store.events(job.id, event_id, block_ms=100) if name == "result"]
+        assert [msgspec.json.decode(raw)["index"] for raw in resumed] == [i for _, i in results[position + 1 :]]

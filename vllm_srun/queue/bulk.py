@@ -81,6 +81,8 @@ end
 return 0
 """
 _APPEND_BATCH = 1000
+# Lines one HMGET or HSET of the chunk script reads or stores (Lua's unpack has a stack limit).
+_HSET_BATCH = 500
 # Events one XREAD of a stream takes: each is small (an index, or a progress count).
 _EVENTS_PER_READ = 200
 # The stored result lines of `ARGV[3..]` (false where none), in order, until they would pass
@@ -225,35 +227,64 @@ local chunk, n_chunks, now, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonum
 local limits = redis.call('HMGET', job, 'max_result_bytes', 'max_stored_bytes')
 local job_max, all_max = tonumber(limits[1]), tonumber(limits[2])
 local accounted = redis.call('HEXISTS', items, id) == 1
--- The byte counts are read once and kept here, and every counter is written once per chunk:
--- per line, only its HSETNX and its event (a line already stored is neither counted nor
--- limited: its HSETNX stores nothing).
+-- The byte counts are read once and kept here, and every counter is written once per chunk.
+-- Which lines are stored already is read once too (a line already stored is neither stored,
+-- counted, limited nor streamed again); the new lines go in one HSET, and one `results` event
+-- names them all.
 local used, all = 0, 0
 if job_max then
   used = tonumber(redis.call('HGET', bytes, id) or '0')
   all = tonumber(redis.call('HGET', totals, 'bytes') or '0')
 end
+local fields = {}
+for i = 6, #ARGV, 4 do fields[#fields + 1] = ARGV[i] end
+local had = {}
+for i = 1, #fields, $hset_batch do
+  local got = redis.call('HMGET', results, unpack(fields, i, math.min(#fields, i + $hset_batch - 1)))
+  for j = 1, #got do had[i + j - 1] = got[j] end
+end
 local n_stored, n_bytes, n_done, n_failed, n_cached, n_skipped = 0, 0, 0, 0, 0, 0
+local new, stored = {}, {}
 for i = 6, #ARGV, 4 do
   local line, kind = ARGV[i + 2], ARGV[i + 1]
-  if job_max then
-    local limit = nil
-    if used + #line > job_max then limit = job_max .. ' bytes of results per job (--max-job-result-bytes)'
-    elseif all + #line > all_max then limit = all_max .. ' bytes of results of all jobs (--max-stored-result-bytes)' end
-    if limit then
-      line = string.sub(line, 1, tonumber(ARGV[i + 3])) .. ',"error":{"code":"result_too_large",'
-        .. '"message":"result not stored: it would pass ' .. limit .. '"}}'
-      kind = FAILED
+  if had[(i - 2) / 4] then line = nil end
+  if line then
+    if job_max then
+      local limit = nil
+      if used + #line > job_max then limit = job_max .. ' bytes of results per job (--max-job-result-bytes)'
+      elseif all + #line > all_max then limit = all_max .. ' bytes of results of all jobs (--max-stored-result-bytes)' end
+      if limit then
+        line = string.sub(line, 1, tonumber(ARGV[i + 3])) .. ',"error":{"code":"result_too_large",'
+          .. '"message":"result not stored: it would pass ' .. limit .. '"}}'
+        kind = FAILED
+      end
     end
-  end
-  if redis.call('HSETNX', results, ARGV[i], line) == 1 then
+    new[#new + 1] = ARGV[i]
+    new[#new + 1] = line
+    stored[#stored + 1] = ARGV[i]
     n_stored, n_bytes = n_stored + 1, n_bytes + #line
     used, all = used + #line, all + #line
     if kind == FAILED or kind == SKIPPED then n_failed = n_failed + 1 else n_done = n_done + 1 end
     if kind == CACHED then n_cached = n_cached + 1 end
     if kind == SKIPPED then n_skipped = n_skipped + 1 end
-    redis.call('XADD', events, '*', 'event', 'result', 'index', ARGV[i])
   end
+end
+for i = 1, #new, 2 * $hset_batch do
+  redis.call('HSET', results, unpack(new, i, math.min(#new, i + 2 * $hset_batch - 1)))
+end
+if n_stored > 0 then
+  -- One entry for the lines stored here, with an id that leaves a sequence number below it for
+  -- each of them: the line k of n is event ms-(seq-n+1+k) to a reader (`_expand`), so a reader
+  -- resumes after any one line. Above the stream's last id, whatever the clocks say.
+  local ms, seq = math.floor(tonumber(now) * 1000), n_stored - 1
+  local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
+  if #last > 0 then
+    local last_ms, last_seq = string.match(last[1][1], '^(%d+)-(%d+)$$')
+    last_ms, last_seq = tonumber(last_ms), tonumber(last_seq)
+    if ms <= last_ms then ms, seq = last_ms, last_seq + n_stored end
+  end
+  redis.call('XADD', events, string.format('%.0f-%.0f', ms, seq), 'event', 'results',
+             'indices', table.concat(stored, ','))
 end
 if accounted and n_stored > 0 then
   redis.call('HINCRBY', items, id, -n_stored)
@@ -286,7 +317,7 @@ if redis.call('SCARD', chunks) >= n_chunks and status ~= 'completed' and status 
 end
 for i = 1, 4 do redis.call('EXPIRE', KEYS[i], ttl) end
 return 1
-""").substitute(failed=FAILED, cached=CACHED, skipped=SKIPPED)
+""").substitute(failed=FAILED, cached=CACHED, skipped=SKIPPED, hset_batch=_HSET_BATCH)
 
 
 # Moves a job to ARGV[1] only from one of the statuses ARGV[2..]: a cancel never overwrites a
@@ -609,14 +640,16 @@ class BulkStore:
                 raise Unavailable(f"Redis is unreachable: {exc}") from exc
             if self._streams_ended.is_set():
                 return
-            entries: list[Any] = [entry for _, read in batch or [] for entry in read]
+            read = [entry for _, entries in batch or [] for entry in entries]
             batch = None
-            idle = not entries
-            while entries:
-                group, lines = await self._within_bytes(job_id, entries)
-                entries = entries[len(group) :]
-                for entry_id, fields in group:
-                    last_id = entry_id.decode()
+            idle = not read
+            events = _expand(read, last_id)
+            del read
+            while events:
+                group, lines = await self._within_bytes(job_id, events)
+                events = events[len(group) :]
+                for event_id, fields in group:
+                    last_id = event_id
                     event = fields[b"event"].decode()
                     data = fields.get(b"data")
                     yield last_id, event, bytes(data if data is not None else lines.pop(0) or b"null")
@@ -639,7 +672,8 @@ class BulkStore:
         """The first of `entries` whose result lines fit `event_batch_bytes` (at least one), and
         those lines in order, in one read: a result event carries its index, not a second copy
         of the line."""
-        indices = [fields[b"index"] for _, fields in entries if b"index" in fields]
+        # At most one read's worth of indices: an entry of a chunk's lines expands to many.
+        indices = [fields[b"index"] for _, fields in entries if b"index" in fields][:_EVENTS_PER_READ]
         if not indices:
             return entries, []
         try:
@@ -676,6 +710,33 @@ class BulkStore:
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
         return read.result() if not read.cancelled() else None
+
+
+def _event_id(text: str) -> tuple[int, int]:
+    """A stream id (`ms-seq`, or `ms`: its first) as a pair that orders as Redis orders them."""
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _expand(entries: list[Any], after: str) -> list[tuple[str, dict[bytes, bytes]]]:
+    """The events a reader sends for stream `entries` read after id `after`, each with its id: a
+    `results` entry (the lines one chunk stored) is one `result` event per line, line k of n
+    with id ms-(seq-n+1+k) (the chunk script leaves those ids free below the entry's own), and
+    those at or before `after` were sent before a resumed read. Any other entry is one event."""
+    out: list[tuple[str, dict[bytes, bytes]]] = []
+    since = _event_id(after)
+    for entry_id, fields in entries:
+        raw = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+        if fields.get(b"event") != b"results":
+            out.append((raw, fields))
+            continue
+        ms, seq = _event_id(raw)
+        indices = fields[b"indices"].split(b",")
+        first = seq - len(indices) + 1
+        for k, index in enumerate(indices):
+            if (ms, first + k) > since:
+                out.append((f"{ms}-{first + k}", {b"event": b"result", b"index": index}))
+    return out
 
 
 def _job_keys(job_id: str) -> list[str]:
