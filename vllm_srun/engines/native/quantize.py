@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import nn
 
+from vllm_srun.engines.native import packed
+
 SCHEMES = ("per_token", "per_tensor")
 # The projections that make queries, keys and values, as each architecture names them (BERT's
 # fused `qkv`, ModernBERT's and NomicBERT's `Wqkv`, GTE's `qkv_proj`, DeBERTa's `query_proj`
@@ -118,17 +120,24 @@ def replace(module: nn.Module, name: str, new: nn.Module) -> nn.Module:
 
 class Bfloat16Linear(nn.Module):
     """A linear computed in bfloat16 (float32 accumulation inside the GEMM), read and returned
-    in its caller's dtype: the layers around it (norms, rotary, position biases) stay float32."""
+    in its caller's dtype: the layers around it (norms, rotary, position biases) stay float32.
+    On oneDNN's linear where torch has it (packed.py), else `nn.functional.linear`."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).clone())
+        self.packed = packed.available()
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.register_buffer("weight", packed.pack_weight(weight) if self.packed else weight.clone())
         bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias)
+        x16 = x.to(torch.bfloat16)
+        if self.packed:
+            out = packed.packed_linear(x16, self.weight, self.bias)
+        else:
+            out = nn.functional.linear(x16, self.weight, self.bias)
         return out.to(x.dtype)
 
 
