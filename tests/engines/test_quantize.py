@@ -1,4 +1,5 @@
-"""The int8 linear's arithmetic, op by op against a float64 reference of the same quantization.
+"""The int8 linear's arithmetic against a float64 reference of the same quantization, on
+oneDNN's int8 linear and on torch._int_mm.
 
 The end-to-end bounds (test_reduced_precision) would pass a scale or bias applied slightly
 wrong; this pins what Int8Linear computes: per-token symmetric int8 activations, per-channel
@@ -23,12 +24,20 @@ def reference(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return product * (amax.double() / QMAX) * w_scale.double() + linear.bias.double()
 
 
-def test_int8_linear_is_its_quantization_exactly() -> None:
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "int_mm"])
+def test_int8_linear_is_its_quantization_exactly(onednn: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_srun.engines.native import packed
+
+    if onednn and not packed.int8_available():
+        pytest.skip("this torch has no oneDNN int8 linear")
+    monkeypatch.setattr(packed, "int8_available", lambda: onednn)
     torch.manual_seed(0)
     linear = torch.nn.Linear(96, 160)
     x = torch.randn(37, 96)
     x[3] *= 50  # one token with a far larger range: its scale alone must change
-    out = Int8Linear(linear)(x)
+    module = Int8Linear(linear)
+    assert module.onednn is onednn
+    out = module(x)
     expected = reference(linear, x)
     # float32 rounding of a few multiplies, not quantization error (that is in both).
     assert torch.allclose(out.double(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))

@@ -1,5 +1,4 @@
-"""bfloat16 linears on the CPU with their weights laid out once for oneDNN and the bias inside
-the GEMM.
+"""Linears on the CPU on oneDNN's own linear ops, with their weights laid out once at load.
 
 `nn.functional.linear` in bfloat16 on the CPU first copies the broadcast bias into the output
 and then multiplies onto it, and lays the weight out again on every call. oneDNN's linear
@@ -11,6 +10,13 @@ besides the GEMM's own, and the same accumulation in float32 as before.
 Used where the module is bfloat16 on a CPU with bfloat16 instructions (the engine refuses
 bfloat16 elsewhere): every linear inside the encoder layers, and the bfloat16 linears that
 int8 keeps (quantize.Bfloat16Linear). A torch without the op keeps `nn.Linear`.
+
+int8 (quantize.Int8Linear): oneDNN's int8 linear (`torch.ops.onednn.qlinear_pointwise`, what
+torch's x86 int8 quantization lowers to) on a weight reordered once, with the per-channel
+weight scale applied inside and a float32 result, instead of `torch._int_mm`, which lays the
+weight out on every call and returns int32 that is converted and scaled in passes of its own.
+The activation scale it takes is one per tensor, so it is given 1 and the per-token scales are
+applied after, with the bias, in one pass.
 """
 
 from __future__ import annotations
@@ -40,6 +46,30 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     shape = x.shape
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
     return out.view(*shape[:-1], out.shape[-1])
+
+
+def int8_available() -> bool:
+    """Whether this torch has oneDNN's int8 linear."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+        and hasattr(torch.ops.onednn, "qlinear_prepack")
+    )
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 [out, in] weight in the layout oneDNN's int8 linear reads."""
+    return torch.ops.onednn.qlinear_prepack(weight.contiguous(), None)
+
+
+def int8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor
+) -> torch.Tensor:
+    """(x @ weight.T) * scale in float32, for int8 `x` [tokens, in], a `pack_int8` weight and
+    its float32 per-channel `scale` (symmetric: `zeros` are 0)."""
+    return torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, weight, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
 
 
 class PackedLinear(nn.Module):

@@ -58,8 +58,9 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """A drop-in for `nn.Linear` (float32 in, float32 out) computing in int8.
 
-    `weight_int8` [in, out] (the layout `torch._int_mm` reads), `weight_scale` [out] and
-    `bias` [out] are buffers: the module has no parameters, so nothing reloads into it."""
+    `weight_int8` (in oneDNN's int8 layout where torch has its int8 linear, packed.py; else
+    [in, out], the layout `torch._int_mm` reads), `weight_scale` [out] and `bias` [out] are
+    buffers: the module has no parameters, so nothing reloads into it."""
 
     def __init__(self, linear: nn.Linear, scheme: str = "per_token") -> None:
         super().__init__()
@@ -71,9 +72,13 @@ class Int8Linear(nn.Module):
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias.clone())
-        if scheme == "per_token":
+        self._packed = None
+        self.onednn = scheme == "per_token" and packed.int8_available()
+        if self.onednn:
+            self.register_buffer("weight_int8", packed.pack_int8(q))
+            self.register_buffer("weight_zeros", torch.zeros(self.out_features, dtype=torch.long))
+        elif scheme == "per_token":
             self.register_buffer("weight_int8", q.t().contiguous())
-            self._packed = None
         else:
             zeros = torch.zeros(self.out_features, dtype=torch.long)
             qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
@@ -91,10 +96,13 @@ class Int8Linear(nn.Module):
     def _per_token(self, x: torch.Tensor) -> torch.Tensor:
         # abs().amax() rather than linalg.vector_norm(inf), and the int32 result converted
         # before it is scaled rather than one mixed int32 x float32 multiply: both the faster
-        # op on the CPU (bench/dtypes.py --profile). The channel scale and the bias are one
-        # addcmul written over its own input: one pass over [tokens, out] fewer.
+        # op on the CPU (bench/dtypes.py --profile). A scale and the bias are one addcmul
+        # written over its own input: one pass over [tokens, out] fewer.
         amax = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
         q = torch.mul(x, QMAX / amax).round_().to(torch.int8)
+        if self.onednn:  # the channel scale applied inside the GEMM (packed.py)
+            out = packed.int8_linear(q, self.weight_int8, self.weight_scale, self.weight_zeros)
+            return torch.addcmul(self.bias, out, amax.div_(QMAX), out=out)
         out = torch._int_mm(q, self.weight_int8).float().mul_(amax.div_(QMAX))
         return torch.addcmul(self.bias, out, self.weight_scale, out=out)
 
