@@ -4,8 +4,9 @@ Weights are quantized symmetrically per output channel (one scale per row of the
 fused q/k/v projection keeps its three parts apart). Activations are quantized at run time:
 
 - "per_token" (the default): one symmetric scale per token, int8 x int8 with int32 accumulation
-  in `torch._int_mm` (VNNI on x86), then the per-token and per-channel scales and the bias
-  applied to the int32 result. A token's outlier dimension costs only that token's precision.
+  on oneDNN's int8 linear (packed.py; `torch._int_mm` where torch lacks it), then the per-token
+  and per-channel scales and the bias applied to the result. A token's outlier dimension costs
+  only that token's precision.
 - "per_tensor": fbgemm's dynamic linear (`torch.ops.quantized.linear_dynamic`), one affine
   uint8 scale for the whole batch. Faster, but one outlier token coarsens every other token of
   the batch, and the result then depends on what else is in the batch (kept for the per-layer
