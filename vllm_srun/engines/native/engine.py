@@ -83,9 +83,11 @@ class NativeEngine(Engine):
     """Runs the registered PyTorch architectures, float32 or bfloat16, on any accelerator that
     offers a torch device (the built-in cpu, cuda and mps, or a plugin's), and int8 on the cpu.
 
-    bfloat16: weights, GEMMs (float32 accumulation inside the kernel), the residual stream,
-    layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax statistics are
-    float32) are bfloat16; mean pooling sums in float32 (layers.mean_rows), rotary tables are
+    bfloat16: weights, GEMMs (float32 accumulation inside the kernel; on the cpu the encoder
+    layers' linears run on oneDNN's linear with the bias added inside it, packed.py), the
+    residual stream, layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax
+    statistics are float32) are bfloat16; layer norms compute their statistics in float32
+    (torch's kernel does), mean pooling sums in float32 (layers.mean_rows), rotary tables are
     float32, and every result leaves as float32. The residual stream stays bfloat16 because
     the twin check's 0.9995 held without a float32 one on both 12-layer proxies measured
     (bench/dtypes.py: a random-init 12 x 768 BERT, MiniLM's layers stacked twice): a float32
@@ -176,6 +178,10 @@ class NativeEngine(Engine):
         module = materialize(module.to(torch_dtype(weights_dtype)), target)
         module.load_weights(tensors)
         module.eval()
+        if dtype == "bfloat16" and target.type == "cpu":
+            from vllm_srun.engines.native.packed import pack_linears
+
+            pack_linears(module.backbone.blocks)
         if dtype == "int8":
             from vllm_srun.engines.native.quantize import int8_model
 

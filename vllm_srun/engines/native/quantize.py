@@ -4,8 +4,9 @@ Weights are quantized symmetrically per output channel (one scale per row of the
 fused q/k/v projection keeps its three parts apart). Activations are quantized at run time:
 
 - "per_token" (the default): one symmetric scale per token, int8 x int8 with int32 accumulation
-  in `torch._int_mm` (VNNI on x86), then the per-token and per-channel scales and the bias
-  applied to the int32 result. A token's outlier dimension costs only that token's precision.
+  on oneDNN's int8 linear (packed.py; `torch._int_mm` where torch lacks it), then the per-token
+  and per-channel scales and the bias applied to the result. A token's outlier dimension costs
+  only that token's precision.
 - "per_tensor": fbgemm's dynamic linear (`torch.ops.quantized.linear_dynamic`), one affine
   uint8 scale for the whole batch. Faster, but one outlier token coarsens every other token of
   the batch, and the result then depends on what else is in the batch (kept for the per-layer
@@ -29,6 +30,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
+
+from vllm_srun.engines.native import packed
 
 SCHEMES = ("per_token", "per_tensor")
 # The projections that make queries, keys and values, as each architecture names them (BERT's
@@ -56,8 +59,9 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class Int8Linear(nn.Module):
     """A drop-in for `nn.Linear` (float32 in, float32 out) computing in int8.
 
-    `weight_int8` [in, out] (the layout `torch._int_mm` reads), `weight_scale` [out] and
-    `bias` [out] are buffers: the module has no parameters, so nothing reloads into it."""
+    `weight_int8` (in oneDNN's int8 layout where torch has its int8 linear, packed.py; else
+    [in, out], the layout `torch._int_mm` reads), `weight_scale` [out] and `bias` [out] are
+    buffers: the module has no parameters, so nothing reloads into it."""
 
     def __init__(self, linear: nn.Linear, scheme: str = "per_token") -> None:
         super().__init__()
@@ -69,9 +73,13 @@ class Int8Linear(nn.Module):
         bias = linear.bias.detach().float() if linear.bias is not None else torch.zeros(self.out_features)
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", bias.clone())
-        if scheme == "per_token":
+        self._packed = None
+        self.onednn = scheme == "per_token" and packed.int8_available()
+        if self.onednn:
+            self.register_buffer("weight_int8", packed.pack_int8(q))
+            self.register_buffer("weight_zeros", torch.zeros(self.out_features, dtype=torch.long))
+        elif scheme == "per_token":
             self.register_buffer("weight_int8", q.t().contiguous())
-            self._packed = None
         else:
             zeros = torch.zeros(self.out_features, dtype=torch.long)
             qweight = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
@@ -89,11 +97,15 @@ class Int8Linear(nn.Module):
     def _per_token(self, x: torch.Tensor) -> torch.Tensor:
         # abs().amax() rather than linalg.vector_norm(inf), and the int32 result converted
         # before it is scaled rather than one mixed int32 x float32 multiply: both the faster
-        # op on the CPU (bench/dtypes.py --profile).
+        # op on the CPU (bench/dtypes.py --profile). A scale and the bias are one addcmul
+        # written over its own input: one pass over [tokens, out] fewer.
         amax = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
         q = torch.mul(x, QMAX / amax).round_().to(torch.int8)
-        acc = torch._int_mm(q, self.weight_int8)
-        return acc.float().mul_(amax.div_(QMAX)).mul_(self.weight_scale).add_(self.bias)
+        if self.onednn:  # the channel scale applied inside the GEMM (packed.py)
+            out = packed.int8_linear(q, self.weight_int8, self.weight_scale, self.weight_zeros)
+            return torch.addcmul(self.bias, out, amax.div_(QMAX), out=out)
+        out = torch._int_mm(q, self.weight_int8).float().mul_(amax.div_(QMAX))
+        return torch.addcmul(self.bias, out, self.weight_scale, out=out)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme}"
@@ -117,17 +129,24 @@ def replace(module: nn.Module, name: str, new: nn.Module) -> nn.Module:
 
 class Bfloat16Linear(nn.Module):
     """A linear computed in bfloat16 (float32 accumulation inside the GEMM), read and returned
-    in its caller's dtype: the layers around it (norms, rotary, position biases) stay float32."""
+    in its caller's dtype: the layers around it (norms, rotary, position biases) stay float32.
+    On oneDNN's linear where torch has it (packed.py), else `nn.functional.linear`."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).clone())
+        self.packed = packed.available()
+        weight = linear.weight.detach().to(torch.bfloat16)
+        self.register_buffer("weight", packed.pack_weight(weight) if self.packed else weight.clone())
         bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias)
+        x16 = x.to(torch.bfloat16)
+        if self.packed:
+            out = packed.packed_linear(x16, self.weight, self.bias)
+        else:
+            out = nn.functional.linear(x16, self.weight, self.bias)
         return out.to(x.dtype)
 
 

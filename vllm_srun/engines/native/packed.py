@@ -1,0 +1,107 @@
+"""Linears on the CPU on oneDNN's own linear ops, with their weights laid out once at load.
+
+`nn.functional.linear` in bfloat16 on the CPU first copies the broadcast bias into the output
+and then multiplies onto it, and lays the weight out again on every call. oneDNN's linear
+(`torch.ops.mkldnn._linear_pointwise`, what torch.compile's CPU backend calls for a linear)
+takes a weight reordered once at load (`_reorder_linear_weight`) and adds the bias to the
+float32 accumulator before rounding to bfloat16: no pass over the [tokens, out] output
+besides the GEMM's own, and the same accumulation in float32 as before.
+
+Used where the module is bfloat16 on a CPU with bfloat16 instructions (the engine refuses
+bfloat16 elsewhere): every linear inside the encoder layers, and the bfloat16 linears that
+int8 keeps (quantize.Bfloat16Linear). A torch without the op keeps `nn.Linear`.
+
+int8 (quantize.Int8Linear): oneDNN's int8 linear (`torch.ops.onednn.qlinear_pointwise`, what
+torch's x86 int8 quantization lowers to) on a weight reordered once, with the per-channel
+weight scale applied inside and a float32 result, instead of `torch._int_mm`, which lays the
+weight out on every call and returns int32 that is converted and scaled in passes of its own.
+The activation scale it takes is one per tensor, so it is given 1 and the per-token scales are
+applied after, with the bias, in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+def available() -> bool:
+    """Whether this torch has oneDNN's linear (and oneDNN is enabled)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    )
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A bfloat16 [out, in] weight in the layout oneDNN's linear reads (same shape and values)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous())
+
+
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias for bfloat16 `x` [..., in] and a `pack_weight` weight."""
+    shape = x.shape
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
+    return out.view(*shape[:-1], out.shape[-1])
+
+
+def int8_available() -> bool:
+    """Whether this torch has oneDNN's int8 linear."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.onednn, "qlinear_pointwise")
+        and hasattr(torch.ops.onednn, "qlinear_prepack")
+    )
+
+
+def pack_int8(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 [out, in] weight in the layout oneDNN's int8 linear reads."""
+    return torch.ops.onednn.qlinear_prepack(weight.contiguous(), None)
+
+
+def int8_linear(
+    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor
+) -> torch.Tensor:
+    """(x @ weight.T) * scale in float32, for int8 `x` [tokens, in], a `pack_int8` weight and
+    its float32 per-channel `scale` (symmetric: `zeros` are 0)."""
+    return torch.ops.onednn.qlinear_pointwise(
+        x, 1.0, 0, weight, scale, zeros, None, 1.0, 0, torch.float32, "none", [], ""
+    )
+
+
+class PackedLinear(nn.Module):
+    """A drop-in for a bfloat16 `nn.Linear` (bfloat16 in, bfloat16 out) on oneDNN's linear.
+
+    `weight` (packed) and `bias` are buffers: the module has no parameters, so nothing
+    reloads into it."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", pack_weight(linear.weight))
+        bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, oneDNN bfloat16"
+
+
+def pack_linears(blocks: Sequence[nn.Module]) -> int:
+    """Replace every `nn.Linear` inside the bfloat16 encoder layers `blocks` by a
+    `PackedLinear`, in place; returns how many (0 where this torch lacks the op)."""
+    from vllm_srun.engines.native.quantize import linears, replace  # quantize imports this module
+
+    if not available():
+        return 0
+    count = 0
+    for block in blocks:
+        for name, linear in list(linears(block)):
+            replace(block, name, PackedLinear(linear))
+            count += 1
+    return count
