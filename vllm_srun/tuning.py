@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from vllm_srun import defaults
 
@@ -44,6 +46,23 @@ def set_intra_op_threads(threads: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def intra_op_threads(threads: int) -> Iterator[None]:
+    """torch's CPU forwards on `threads` threads inside the block, the count before it after.
+
+    No-op where torch is not loaded or already runs that many."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else threads
+    if torch is None or before == threads:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # The intra-op thread count the forward executors apply (None: torch's own choice), for an

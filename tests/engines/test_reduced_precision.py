@@ -135,3 +135,35 @@ def test_int8_without_bfloat16_instructions_keeps_those_linears_float32(
         }
     assert kinds["avx512_vnni avx512_bf16"] == {"Bfloat16Linear", "Int8Linear"}
     assert kinds["avx512_vnni"] == {"Linear", "Int8Linear"}
+
+
+def test_small_reduced_precision_forwards_run_on_one_thread(tmp_path: Path, nt: Any) -> None:
+    """A bfloat16 or int8 batch of at most ONE_THREAD_TOKENS tokens runs on one thread, a larger
+    one and any float32 batch on the thread count set, which is restored after each forward."""
+    from vllm_srun.engines.native.engine import ONE_THREAD_TOKENS
+    from vllm_srun.plugins.base import Batch, WorkItem
+
+    _, path, _, vocab = saved("bert", "model", tmp_path, nt)
+    rng = np.random.default_rng(2)
+    small = [rng.integers(5, vocab, size=30).tolist() for _ in range(2)]
+    large = [rng.integers(5, vocab, size=40).tolist() for _ in range(ONE_THREAD_TOKENS // 40 + 1)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for dtype, rows, want in (
+            ("bfloat16", small, 1),
+            ("int8", small, 1),
+            ("bfloat16", large, 2),
+            ("float32", small, 2),
+        ):
+            native = nt.load_native(path, dtype)
+            seen: list[int] = []
+            native.module.register_forward_pre_hook(
+                lambda *_, seen=seen: seen.append(torch.get_num_threads())
+            )
+            items = [WorkItem(token_ids=r, output="mean") for r in rows]
+            native.encode(Batch.from_items(items), path="packed")  # float32's small batches go to ORT
+            assert seen and set(seen) == {want}, f"{dtype}, {sum(map(len, rows))} tokens: {seen}"
+            assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

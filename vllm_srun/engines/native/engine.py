@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import structlog
 
+from vllm_srun import tuning
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.architectures import architecture_of, known_architectures, resolve_model
 from vllm_srun.plugins.base import Accelerator, Batch, Device, Engine, EngineModel, ModelSpec, WorkItem
@@ -48,6 +49,11 @@ DENSE_MAX_PADDING = 0.25
 # The onnxruntime path is kept only if it gives the torch forward's hidden states within this
 # on a probe batch (one row alone, and rows of unequal length: the masked block).
 PROBE_ATOL = 1e-5
+# A bfloat16 or int8 forward of at most this many tokens on the CPU runs on one thread: its
+# GEMMs are too small to gain from a second one, and with idle OpenMP threads asleep
+# (tuning.configure_cpu_threads) every parallel region pays for waking them, which made a lone
+# text slower than float32's (docs/performance.md: bfloat16 and int8). float32 keeps its count.
+ONE_THREAD_TOKENS = 512
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
@@ -299,7 +305,6 @@ class NativeModel(EngineModel):
         configured one, else this thread's torch count), so it is the one session every forward
         uses. It is kept only when it reproduces the torch forward on a probe batch within
         PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
-        from vllm_srun import tuning
         from vllm_srun.engines.native import onnx_path
 
         if not (
@@ -391,7 +396,10 @@ class NativeModel(EngineModel):
         elif exits and path != "packed":
             raise ValueError(f"rows that exit at an earlier layer run on the packed path, not {path!r}")
         dev = self._torch_device
-        with torch.inference_mode():
+        threads = torch.get_num_threads()
+        if self.dtype != "float32" and dev.type == "cpu" and int(lengths.sum()) <= ONE_THREAD_TOKENS:
+            threads = 1
+        with torch.inference_mode(), tuning.intra_op_threads(threads):
             ids = torch.as_tensor(batch.token_ids, dtype=torch.long, device=dev)
             types = (
                 None
