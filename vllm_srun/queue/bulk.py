@@ -6,8 +6,8 @@ Redis under `job:{id}` with a TTL, so any app replica can read or stream it, whi
 created it and whether or not that replica still runs.
 
 A chunk stores its results with one Lua script: a result is written only if its index has
-none yet (one HMGET finds which, one HSET writes them), and only then counted and streamed. A chunk retried after a worker died
-therefore never counts or streams an item twice.
+none yet (one HMGET finds which, one HSET writes them), and only then counted and streamed. A
+chunk retried after a worker died therefore never counts or streams an item twice.
 
 The state Redis never evicts, so what jobs may hold in it is bounded (`BulkQuotas`): a job is
 admitted only while the items of every live job not yet stored, plus its own, stay within

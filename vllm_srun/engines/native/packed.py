@@ -27,13 +27,14 @@ import torch
 from torch import nn
 
 
+def _has(namespace: object, *ops: str) -> bool:
+    """Whether oneDNN is enabled and this torch has every one of `ops` in `namespace`."""
+    return torch.backends.mkldnn.is_available() and all(hasattr(namespace, op) for op in ops)
+
+
 def available() -> bool:
     """Whether this torch has oneDNN's linear (and oneDNN is enabled)."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    return _has(torch.ops.mkldnn, "_linear_pointwise", "_reorder_linear_weight")
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -50,11 +51,7 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def int8_available() -> bool:
     """Whether this torch has oneDNN's int8 linear."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.onednn, "qlinear_pointwise")
-        and hasattr(torch.ops.onednn, "qlinear_prepack")
-    )
+    return _has(torch.ops.onednn, "qlinear_pointwise", "qlinear_prepack")
 
 
 def pack_int8(weight: torch.Tensor) -> torch.Tensor:
