@@ -46,3 +46,40 @@ def test_bfloat16_encoder_layers_run_packed_linears() -> None:
     layer = BertLayer(config).to(torch.bfloat16)
     assert packed.pack_linears([layer]) == 4  # fused q/k/v, attention output, intermediate, output
     assert not any(isinstance(m, torch.nn.Linear) for m in layer.modules())
+
+
+# One linear of each kind the engine builds on oneDNN, run in a process of its own with oneDNN's
+# log on: it names the kernel each ran on.
+_KERNEL_PROBE = """
+import torch
+torch.set_grad_enabled(False)
+from vllm_srun.engines.native import packed, quantize
+linear = torch.nn.Linear(256, 256)
+quantize.Int8Linear(linear)(torch.randn(64, 256))
+packed.PackedLinear(linear)(torch.randn(64, 256).to(torch.bfloat16))
+"""
+
+
+def test_linears_run_on_oneDNNs_fast_kernels_where_the_cpu_has_the_instructions() -> None:
+    # A signed int8 activation on a CPU with VNNI but no AMX ran on oneDNN's reference kernel,
+    # about a thousand times slower, with right results: only the kernel's name tells.
+    import os
+    import subprocess
+    import sys
+
+    from vllm_srun.accelerators import cpu_features
+
+    flags = cpu_features.host_flags() or frozenset()
+    needs = {"matmul": {"avx512_vnni", "amx_int8"}, "inner_product": {"avx512_bf16", "amx_bf16"}}
+    if not packed.int8_available() or not all(flags & need for need in needs.values()):
+        pytest.skip("needs oneDNN's int8 linear and a CPU with x86 VNNI and bfloat16 instructions")
+    log = subprocess.run(
+        [sys.executable, "-c", _KERNEL_PROBE],
+        env={**os.environ, "ONEDNN_VERBOSE": "1"},
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    # onednn_verbose,v1,primitive,exec,cpu,<primitive>,<kernel>,...
+    ran = {f[5]: f[6] for f in (line.split(",") for line in log.splitlines()) if f[3:5] == ["exec", "cpu"]}
+    assert set(needs) <= set(ran), log
+    for primitive in needs:
+        assert not ran[primitive].startswith("ref"), f"{primitive} ran on {ran[primitive]}"

@@ -102,6 +102,8 @@ class Int8Linear(nn.Module):
         amax = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12)
         q = torch.mul(x, QMAX / amax).round_().to(torch.int8)
         if self.onednn:  # the channel scale applied inside the GEMM (packed.py)
+            # As uint8, the int8 value + 128: flipping a byte's top bit adds 128 to it.
+            q = q.view(torch.uint8).bitwise_xor_(0x80)
             out = packed.int8_linear(q, self.weight_int8, self.weight_scale, self.weight_zeros)
             return torch.addcmul(self.bias, out, amax.div_(QMAX), out=out)
         out = torch._int_mm(q, self.weight_int8).float().mul_(amax.div_(QMAX))
