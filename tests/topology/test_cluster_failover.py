@@ -4,7 +4,8 @@ is lost or counted twice.
 A real cluster of 3 masters and 3 replicas (cluster-node-timeout 1 s), two app replicas and two
 workers, each given another node. A 10,000-line job runs while interactive clients send
 requests; once the job has stored some lines, the master that holds the bulk state's slot is
-killed (or, in the second case, the master of the model's queues and leases). The job completes with every line exactly once; every interactive request is answered
+killed (or, in the second case, the master of the model's queues and leases; in the third, the
+node, master or replica, on which an app listens for its replies). The job completes with every line exactly once; every interactive request is answered
 (a 503 or a lost connection retried, as a client of a replicated service does, within its own
 deadline); no process answered 500 or met a CROSSSLOT error.
 """
@@ -89,7 +90,21 @@ def master_of(cluster: RedisCluster, key: str) -> int:
         client.close()
 
 
-@pytest.mark.parametrize("victim_of", ["bulk state", "model queue"])
+def reply_listeners(cluster: RedisCluster) -> dict[bytes, tuple[bool, int]]:
+    """Each app's reply channel: (whether a replica, port) of the node it is subscribed on (a
+    subscription is the one node's: `PUBSUB CHANNELS` lists only its own)."""
+    found = {}
+    for node in (n for n in cluster.nodes if n.alive()):
+        client = redis.Redis(port=node.port, socket_timeout=2)
+        try:
+            replica = client.info("replication")["role"] != "master"
+            found.update({channel: (replica, node.port) for channel in client.pubsub_channels(keys.reply_channel("*"))})
+        finally:
+            client.close()
+    return found
+
+
+@pytest.mark.parametrize("victim_of", ["bulk state", "model queue", "reply subscription"])
 def test_a_master_killed_mid_job_loses_nothing(tmp_path: Path, victim_of: str) -> None:
     started = time.monotonic()
     cluster = RedisCluster(tmp_path / "cluster", node_timeout_ms=1000)
@@ -106,7 +121,16 @@ def test_a_master_killed_mid_job_loses_nothing(tmp_path: Path, victim_of: str) -
         job_id = submit_job(apps[0].url, lines)
         # The master of the job's records and the quotas, or of the model's queues and leases.
         victim_key = keys.job_key(job_id) if victim_of == "bulk state" else keys.queue_name("kw")
-        victim_port = master_of(cluster, victim_key)
+        if victim_of == "reply subscription":
+            listeners = reply_listeners(cluster)
+            assert len(listeners) == len(apps), listeners
+            victim_port = min(listeners.values())[1]  # a master where an app listens on one
+            victim_key = ""
+            for slot_key in (keys.job_key(job_id), keys.queue_name("kw")):
+                if master_of(cluster, slot_key) == victim_port:
+                    victim_key = slot_key  # a master: wait below for its replica's promotion
+        else:
+            victim_port = master_of(cluster, victim_key)
         victim = next(node for node in cluster.nodes if node.port == victim_port)
         deadline = time.monotonic() + 60
         while (done := apps[0].get(f"/v1/jobs/{job_id}").json()["counts"]["done"]) < 500:
@@ -118,7 +142,7 @@ def test_a_master_killed_mid_job_loses_nothing(tmp_path: Path, victim_of: str) -
 
         # Its replica takes over its slots.
         deadline = time.monotonic() + 30
-        while victim_port == master_of_alive(cluster, victim_key):
+        while victim_key and victim_port == master_of_alive(cluster, victim_key):
             assert time.monotonic() < deadline, "no replica was promoted"
             time.sleep(0.1)
 
@@ -144,6 +168,10 @@ def test_a_master_killed_mid_job_loses_nothing(tmp_path: Path, victim_of: str) -
         for app in apps:
             assert "unhandled_error" not in app.log(), app.log()[-4000:]
         assert_no_crossslot(*(app.log() for app in apps), *(w.log() for w in workers))
+        if victim_of == "reply subscription":  # an app lost its subscription, and took another
+            assert any("reply_channel_lost" in app.log() for app in apps)
+            now = reply_listeners(cluster)
+            assert now.keys() == listeners.keys() and victim_port not in {p for _, p in now.values()}, now
         print(
             f"failover: {clients.answered} interactive requests answered, {clients.retried} retries; "
             f"{time.monotonic() - started:.1f} s"
