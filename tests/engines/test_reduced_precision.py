@@ -21,6 +21,7 @@ enough (ROWS x ~24 tokens) that one flipped token is under the 0.5% the token bo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -137,16 +138,19 @@ def test_int8_without_bfloat16_instructions_keeps_those_linears_float32(
     assert kinds["avx512_vnni"] == {"Linear", "Int8Linear"}
 
 
-def test_small_reduced_precision_forwards_run_on_one_thread(tmp_path: Path, nt: Any) -> None:
-    """A bfloat16 or int8 batch of at most ONE_THREAD_TOKENS tokens runs on one thread, a larger
-    one and any float32 batch on the thread count set, which is restored after each forward."""
-    from vllm_srun.engines.native.engine import ONE_THREAD_TOKENS
+def test_small_reduced_precision_forwards_run_on_one_thread(
+    tmp_path: Path, nt: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bfloat16 or int8 batch of at most its dtype's ONE_THREAD_MACS multiply-adds in the
+    linears runs on one thread, a larger one and any float32 batch on the thread count set,
+    which is restored after each forward."""
+    from vllm_srun.engines.native import engine
     from vllm_srun.plugins.base import Batch, WorkItem
 
     _, path, _, vocab = saved("bert", "model", tmp_path, nt)
     rng = np.random.default_rng(2)
-    small = [rng.integers(5, vocab, size=30).tolist() for _ in range(2)]
-    large = [rng.integers(5, vocab, size=40).tolist() for _ in range(ONE_THREAD_TOKENS // 40 + 1)]
+    small = [rng.integers(5, vocab, size=30).tolist() for _ in range(2)]  # 60 tokens
+    large = [rng.integers(5, vocab, size=40).tolist() for _ in range(2)]  # 80 tokens
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -154,9 +158,17 @@ def test_small_reduced_precision_forwards_run_on_one_thread(tmp_path: Path, nt: 
             ("bfloat16", small, 1),
             ("int8", small, 1),
             ("bfloat16", large, 2),
+            ("int8", large, 2),
             ("float32", small, 2),
         ):
             native = nt.load_native(path, dtype)
+            macs = native.linear_macs
+            # Every linear of each layer counted (q/k/v, attention output, the FFN's two).
+            config = json.loads((path / "config.json").read_text())
+            h, i = config["hidden_size"], config["intermediate_size"]
+            assert macs >= config["num_hidden_layers"] * (4 * h * h + 2 * h * i), macs
+            # The bound between the two batches' sizes: 60 tokens' worth, for each dtype.
+            monkeypatch.setattr(engine, "ONE_THREAD_MACS", {"bfloat16": 60 * macs, "int8": 60 * macs})
             seen: list[int] = []
             native.module.register_forward_pre_hook(
                 lambda *_, seen=seen: seen.append(torch.get_num_threads())

@@ -49,11 +49,14 @@ DENSE_MAX_PADDING = 0.25
 # The onnxruntime path is kept only if it gives the torch forward's hidden states within this
 # on a probe batch (one row alone, and rows of unequal length: the masked block).
 PROBE_ATOL = 1e-5
-# A bfloat16 or int8 forward of at most this many tokens on the CPU runs on one thread: its
-# GEMMs are too small to gain from a second one, and with idle OpenMP threads asleep
-# (tuning.configure_cpu_threads) every parallel region pays for waking them, which made a lone
-# text slower than float32's (docs/performance.md: bfloat16 and int8). float32 keeps its count.
-ONE_THREAD_TOKENS = 512
+# A bfloat16 or int8 forward on the CPU of at most this many multiply-adds in its linears (its
+# tokens times the model's linear weights) runs on one thread. With idle OpenMP threads asleep
+# (tuning.configure_cpu_threads) every parallel region pays for waking them: below these sizes
+# that costs more than a second thread saves, and made a lone text slower than float32's.
+# Measured on a lone text at a time (docs/performance.md: bfloat16 and int8): bfloat16 gains
+# from a second thread from about 1e9 (MiniLM's ~100 tokens, a 12 x 768 model's ~12); oneDNN's
+# int8 linear, which pays more per call, from about 8e9. float32 keeps its count.
+ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
@@ -236,6 +239,13 @@ class NativeModel(EngineModel):
         # Of the accelerator's kernels, those this engine has a use for; it ignores the rest.
         self.attention: AttentionKernel | None = (kernels or {}).get("scaled_dot_product_attention")
         self._onnx: Any = None  # the small-batch onnxruntime session (prepare_small_batches)
+        # Multiply-adds per token in the module's linears (nn.Linear and the packed and
+        # quantized ones, which keep its in_features and out_features).
+        self.linear_macs = sum(
+            m.in_features * m.out_features
+            for m in module.modules()
+            if isinstance(getattr(m, "in_features", None), int) and isinstance(getattr(m, "out_features", None), int)
+        )
 
     @property
     def exit_layers(self) -> tuple[int, ...]:
@@ -397,7 +407,7 @@ class NativeModel(EngineModel):
             raise ValueError(f"rows that exit at an earlier layer run on the packed path, not {path!r}")
         dev = self._torch_device
         threads = torch.get_num_threads()
-        if self.dtype != "float32" and dev.type == "cpu" and int(lengths.sum()) <= ONE_THREAD_TOKENS:
+        if dev.type == "cpu" and int(lengths.sum()) * self.linear_macs <= ONE_THREAD_MACS.get(self.dtype, 0):
             threads = 1
         with torch.inference_mode(), tuning.intra_op_threads(threads):
             ids = torch.as_tensor(batch.token_ids, dtype=torch.long, device=dev)
