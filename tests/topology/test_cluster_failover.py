@@ -128,7 +128,7 @@ def test_a_master_killed_mid_job_loses_nothing(tmp_path: Path, victim_of: str) -
             victim_key = ""
             for slot_key in (keys.job_key(job_id), keys.queue_name("kw")):
                 if master_of(cluster, slot_key) == victim_port:
-                    victim_key = slot_key  # a master: wait below for its replica's promotion
+                    victim_key = slot_key  # wait below for its replica's promotion
         else:
             victim_port = master_of(cluster, victim_key)
         victim = next(node for node in cluster.nodes if node.port == victim_port)

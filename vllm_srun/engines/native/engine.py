@@ -52,10 +52,9 @@ PROBE_ATOL = 1e-5
 # A bfloat16 or int8 forward on the CPU of at most this many multiply-adds in its linears (its
 # tokens times the model's linear weights) runs on one thread. With idle OpenMP threads asleep
 # (tuning.configure_cpu_threads) every parallel region pays for waking them: below these sizes
-# that costs more than a second thread saves, and made a lone text slower than float32's.
-# Measured on a lone text at a time (docs/performance.md: bfloat16 and int8): bfloat16 gains
-# from a second thread from about 1e9 (MiniLM's ~100 tokens, a 12 x 768 model's ~12); oneDNN's
-# int8 linear, which pays more per call, from about 8e9. float32 keeps its count.
+# that costs more than a second thread saves, and made a lone text slower than float32's. The
+# bounds are where a lone text gained from a second thread (docs/performance.md: bfloat16 and
+# int8); int8's is higher, as oneDNN's int8 linear gains less from one. float32 keeps its count.
 ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}

@@ -61,16 +61,16 @@ def pack_int8(weight: torch.Tensor) -> torch.Tensor:
 
 # The activations go to oneDNN's int8 linear as uint8 with a zero point of 128 (a symmetric
 # int8 value plus 128): a CPU with VNNI and no AMX multiplies only unsigned by signed bytes, and
-# there oneDNN runs a signed activation on its reference kernel, about a thousand times slower
-# (seen on an AMD EPYC with avx512_vnni: 300 ms for a 20 x 384 by 384 x 1536 linear). The
-# result is the same: oneDNN subtracts the zero point's share from the int32 sum exactly.
+# there oneDNN runs a signed activation on its reference kernel, orders of magnitude slower
+# (docs/performance.md has the figures). The result is the same: oneDNN subtracts the zero
+# point's share from the int32 sum exactly.
 ZERO_POINT = 128
 
 
 def int8_linear(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, zeros: torch.Tensor
 ) -> torch.Tensor:
-    """(x - 128) @ weight.T * scale in float32, for uint8 `x` [tokens, in] (a symmetric int8
+    """(x - ZERO_POINT) @ weight.T * scale in float32, for uint8 `x` [tokens, in] (a symmetric int8
     value plus `ZERO_POINT`), a `pack_int8` weight and its float32 per-channel `scale`
     (symmetric: `zeros` are 0)."""
     return torch.ops.onednn.qlinear_pointwise(
