@@ -46,57 +46,6 @@ def test_bfloat16_encoder_layers_run_packed_linears() -> None:
     layer = BertLayer(config).to(torch.bfloat16)
     assert packed.pack_linears([layer]) == 4  # fused q/k/v, attention output, intermediate, output
     assert not any(isinstance(m, torch.nn.Linear) for m in layer.modules())
-    # GELU and both residual adds run inside the linears.
-    assert layer.intermediate.dense.activation == "gelu"
-    assert layer.attention.output._fused_add and layer.output._fused_add
-
-
-@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
-def test_an_activation_inside_the_linear_is_the_activation_of_the_linear(act: str) -> None:
-    from vllm_srun.engines.native.layers import activation
-
-    torch.manual_seed(1)
-    linear = torch.nn.Linear(48, 96)
-    x = torch.randn(37, 48)
-    fused = packed.PackedLinear(linear)
-    assert fused.fuse(act) and fused.activation == act
-    want = activation(act)(expected(linear, x))
-    assert close(fused(x.to(torch.bfloat16)), want)
-    # An activation oneDNN does not have stays outside: nothing changes.
-    plain = packed.PackedLinear(linear)
-    assert not plain.fuse("silu") and plain.activation is None
-
-
-def test_a_residual_added_inside_the_linear_is_the_sum() -> None:
-    torch.manual_seed(2)
-    linear = torch.nn.Linear(48, 32)
-    x, residual = torch.randn(2, 19, 48), torch.randn(2, 19, 32) * 10  # a residual dropped shows
-    out = packed.PackedLinear(linear).plus(x.to(torch.bfloat16), residual.to(torch.bfloat16))
-    assert out.shape == (2, 19, 32) and out.dtype == torch.bfloat16
-    assert close(out, expected(linear, x) + residual.to(torch.bfloat16).double())
-
-
-def test_a_fused_layer_matches_the_unfused_one() -> None:
-    import copy
-
-    from vllm_srun.engines.native.attention import Segments
-    from vllm_srun.engines.native.bert import BertLayer
-
-    torch.manual_seed(3)
-    config = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
-    layer = BertLayer(config).to(torch.bfloat16).eval()
-    unfused = copy.deepcopy(layer)
-    packed.pack_linears([layer])
-    packed.pack_linears([unfused], fuse=False)
-    assert unfused.intermediate.dense.activation is None and not unfused.output._fused_add
-    import numpy as np
-
-    segments = Segments.from_offsets(np.array([0, 5, 16, 19]), torch.device("cpu"))
-    x = torch.randn(19, 32).to(torch.bfloat16)
-    with torch.no_grad():
-        a, b = layer(x, segments), unfused(x, segments)
-    # Each path rounds to bfloat16 in other places: within a few of its steps, not bitwise.
-    assert torch.allclose(a.float(), b.float(), atol=0.05), (a.float() - b.float()).abs().max()
 
 
 # One linear of each kind the engine builds on oneDNN, run in a process of its own with oneDNN's

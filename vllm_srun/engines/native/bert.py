@@ -17,7 +17,6 @@ from torch import nn
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 from vllm_srun.engines.native.layers import activation
-from vllm_srun.engines.native.packed import PackedLinear
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
 
@@ -62,22 +61,12 @@ class BertSelfAttention(nn.Module):
 class BertAddNorm(nn.Module):
     """`dense` then residual add then LayerNorm: BERT's SelfOutput and Output blocks."""
 
-    # Set by `fuse_packed`: the residual add runs inside the bfloat16 linear.
-    _fused_add = False
-
     def __init__(self, width: int, hidden: int, eps: float) -> None:
         super().__init__()
         self.dense = nn.Linear(width, hidden)
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
-    def fuse_packed(self) -> None:
-        """Once `dense` is a bfloat16 PackedLinear (packed.pack_linears): the residual is added
-        to its float32 accumulator, one rounding and no second pass over the output."""
-        self._fused_add = isinstance(self.dense, PackedLinear) and self.dense.activation is None
-
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self._fused_add:
-            return self.LayerNorm(self.dense.plus(x, residual))  # type: ignore[operator]
         # In place on the dense output, which nothing else holds: one [tokens, hidden] tensor
         # fewer per block, bitwise the same sum.
         return self.LayerNorm(self.dense(x).add_(residual))
@@ -97,21 +86,10 @@ class BertIntermediate(nn.Module):
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.dense = nn.Linear(hidden, intermediate)
-        self.act_name = act
         self.act = activation(act, in_place=True)  # on the dense output, which nothing else holds
-
-    def fuse_packed(self) -> None:
-        """Once `dense` is a bfloat16 PackedLinear (packed.pack_linears): the activation runs
-        inside it, where oneDNN has it, on the float32 accumulator."""
-        if isinstance(self.dense, PackedLinear) and self.dense.fuse(self.act_name):
-            self.act = _identity
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(x))
-
-
-def _identity(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 class BertLayer(nn.Module):

@@ -42,41 +42,11 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous())
 
 
-def packed_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post_op: tuple[str, str] = ("none", "")
-) -> torch.Tensor:
-    """x @ weight.T + bias for bfloat16 `x` [..., in] and a `pack_weight` weight, then `post_op`
-    (oneDNN's name for an activation and its algorithm, see `FUSED_ACTIVATIONS`) on the float32
-    accumulator before it is rounded to bfloat16."""
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T + bias for bfloat16 `x` [..., in] and a `pack_weight` weight."""
     shape = x.shape
-    attr, algorithm = post_op
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, attr, [], algorithm)
+    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
     return out.view(*shape[:-1], out.shape[-1])
-
-
-def packed_linear_add(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, other: torch.Tensor
-) -> torch.Tensor:
-    """x @ weight.T + bias + other in one pass: oneDNN adds `other` (bfloat16, the output's
-    shape) to the float32 accumulator and rounds once, where a separate add would round the
-    linear's output first and then read and write the whole [tokens, out] tensor again."""
-    shape = x.shape
-    flat = x.reshape(-1, shape[-1])
-    out = torch.ops.mkldnn._linear_pointwise.binary(flat, other.reshape(flat.shape[0], -1), weight, bias, "add")
-    return out.view(*shape[:-1], out.shape[-1])
-
-
-# The transformers activations (layers.py's names) oneDNN's linear can apply itself, as
-# (post-op, algorithm): the activation then costs no pass of its own over the [tokens,
-# intermediate] output, the widest tensor of a layer (a sixth of a MiniLM bfloat16 forward on
-# this CPU when it was separate; docs/performance.md).
-FUSED_ACTIVATIONS: dict[str, tuple[str, str]] = {
-    "gelu": ("gelu", "none"),
-    "gelu_new": ("gelu", "tanh"),
-    "gelu_fast": ("gelu", "tanh"),
-    "gelu_pytorch_tanh": ("gelu", "tanh"),
-    "relu": ("relu", ""),
-}
 
 
 def int8_available() -> bool:
@@ -114,44 +84,23 @@ class PackedLinear(nn.Module):
     `weight` (packed) and `bias` are buffers: the module has no parameters, so nothing
     reloads into it."""
 
-    # The activation oneDNN applies to the output (`fuse`); none until a block asks.
-    activation: str | None = None
-
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("weight", pack_weight(linear.weight))
         bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
-        self._post_op = ("none", "")
-
-    def fuse(self, activation: str) -> bool:
-        """Apply the activation `activation` (layers.py's name) inside the GEMM from now on;
-        False, and nothing changed, where oneDNN has no such post-op."""
-        post_op = FUSED_ACTIVATIONS.get(activation)
-        if post_op is None:
-            return False
-        self.activation, self._post_op = activation, post_op
-        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.weight, self.bias, self._post_op)
-
-    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """forward(x) + other, the add inside the GEMM (`packed_linear_add`)."""
-        assert self.activation is None, "an add after a fused activation is not this op"
-        return packed_linear_add(x, self.weight, self.bias, other)
+        return packed_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        fused = f", then {self.activation}" if self.activation else ""
-        return f"in={self.in_features}, out={self.out_features}, oneDNN bfloat16{fused}"
+        return f"in={self.in_features}, out={self.out_features}, oneDNN bfloat16"
 
 
-def pack_linears(blocks: Sequence[nn.Module], *, fuse: bool = True) -> int:
+def pack_linears(blocks: Sequence[nn.Module]) -> int:
     """Replace every `nn.Linear` inside the bfloat16 encoder layers `blocks` by a
-    `PackedLinear`, in place; returns how many (0 where this torch lacks the op). With `fuse`,
-    each submodule that has a `fuse_packed()` method is then asked to move what follows its
-    linear (an activation, a residual add) into it."""
+    `PackedLinear`, in place; returns how many (0 where this torch lacks the op)."""
     from vllm_srun.engines.native.quantize import linears, replace  # quantize imports this module
 
     if not available():
@@ -161,8 +110,4 @@ def pack_linears(blocks: Sequence[nn.Module], *, fuse: bool = True) -> int:
         for name, linear in list(linears(block)):
             replace(block, name, PackedLinear(linear))
             count += 1
-        for module in block.modules() if fuse else ():
-            fuse_packed = getattr(module, "fuse_packed", None)
-            if callable(fuse_packed):
-                fuse_packed()
     return count
