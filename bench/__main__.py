@@ -34,6 +34,7 @@ from bench import infinity, lone_miss, report, shapes
 from bench.ceiling import Ceiling, adjacent_pass, run_ceiling, torch_threads
 from bench.corpus import corpus, with_repeats
 from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, main_thread_cpu_s, rss_mb, tree
+from vllm_srun import defaults
 from vllm_srun.tuning import default_threads
 
 SHAPE_NAMES = tuple(report.SHAPES)
@@ -300,6 +301,19 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def served_dtype(serve_args: list[str]) -> str:
+    """The `--dtype` among the server's extra arguments (the last one given), which the ceiling
+    loads too: a bfloat16 server against a float32 ceiling would say nothing. The default when
+    none is given."""
+    dtype = defaults.DTYPE
+    for i, arg in enumerate(serve_args):
+        if arg == "--dtype" and i + 1 < len(serve_args):
+            dtype = serve_args[i + 1]
+        elif arg.startswith("--dtype="):
+            dtype = arg.partition("=")[2]
+    return dtype
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the bench; 0 when it ran (a missed target is a figure, not a failure), else 1."""
     args = parse_args(argv)
@@ -326,7 +340,12 @@ def main(argv: list[str] | None = None) -> int:
         result["infinity"] = setup_infinity(args)
         log(f"ceiling and peer: {args.model}, {len(texts)} texts")
         ceiling, result["ceiling"], result["peer"] = run_ceiling(
-            args.model, texts, texts[:C1_MAX_TEXTS], budget_s=args.shape_timeout_s, peer=not args.no_peer
+            args.model,
+            texts,
+            texts[:C1_MAX_TEXTS],
+            budget_s=args.shape_timeout_s,
+            peer=not args.no_peer,
+            dtype=served_dtype(args.serve_arg),
         )
         result["meta"]["torch_threads"] = torch_threads()
         result["meta"]["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")

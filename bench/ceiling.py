@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import warm_texts
+from vllm_srun import defaults
 
 SWEEP = (8, 16, 32, 64, 128)
 PEER_BATCH = 32
@@ -50,14 +51,14 @@ def torch_threads() -> int | None:
 class Ceiling:
     """One model loaded in-process; `batch(texts)` is one plan → run → finish."""
 
-    def __init__(self, model_path: str) -> None:
+    def __init__(self, model_path: str, dtype: str = defaults.DTYPE) -> None:
         from vllm_srun.plugins.discovery import load_plugins
         from vllm_srun.plugins.surfaces import EmbeddingsRequest
         from vllm_srun.registry.loader import ModelOptions, load_model
 
         self._request = EmbeddingsRequest
         self.model, self.placement = load_model(
-            load_plugins(), ModelOptions(ref=model_path), with_engine=True
+            load_plugins(), ModelOptions(ref=model_path, dtype=dtype), with_engine=True
         )
 
     def batch(self, texts: list[str]) -> Any:
@@ -103,13 +104,20 @@ class Ceiling:
 
 
 def run_ceiling(
-    model_path: str, texts: list[str], single_texts: list[str], budget_s: float, *, peer: bool = True
+    model_path: str,
+    texts: list[str],
+    single_texts: list[str],
+    budget_s: float,
+    *,
+    peer: bool = True,
+    dtype: str = defaults.DTYPE,
 ) -> tuple[Ceiling, dict[str, Any], dict[str, Any]]:
-    """Load, warm, sweep batch sizes on a sample, run the corpus at the best (alternating with the
-    peer), then single texts. Returns the loaded ceiling too, for the passes next to each shape,
-    and the peer's figures (or `{"skipped": reason}`)."""
+    """Load (in `dtype`: the server's), warm, sweep batch sizes on a
+    sample, run the corpus at the best (alternating with the peer), then single texts. Returns
+    the loaded ceiling too, for the passes next to each shape, and the peer's figures (or
+    `{"skipped": reason}`)."""
     deadline = time.monotonic() + budget_s
-    ceiling = Ceiling(model_path)
+    ceiling = Ceiling(model_path, dtype)
     ceiling.warm()
     sweep = ceiling.sweep(texts[: min(len(texts), SWEEP_TEXTS)], deadline)
     best = max(sweep, key=lambda size: sweep[size])

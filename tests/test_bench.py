@@ -132,3 +132,11 @@ def test_report_infinity_skipped() -> None:
     result["targets"] = report.targets(result)
     table = report.table(result)
     assert "infinity          skipped: no Infinity venv: run with --infinity-create" in table
+
+
+def test_the_ceiling_loads_the_dtype_the_server_is_given() -> None:
+    from bench.__main__ import served_dtype
+
+    assert served_dtype([]) == "auto"
+    assert served_dtype(["--max-num-seqs", "16", "--dtype", "bfloat16"]) == "bfloat16"
+    assert served_dtype(["--dtype=int8", "--dtype", "bfloat16"]) == "bfloat16"  # the last one wins
