@@ -36,7 +36,7 @@ PROBE = textwrap.dedent(
     from vllm_srun.app.runtime import ModelSettings, ServerSettings
     from vllm_srun.families.task_heads.layout import Layout
     from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
-    from vllm_srun.queue.coalescer import BatchLimits
+    from vllm_srun.queue.worker.coalescer import BatchLimits
 
     def model(settings: ModelSettings) -> dict:
         o = settings.options

@@ -2,7 +2,7 @@
 
 `Client` and `AsyncClient` expose the same methods. Responses are the server's JSON decoded
 to plain dicts (the shapes of the Structs in `vllm_srun.plugins.surfaces` and
-`vllm_srun.queue.bulk.JobStatus`), so a field the server adds later reaches the caller
+`vllm_srun.queue.jobs.JobStatus`), so a field the server adds later reaches the caller
 without a client release. Requests are described by `Call` values built by plain functions,
 and responses are read by plain functions; the two classes differ only in how they send.
 """

@@ -179,7 +179,7 @@ def test_minilm_small_batch_paths_match_sentence_transformers(nt: Any, small: st
     st = pytest.importorskip("sentence_transformers")
     from tokenizers import Tokenizer
 
-    from vllm_srun.testing.corpus import corpus
+    from vllm_srun.registry.corpus import corpus
 
     path = minilm_dir()
     assert json.loads((path / "config.json").read_text())["architectures"] == ["BertModel"]

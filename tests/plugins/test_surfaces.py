@@ -20,7 +20,7 @@ from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads.family import TaskHeadsFamily
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.plugins.base import ModelInfo, Plan, WorkItem
-from vllm_srun.plugins.decision_surface import DecisionsRequest, DecisionsResponse, DecisionState, Question
+from vllm_srun.plugins.decision_bodies import DecisionsRequest, DecisionsResponse, DecisionState, Question
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import (

@@ -23,7 +23,7 @@ from vllm_srun.queue import client as queue_client
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 
 @pytest.fixture

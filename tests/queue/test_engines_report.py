@@ -14,7 +14,7 @@ from arq.connections import ArqRedis
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 
 @pytest.fixture

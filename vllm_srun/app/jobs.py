@@ -29,12 +29,12 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Requ
 from litestar.params import FromPath, HeaderParameter, QueryParameter
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
-from vllm_srun.app import quantization
+from vllm_srun.app import embedding_types as quantization
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import CALLER, Caller
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, Unauthorized, UnsupportedSurface
 from vllm_srun.plugins.surfaces import REGISTRY, Surface, request_type
-from vllm_srun.queue.bulk import JobStatus, error_body
+from vllm_srun.queue.jobs import JobStatus, error_body
 
 OnError = Literal["reject", "record"]
 NDJSON_TYPES = ("application/x-ndjson", "application/jsonl", "application/json-lines")

@@ -19,11 +19,11 @@ from litestar.datastructures import State
 
 from vllm_srun import defaults
 from vllm_srun.app.health import ModelState, Status, model_states
-from vllm_srun.app.quantization import describe as describe_quantization
+from vllm_srun.app.embedding_types import describe as describe_quantization
 from vllm_srun.app.runtime import Runtime, ServedModel
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
 from vllm_srun.plugins.bodies import served_profile
-from vllm_srun.plugins.decision_surface import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
+from vllm_srun.plugins.decision_bodies import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.plugins.surfaces import REGISTRY
 

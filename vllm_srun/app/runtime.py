@@ -23,18 +23,18 @@ from typing import Any
 import structlog
 
 from vllm_srun import defaults
-from vllm_srun.app.quantization import Calibration
+from vllm_srun.app.embedding_types import Calibration
 from vllm_srun.app.streams import StreamSlots
 from vllm_srun.app.tenants import Callers
 from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
-from vllm_srun.queue.bulk import BulkQuotas, BulkStore
+from vllm_srun.queue.jobs import BulkQuotas, BulkStore
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, blocking_pool, eviction_policy
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare

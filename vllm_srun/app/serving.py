@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from vllm_srun import tracing
-from vllm_srun.app import quantization
+from vllm_srun.app import embedding_types as quantization
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import current_salt
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface

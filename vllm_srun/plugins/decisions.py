@@ -36,7 +36,7 @@ from vllm_srun import defaults
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import EngineModel, ItemError, LoadedModel, ModelInfo, Plan, Result, WorkItem
 from vllm_srun.plugins.bodies import ItemErrorCode, UnsupportedOption, Usage, item_error_code
-from vllm_srun.plugins.decision_surface import (
+from vllm_srun.plugins.decision_bodies import (
     KNOWN_TYPES,
     QUESTION_TYPES,
     Answer,

@@ -27,7 +27,7 @@ from vllm_srun.plugins.bodies import ResponseMeta as ResponseMeta
 from vllm_srun.plugins.bodies import UnsupportedOption, options_type
 from vllm_srun.plugins.bodies import Usage as Usage
 from vllm_srun.plugins.bodies import WindowOptions as WindowOptions
-from vllm_srun.plugins.decision_surface import (
+from vllm_srun.plugins.decision_bodies import (
     DECISIONS_OPTIONS,
     DecisionsRequest,
     DecisionsResponse,

@@ -30,7 +30,7 @@ from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.registry.golden import answer
 from vllm_srun.registry.loader import Prepared
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 CHECK_TEXTS = 256
 BATCH = 32

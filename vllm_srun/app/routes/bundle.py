@@ -30,7 +30,7 @@ from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError, model_failure
-from vllm_srun.plugins.decision_surface import DecisionResponse
+from vllm_srun.plugins.decision_bodies import DecisionResponse
 from vllm_srun.plugins.surfaces import (
     REGISTRY,
     ClassifyResponse,

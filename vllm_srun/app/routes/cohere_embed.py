@@ -39,7 +39,7 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app import quantization
+from vllm_srun.app import embedding_types as quantization
 from vllm_srun.app.errors import item_failure
 from vllm_srun.app.models import input_types
 from vllm_srun.app.responses import respond
@@ -48,7 +48,7 @@ from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import calibration_runner
 from vllm_srun.errors import SrunError
 from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, Options, policy_words
-from vllm_srun.plugins.quantization import as_base64, as_json
+from vllm_srun.plugins.embedding_types import as_base64, as_json
 from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]

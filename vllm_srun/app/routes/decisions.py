@@ -9,7 +9,7 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.responses import respond
-from vllm_srun.plugins.decision_surface import DecisionRequest, DecisionResponse
+from vllm_srun.plugins.decision_bodies import DecisionRequest, DecisionResponse
 from vllm_srun.plugins.surfaces import DECISIONS
 
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vllm_srun.plugins.decision_surface import Question
+from vllm_srun.plugins.decision_bodies import Question
 from vllm_srun.plugins.vectors import sigmoid, softmax
 
 # "{instructions}" is the question as asked; "{description}" is one option's description.

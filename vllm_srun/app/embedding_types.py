@@ -8,7 +8,7 @@ same text share the work, never the answer). binary and ubinary need nothing mor
 int8 and uint8 need each dimension's range. sentence-transformers, given none, takes the
 minimum and maximum of the batch being quantized, which makes a text's values depend on the
 texts sent with it; here they never do. A model's ranges are the per-dimension minimum and
-maximum of a fixed calibration corpus (CALIBRATION_TEXTS texts of vllm_srun.testing.corpus,
+maximum of a fixed calibration corpus (CALIBRATION_TEXTS texts of vllm_srun.registry.corpus,
 seed CALIBRATION_SEED): embedded through the embeddings surface like any request (so the same
 on every replica, through the result cache), at the request's layer and normalisation, without
 a prompt (the package's default prompt applies), at the model's full dimension. A request for
@@ -31,9 +31,9 @@ import numpy as np
 from vllm_srun.errors import InvalidRequest, Unavailable
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import UnsupportedOption
-from vllm_srun.plugins.quantization import CALIBRATED, as_base64, as_json, quantize, ranges_of
+from vllm_srun.plugins.embedding_types import CALIBRATED, as_base64, as_json, quantize, ranges_of
 from vllm_srun.plugins.surfaces import EmbeddingsOptions, EmbeddingsRequest, EmbeddingsResponse
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 CALIBRATION_TEXTS = 256
 CALIBRATION_SEED = 11
@@ -138,7 +138,7 @@ def describe(calibration: Calibration, model: LoadedModel) -> dict[str, Any] | N
     return {
         "embedding_types": ["float", *CALIBRATED, "binary", "ubinary"],
         "calibration": {
-            "corpus": "vllm_srun.testing.corpus",
+            "corpus": "vllm_srun.registry.corpus",
             "texts": CALIBRATION_TEXTS,
             "seed": CALIBRATION_SEED,
             # Per dimension: [minimums, maximums]; null until the first int8 or uint8 request.

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from helpers import REPO, RedisProcess, Server, start_worker
 
-from vllm_srun.cli import FIXTURE_MARKER, main
+from vllm_srun.cli.main import FIXTURE_MARKER, main
 
 
 def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -183,7 +183,7 @@ def test_a_worker_serves_a_replica_and_stops_on_sigterm(
 
 def _names(argv: list[str]) -> list[tuple[str | None, tuple[str, ...]]]:
     """The (name, aliases) of each model `serve argv` would serve."""
-    from vllm_srun.cli import _model_settings, build_parser
+    from vllm_srun.cli.main import _model_settings, build_parser
 
     settings = _model_settings(build_parser().parse_args(["serve", *argv]))
     return [(s.options.name, s.options.aliases) for s in settings]

@@ -33,9 +33,9 @@ from vllm_srun.client import http_options
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import EXACT_PROFILE, MAX_SPEED_PROFILE
-from vllm_srun.plugins.decision_surface import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
+from vllm_srun.plugins.decision_bodies import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
 from vllm_srun.plugins.decisions import DecisionModel
-from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.registry.loader import ModelOptions
 
 PROVIDER = "model_runtime"
@@ -85,7 +85,7 @@ class CatalogDeployment(HowToServe, kw_only=True):
     """One entry of the router's `model_catalog.deployments`: where the router sends a model.
 
     The router's record, read to decide what to serve or check; what a device worker serves
-    is `vllm_srun.queue.worker.Deployment`. Keys we do not use are the router's business and
+    is `vllm_srun.queue.worker.device_worker.Deployment`. Keys we do not use are the router's business and
     are ignored.
     """
 

@@ -34,11 +34,11 @@ from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import FINISH, WITHDRAWN, DrivenWorker, Finish
-from vllm_srun.queue.bulk import BulkStore
-from vllm_srun.queue.bulk_runner import ChunkRunner
-from vllm_srun.queue.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue.jobs import BulkStore
+from vllm_srun.queue.worker.chunks import ChunkRunner
+from vllm_srun.queue.worker.coalescer import BatchLimits, Coalescer, Outcome
 from vllm_srun.queue.gateway import write_back
-from vllm_srun.queue.leases import LeaseKeeper, run_isolated
+from vllm_srun.queue.worker.leases import LeaseKeeper, run_isolated
 from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     is_cluster,

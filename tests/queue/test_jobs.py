@@ -9,7 +9,7 @@ from arq.jobs import Job
 
 from vllm_srun.errors import JobNotFound, Overloaded, Unavailable
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.bulk import (
+from vllm_srun.queue.jobs import (
     CACHED,
     DONE,
     FAILED,

@@ -25,7 +25,7 @@ from vllm_srun.errors import SrunError, Unavailable
 from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
 from vllm_srun.plugins.surfaces import finish, request_type
 from vllm_srun.queue import keys
-from vllm_srun.queue.bulk import (
+from vllm_srun.queue.jobs import (
     CACHED,
     DONE,
     FAILED,
@@ -35,9 +35,9 @@ from vllm_srun.queue.bulk import (
     error_body,
     result_line,
 )
-from vllm_srun.queue.coalescer import BULK, Coalescer
+from vllm_srun.queue.worker.coalescer import BULK, Coalescer
 from vllm_srun.queue.gateway import Ran, ResultGateway
-from vllm_srun.queue.leases import run_isolated
+from vllm_srun.queue.worker.leases import run_isolated
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.protocol import ChunkPayload
 from vllm_srun.queue.redis import REDIS_ERRORS

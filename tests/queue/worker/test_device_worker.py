@@ -20,7 +20,7 @@ from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.redis import pubsub_client
 from vllm_srun.queue.results import decode_result
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 Planner = Callable[..., list[WorkItem]]
 

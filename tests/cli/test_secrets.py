@@ -1,4 +1,4 @@
-"""vllm_srun.deploy_secrets: what init-secrets writes and keeps, and how the CLI reads the files."""
+"""vllm_srun.cli.secrets: what init-secrets writes and keeps, and how the CLI reads the files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_srun.deploy_secrets import (
+from vllm_srun.cli.secrets import (
     API_KEYS,
     REDIS_PASSWORD,
     REDIS_SERVER_PASSWORD,

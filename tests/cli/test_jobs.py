@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import Server, free_port, write_keywords
 
-from vllm_srun.jobs_cli import ProgressBar, add_jobs_parser, cmd_jobs
+from vllm_srun.cli.jobs import ProgressBar, add_jobs_parser, cmd_jobs
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,7 +118,7 @@ def test_errors_exit_2_with_a_message(server: Server, capsys: pytest.CaptureFixt
 
 def test_unreachable_server_exits_2_from_main(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    main = "import sys; from vllm_srun.jobs_cli import main; sys.exit(main())"
+    main = "import sys; from vllm_srun.cli.jobs import main; sys.exit(main())"
     command = [sys.executable, "-c", main, "jobs", "status", "job_x", "--url", url]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2

@@ -14,7 +14,7 @@ from helpers import write_keywords
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
-from vllm_srun.queue.coalescer import BULK, INTERACTIVE, BatchLimits, Coalescer
+from vllm_srun.queue.worker.coalescer import BULK, INTERACTIVE, BatchLimits, Coalescer
 from vllm_srun.registry.loader import ModelOptions, load_model
 
 

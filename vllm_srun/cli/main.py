@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from vllm_srun import defaults
-from vllm_srun.deploy_secrets import API_KEY_ENV, API_KEY_FILE_ENV
+from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV
 from vllm_srun.errors import SrunError
-from vllm_srun.managed import file_mode, remove_socket
+from vllm_srun.cli.managed import file_mode, remove_socket
 
 # Left in a directory `vllm-srun fixture` wrote, so writing there again may replace it.
 FIXTURE_MARKER = ".vllm-srun-fixture"
@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-upstream-connections",
         type=POSITIVE,
         default=None,
-        help="connections to the replicas, at most (default: vllm_srun.proxy.MAX_UPSTREAM_CONNECTIONS)",
+        help="connections to the replicas, at most (default: vllm_srun.cli.proxy.MAX_UPSTREAM_CONNECTIONS)",
     )
 
     plugins = sub.add_parser("plugins", help="list installed families, engines, accelerators, stat loggers")
@@ -287,7 +287,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Listed for --help only: main() hands everything after "bench" to the bench's own parser.
     sub.add_parser("bench", help="run the benchmark from the repository root (vllm-srun bench --help)")
 
-    from vllm_srun.jobs_cli import add_jobs_parser
+    from vllm_srun.cli.jobs import add_jobs_parser
 
     add_jobs_parser(sub)
     return parser
@@ -295,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
     """Every model to serve: the MODEL arguments, then a --models file, then a --config file."""
-    from vllm_srun import config
+    from vllm_srun.cli.main import config
     from vllm_srun.errors import ConfigError
 
     names: list[list[str]] = args.served_model_name or []
@@ -347,7 +347,7 @@ def _redis_url(url: str) -> str:
     password where it names none."""
     from urllib.parse import quote, urlsplit
 
-    from vllm_srun.deploy_secrets import redis_password
+    from vllm_srun.cli.secrets import redis_password
 
     try:
         password = redis_password(os.environ)
@@ -361,7 +361,7 @@ def _redis_url(url: str) -> str:
 
 
 def _owner(text: str) -> Any:
-    from vllm_srun.deploy_secrets import Owner
+    from vllm_srun.cli.secrets import Owner
 
     try:
         return Owner.parse(text)
@@ -370,7 +370,7 @@ def _owner(text: str) -> Any:
 
 
 def _connection_args(parser: argparse.ArgumentParser) -> None:
-    """What a client's connection may hold (vllm_srun.connections); default: ConnectionLimits'."""
+    """What a client's connection may hold (vllm_srun.cli.connections); default: ConnectionLimits'."""
     add = parser.add_argument
     add("--header-timeout-s", type=SECONDS, default=None, help="a request's headers arrive within this")
     add("--body-idle-s", type=SECONDS, default=None, help="longest gap in a request body being read")
@@ -378,7 +378,7 @@ def _connection_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _connection_limits(args: argparse.Namespace) -> Any:
-    from vllm_srun.connections import ConnectionLimits
+    from vllm_srun.cli.connections import ConnectionLimits
 
     given = {k: getattr(args, k) for k in ("header_timeout_s", "body_idle_s", "max_connections")}
     return ConnectionLimits(**{k: v for k, v in given.items() if v is not None})
@@ -386,7 +386,7 @@ def _connection_limits(args: argparse.Namespace) -> Any:
 
 def _bulk_quotas(args: argparse.Namespace) -> Any:
     """What bulk jobs may hold in the state Redis; an option not given keeps BulkQuotas' default."""
-    from vllm_srun.queue.bulk import BulkQuotas
+    from vllm_srun.queue.jobs import BulkQuotas
 
     given = {
         "max_queued_items": args.max_queued_job_items,
@@ -474,7 +474,7 @@ def _shared_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def _model_checks(args: argparse.Namespace) -> dict[str, Any]:
     """The router's decision signals bound to a model served here, checked once it has loaded."""
-    from vllm_srun.config import signal_checks
+    from vllm_srun.cli.config import signal_checks
 
     return signal_checks(args.router_config) if args.router_config else {}
 
@@ -486,7 +486,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from vllm_srun.app.runtime import ServerSettings
     from vllm_srun.app.tenants import read_key_file
     from vllm_srun.errors import ConfigError
-    from vllm_srun.queue.redis_server import EmbeddedRedis
+    from vllm_srun.cli.embedded_redis import EmbeddedRedis
 
     shared = _shared_settings(args)
     stopped_by: list[str] = []
@@ -572,7 +572,7 @@ def _listening(args: argparse.Namespace) -> list[Any]:
     stops the start at once; connections are accepted once the app is up."""
     import structlog
 
-    from vllm_srun.managed import UDS_MODE, tcp_socket, unix_socket
+    from vllm_srun.cli.managed import UDS_MODE, tcp_socket, unix_socket
 
     log = structlog.get_logger("vllm_srun.http")
     sockets = []
@@ -699,7 +699,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
-    from vllm_srun.proxy import MAX_UPSTREAM_CONNECTIONS, serve
+    from vllm_srun.cli.proxy import MAX_UPSTREAM_CONNECTIONS, serve
 
     serve(
         args.listen,
@@ -734,9 +734,9 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    """What the router asks before it places a deployment on `auto` (see vllm_srun.managed)."""
+    """What the router asks before it places a deployment on `auto` (see vllm_srun.cli.managed)."""
     from vllm_srun.accelerators._torch import torch_or_none
-    from vllm_srun.managed import devices_report
+    from vllm_srun.cli.managed import devices_report
     from vllm_srun.plugins.discovery import load_plugins
 
     torch_or_none()  # loaded so that torch-based accelerators report what they find
@@ -823,7 +823,7 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Each endpoint deployment serves its model, then each decision signal bound to one is
     answered there; a malformed signal is a configuration error before anything is asked."""
-    from vllm_srun.config import check_endpoints, check_signals
+    from vllm_srun.cli.config import check_endpoints, check_signals
 
     signals = check_signals(args.config, timeout_s=args.timeout_s, api_key=args.api_key)
     checks = check_endpoints(args.config, timeout_s=args.timeout_s, api_key=args.api_key) + signals
@@ -850,7 +850,7 @@ def cmd_bench(bench_args: list[str]) -> int:
 
 
 def cmd_init_secrets(args: argparse.Namespace) -> int:
-    from vllm_srun.deploy_secrets import init_secrets
+    from vllm_srun.cli.secrets import init_secrets
 
     done = init_secrets(args.directory, env=os.environ, owner=args.owner, redis_owner=args.redis_owner)
     for name, action in done.items():
@@ -859,14 +859,14 @@ def cmd_init_secrets(args: argparse.Namespace) -> int:
 
 
 def cmd_api_key(args: argparse.Namespace) -> int:
-    from vllm_srun.deploy_secrets import api_key
+    from vllm_srun.cli.secrets import api_key
 
     print(api_key(os.environ))
     return 0
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from vllm_srun.jobs_cli import cmd_jobs as run
+    from vllm_srun.cli.jobs import cmd_jobs as run
 
     return run(args)
 
@@ -900,6 +900,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

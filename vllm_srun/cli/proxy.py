@@ -6,7 +6,7 @@ back when its check answers again. Both directions stream: a request body is for
 arrives, and a response is sent on chunk by chunk as the replica writes it, so a job's event
 stream reaches the client event by event (a buffering proxy would hold it until the job ends).
 
-What a client controls is bounded (`vllm_srun.connections`): a connection's headers arrive
+What a client controls is bounded (`vllm_srun.cli.connections`): a connection's headers arrive
 within a deadline and its body never idles past a timeout, open connections are capped, and so
 are the connections to the upstreams (a request that finds the pool full waits at most
 `POOL_WAIT_S`, then gets 503 with Retry-After). `X-Forwarded-For`, `-Host` and `-Proto` are this
@@ -34,9 +34,9 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
-from vllm_srun.connections import ConnectionLimits
+from vllm_srun.cli.connections import ConnectionLimits
 
-log = structlog.get_logger("vllm_srun.proxy")
+log = structlog.get_logger("vllm_srun.cli.proxy")
 
 # RFC 9110 section 7.6.1: connection-specific fields are not forwarded.
 HOP_BY_HOP = frozenset(
@@ -326,7 +326,7 @@ def serve(
     after the signal (an event stream stays open for as long as its job runs) are closed then."""
     import uvicorn
 
-    from vllm_srun.managed import tcp_socket
+    from vllm_srun.cli.managed import tcp_socket
 
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"

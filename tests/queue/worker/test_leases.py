@@ -1,4 +1,4 @@
-"""Leases and crash recovery (vllm_srun/queue/leases.py) in process, on a real Redis.
+"""Leases and crash recovery (vllm_srun/queue/worker/leases.py) in process, on a real Redis.
 
 A "dead" worker is an arq worker that claimed a job and whose leases nobody renews: what a
 `kill -9` leaves behind. The reaper of another process's LeaseKeeper must put that job back.
@@ -21,10 +21,10 @@ from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import DrivenWorker, add_job
-from vllm_srun.queue.leases import LeaseKeeper
+from vllm_srun.queue.worker.leases import LeaseKeeper
 from vllm_srun.queue.redis import pubsub_client
 from vllm_srun.queue.results import decode_result
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 QUEUE = "test:leases"
 WAKE = "test:leases:wake"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_srun.config import CatalogDeployment, _by_name, _judge, models_file, router_models
+from vllm_srun.cli.config import CatalogDeployment, _by_name, _judge, models_file, router_models
 from vllm_srun.errors import ConfigError
 
 
@@ -86,7 +86,7 @@ routing:
 
 
 def test_router_deployments_may_be_a_mapping_and_signals_bind_to_them(tmp_path: Path) -> None:
-    from vllm_srun.config import decision_signals
+    from vllm_srun.cli.config import decision_signals
 
     path = tmp_path / "router.yaml"
     path.write_text(ROUTER)
