@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 from vllm_srun.engines.native import packed  # noqa: E402
 from vllm_srun.engines.native.quantize import Bfloat16Linear  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not packed.available(), reason="this torch has no oneDNN linear")
+pytestmark = pytest.mark.skipif(not packed.available(), reason="no oneDNN linear on this torch and CPU (AVX-512 needed)")
 
 
 def expected(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:

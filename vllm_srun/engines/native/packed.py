@@ -32,9 +32,16 @@ def _has(namespace: object, *ops: str) -> bool:
     return torch.backends.mkldnn.is_available() and all(hasattr(namespace, op) for op in ops)
 
 
+def _avx512() -> bool:
+    """Whether this CPU has AVX-512 (F, BW, VL, DQ): oneDNN's bfloat16 and int8 linears refuse to
+    run without it (a CPU with AVX2 only, where a test stands in bfloat16's flags)."""
+    check = getattr(torch.cpu, "_is_avx512_supported", None)
+    return bool(check()) if check is not None else True
+
+
 def available() -> bool:
-    """Whether this torch has oneDNN's linear (and oneDNN is enabled)."""
-    return _has(torch.ops.mkldnn, "_linear_pointwise", "_reorder_linear_weight")
+    """Whether this torch has oneDNN's linear (and oneDNN is enabled), and this CPU runs it."""
+    return _has(torch.ops.mkldnn, "_linear_pointwise", "_reorder_linear_weight") and _avx512()
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -50,8 +57,8 @@ def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def int8_available() -> bool:
-    """Whether this torch has oneDNN's int8 linear."""
-    return _has(torch.ops.onednn, "qlinear_pointwise", "qlinear_prepack")
+    """Whether this torch has oneDNN's int8 linear, and this CPU runs it."""
+    return _has(torch.ops.onednn, "qlinear_pointwise", "qlinear_prepack") and _avx512()
 
 
 def pack_int8(weight: torch.Tensor) -> torch.Tensor:
