@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vllm_srun.errors import Unavailable
-from vllm_srun.queue import protocol
+from vllm_srun.queue import protocol, scripts
 
 # What a lost or unreachable Redis raises, wherever it is called (on a cluster also while a
 # failover is under way: its slots are down, or being moved).
@@ -148,7 +148,7 @@ _CONNECTION_OPTIONS: dict[str, Any] = {
 
 def _cluster(url: str, max_connections: int) -> ArqRedis:
     # The commands this package sends are common to both clients; arq's own transactions are
-    # replaced where they would run on it (arq_compat.DrivenWorker).
+    # replaced where they would run on it (worker.arq_worker.DrivenWorker).
     client = RedisCluster.from_url(
         url,
         **_CONNECTION_OPTIONS,
@@ -233,7 +233,7 @@ async def run_script(client: Any, script: str, keys: Sequence[str], args: Sequen
     return await client.register_script(script)(keys=list(keys), args=list(args), client=client)
 
 
-_PUBLISH = "return redis.call('PUBLISH', ARGV[1], ARGV[2])"
+_PUBLISH = scripts.load("publish_after")
 
 
 def publish(pipe: Any, channel: str, message: bytes, *, after: str) -> None:

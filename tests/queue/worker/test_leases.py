@@ -20,11 +20,12 @@ from arq.worker import func
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import DrivenWorker, add_job
-from vllm_srun.queue.worker.leases import LeaseKeeper
+from vllm_srun.queue.arq_compat import add_job
 from vllm_srun.queue.redis import pubsub_client
 from vllm_srun.queue.results import decode_result
+from vllm_srun.queue.worker.arq_worker import DrivenWorker
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.leases import LeaseKeeper
 
 QUEUE = "test:leases"
 WAKE = "test:leases:wake"

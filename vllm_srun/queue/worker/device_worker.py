@@ -32,13 +32,9 @@ from vllm_srun import defaults, tracing
 from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
-from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.arq_compat import FINISH, WITHDRAWN, DrivenWorker, Finish
-from vllm_srun.queue.jobs import BulkStore
-from vllm_srun.queue.worker.chunks import ChunkRunner
-from vllm_srun.queue.worker.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue import keys, protocol, scripts
 from vllm_srun.queue.gateway import write_back
-from vllm_srun.queue.worker.leases import LeaseKeeper, run_isolated
+from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     is_cluster,
@@ -49,6 +45,10 @@ from vllm_srun.queue.redis import (
     run_script,
 )
 from vllm_srun.queue.results import encode_result
+from vllm_srun.queue.worker.arq_worker import FINISH, WITHDRAWN, DrivenWorker, Finish
+from vllm_srun.queue.worker.chunks import ChunkRunner
+from vllm_srun.queue.worker.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue.worker.leases import LeaseKeeper, run_isolated
 
 log = structlog.get_logger("vllm_srun.worker")
 
@@ -66,19 +66,8 @@ _T = TypeVar("_T")
 _CANCELLED = ItemError("cancelled", "the request was withdrawn")
 
 
-# One worker's heartbeat (ARGV[3], live until ARGV[2], its engine description ARGV[4]) in the
-# live set KEYS[1] and the engines hash KEYS[2]; the workers that lapsed by ARGV[1] leave both in
-# the same step, so what a dead worker said of its engine does not outlive it.
-_BEAT = """
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, id in ipairs(lapsed) do
-  redis.call('ZREM', KEYS[1], id)
-  redis.call('HDEL', KEYS[2], id)
-end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[3])
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
-return #lapsed
-"""
+# A worker's heartbeat and engine description, dropping the workers that lapsed (lua/worker_beat.lua).
+_BEAT = scripts.load("worker_beat")
 
 
 def _wanted(job: protocol.JobPayload, withdrawn: frozenset[str]) -> list[bool]:

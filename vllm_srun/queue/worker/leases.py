@@ -47,10 +47,10 @@ from arq.connections import ArqRedis
 from vllm_srun import defaults
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result, WorkItem
 from vllm_srun.queue import keys
-from vllm_srun.queue.arq_compat import DrivenWorker, release, requeue_lapsed
 from vllm_srun.queue.gateway import write_back
 from vllm_srun.queue.redis import REDIS_ERRORS, mget
 from vllm_srun.queue.results import encode_result
+from vllm_srun.queue.worker.arq_worker import DrivenWorker, release, requeue_lapsed
 
 log = structlog.get_logger("vllm_srun.leases")
 
