@@ -17,10 +17,10 @@ from vllm_srun.queue.jobs import (
     BulkQuotas,
     BulkStore,
     ResultLine,
-    _head_length,
     error_body,
     result_line,
 )
+from vllm_srun.queue.jobs.records import head_length
 
 
 def requests(n: int) -> list[bytes]:
@@ -248,7 +248,7 @@ async def test_a_full_state_redis_is_unavailable_not_an_error(redis: ArqRedis) -
 @pytest.mark.parametrize("custom_id", ["", "plain", 'with "quotes" and \\ and ,"response":'])
 def test_the_head_a_refused_line_keeps_is_index_and_custom_id(custom_id: str) -> None:
     full = result_line(7, custom_id, b'{"x":1}')
-    head = full[: _head_length(full)]
+    head = full[: head_length(full)]
     assert msgspec.json.decode(head + b',"error":{}}') == {
         "index": 7,
         "custom_id": custom_id or None,
