@@ -248,7 +248,7 @@ async def test_a_worker_outlives_a_redis_that_refuses_writes(
         while await last_heartbeat(admin) == before:
             assert time.monotonic() < deadline, "no heartbeat once writes were accepted again"
             await asyncio.sleep(0.1)
-        assert await client.live_workers("kw") == 1, "the heartbeat goes on"
+        assert await client.workers.live("kw") == 1, "the heartbeat goes on"
         items = [item for item in _classify(model, "refund please")]
         answer = await client.submit("kw", model.info.model_sha256, items, timeout_s=10)
         assert answer.results[0] is not None and answer.misses == 1

@@ -1,12 +1,10 @@
 """A worker running one chunk of a bulk job: plan, get results, finish, store.
 
-The chunk's requests are planned and finished here, on the worker, with the same
-LoadedModel an app would use, so a bulk result is byte for byte what the interactive
-surface answers. Its items get their results through the same gateway as interactive
-requests; the misses join the coalescer at bulk priority, so they fill what interactive work
-leaves of each batch, and their results go to the result cache, so interactive requests for
-the same inputs are hits. A chunk that has killed `POISON_CRASHES` workers runs its misses one
-item per forward instead (`leases.run_isolated`), so a poison input fails alone.
+The chunk's requests are planned (`planning.plan`) and finished with the same LoadedModel an
+app uses, so a bulk result is byte for byte the interactive answer. Items get their results
+through the same gateway; misses join the coalescer at bulk priority, filling what interactive
+work leaves of each batch. A chunk that has killed `POISON_CRASHES` workers runs its misses
+one item per forward (`leases.run_isolated`), so a poison input fails alone.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from vllm_srun.errors import SrunError, Unavailable
 from vllm_srun.plugins.base import LoadedModel, Plan, Result, WorkItem
 from vllm_srun.plugins.surfaces import finish, request_type
 from vllm_srun.queue import keys
+from vllm_srun.queue.gateway import Ran, ResultGateway
 from vllm_srun.queue.jobs import (
     CACHED,
     DONE,
@@ -35,15 +34,23 @@ from vllm_srun.queue.jobs import (
     error_body,
     result_line,
 )
-from vllm_srun.queue.worker.coalescer import BULK, Coalescer
-from vllm_srun.queue.gateway import Ran, ResultGateway
-from vllm_srun.queue.worker.leases import run_isolated
-from vllm_srun.queue.planning import plan_with_keys
+from vllm_srun.queue.planning import KeyIdentity, plan
 from vllm_srun.queue.protocol import ChunkPayload
 from vllm_srun.queue.redis import REDIS_ERRORS
 from vllm_srun.queue.results import encode_result
+from vllm_srun.queue.worker.coalescer import BULK, Coalescer
+from vllm_srun.queue.worker.leases import run_isolated
 
 log = structlog.get_logger("vllm_srun.bulk")
+
+
+@dataclass(frozen=True)
+class _ChunkJob:
+    """What a chunk's misses belong to: its arq job, the deaths it caused, its coalescer."""
+
+    job_id: str
+    crashes: int
+    coalescer: Coalescer
 
 
 @dataclass
@@ -120,29 +127,12 @@ class ChunkRunner:
             body = error_body("unavailable", f"this worker does not serve {chunk.deployment!r}")
             return [ResultLine(i, FAILED, result_line(i, cid, body, error=True)) for i, _, cid in todo]
         model = coalescer.model
-        # The job's caller's salt (keys.cache_salt), so its chunks share only that caller's cache.
-        salt = job.get("cache_salt", "")
-        planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo, salt)
+        planned = await asyncio.to_thread(_plan_all, model, chunk.surface, todo)
         items = [item for p in planned if p.plan for item in p.plan.items]
-
-        async def run(misses: list[WorkItem]) -> Ran:
-            if crashes >= defaults.POISON_CRASHES:
-                isolated = await run_isolated(
-                    self.redis,
-                    job_id=job_id or chunk.job_id,
-                    deployment=chunk.deployment,
-                    model=model,
-                    executor=coalescer.executor,
-                    items=misses,
-                    crashes=crashes,
-                    ttl_s=self.gateway.ttl_s,
-                    cache=self.gateway.cache,
-                )
-                return Ran(list(isolated), stored=True)
-            outcomes = await asyncio.gather(*coalescer.submit(misses, priority=BULK))
-            return Ran([encode_result(o.result) for o in outcomes])
-
-        got = await self.gateway.resolve(chunk.deployment, items, run)
+        # The job's caller's salt (keys.cache_salt), so its chunks share only that caller's cache.
+        identity = KeyIdentity(model.info.model_sha256, model.info.numerics, job.get("cache_salt", ""))
+        run = _ChunkJob(job_id or chunk.job_id, crashes, coalescer)
+        got = await self.gateway.resolve(chunk.deployment, items, self, run, identity=identity)
         position = 0
         for p in planned:
             if p.plan is None:
@@ -153,17 +143,34 @@ class ChunkRunner:
                 position += 1
         return await asyncio.to_thread(_finish_all, model, planned)
 
+    async def run_misses(self, deployment: str, misses: list[WorkItem], job: _ChunkJob) -> Ran:
+        """A chunk's misses, at bulk priority (`gateway.MissRunner`); one per forward once the
+        chunk has killed POISON_CRASHES workers."""
+        if job.crashes >= defaults.POISON_CRASHES:
+            isolated = await run_isolated(
+                self.redis,
+                job_id=job.job_id,
+                deployment=deployment,
+                model=job.coalescer.model,
+                executor=job.coalescer.executor,
+                items=misses,
+                crashes=job.crashes,
+                ttl_s=self.gateway.ttl_s,
+                cache=self.gateway.cache,
+            )
+            return Ran(list(isolated), stored=True)
+        outcomes = await asyncio.gather(*job.coalescer.submit(misses, priority=BULK))
+        return Ran([encode_result(o.result) for o in outcomes])
 
-def _plan_all(
-    model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]], salt: str = ""
-) -> list[_Planned]:
+
+def _plan_all(model: LoadedModel, surface: str, todo: Sequence[tuple[int, bytes, str]]) -> list[_Planned]:
     kind = request_type(surface)
     out = []
     for index, raw, custom_id in todo:
         entry = _Planned(index, custom_id)
         try:
             request = msgspec.json.decode(raw, type=kind, strict=False)
-            entry.plan = plan_with_keys(model, surface, request, cache_salt=salt)
+            entry.plan = plan(model, surface, request)
         except SrunError as exc:
             entry.error = error_body(exc.code, exc.message)
         except msgspec.ValidationError as exc:
