@@ -33,7 +33,7 @@ PROBE = textwrap.dedent(
         setattr(d, name, value)
 
     from vllm_srun import cli, config
-    from vllm_srun.app.runtime import ModelSettings, ServerSettings
+    from vllm_srun.app.settings import ModelSettings, ServerSettings
     from vllm_srun.families.task_heads.layout import Layout
     from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
     from vllm_srun.queue.worker.coalescer import BatchLimits

@@ -206,7 +206,7 @@ def test_the_onnx_session_is_built_and_probed_on_the_forward_threads_count(
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
-    from vllm_srun.app.runtime import Executors
+    from vllm_srun.app.loading import Executors
     from vllm_srun.engines.native.onnx_path import OnnxSmallBatch
     from vllm_srun.tuning import set_forward_threads, start_forward_thread
 

@@ -1,27 +1,16 @@
-"""Quantized embeddings (`options.embedding_type`, Cohere's `embedding_types`): the calibration
-ranges int8 and uint8 read, and a response's vectors in the types a request asks for.
+"""Quantized embeddings (`options.embedding_type`, Cohere's `embedding_types`): the pieces
+`serving` puts together, and what /v1/models shows of them.
 
-The float vectors are the surface's, cached as any (the cache holds float results only, and a
-quantized answer is made from them after the cache: a float request and an int8 one for the
-same text share the work, never the answer). binary and ubinary need nothing more.
-
-int8 and uint8 need each dimension's range. sentence-transformers, given none, takes the
-minimum and maximum of the batch being quantized, which makes a text's values depend on the
-texts sent with it; here they never do. A model's ranges are the per-dimension minimum and
-maximum of a fixed calibration corpus (CALIBRATION_TEXTS texts of vllm_srun.registry.corpus,
-seed CALIBRATION_SEED): embedded through the embeddings surface like any request (so the same
-on every replica, through the result cache), at the request's layer and normalisation, without
-a prompt (the package's default prompt applies), at the model's full dimension. A request for
-fewer `dimensions` takes the calibration vectors' leading components, renormalised when the
-vectors are unit length, as the served vectors are. The corpus is embedded on the first int8
-or uint8 request for a (layer, normalisation) and kept for the model's life; /v1/models shows
-the default ranges once they exist.
+A quantized answer is made from the cached float answer, never cached itself. int8 and uint8
+use each dimension's range over a fixed calibration corpus (CALIBRATION_TEXTS texts of
+`vllm_srun.registry.corpus`, seed CALIBRATION_SEED), embedded once per model, layer and
+normalisation, so a text's values never depend on the texts sent with it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +20,7 @@ import numpy as np
 from vllm_srun.errors import InvalidRequest, Unavailable
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import UnsupportedOption
-from vllm_srun.plugins.embedding_types import CALIBRATED, as_base64, as_json, quantize, ranges_of
+from vllm_srun.plugins.embedding_types import CALIBRATED, as_base64, as_json, ranges_of
 from vllm_srun.plugins.surfaces import EmbeddingsOptions, EmbeddingsRequest, EmbeddingsResponse
 from vllm_srun.registry.corpus import corpus
 
@@ -41,9 +30,6 @@ CALIBRATION_SEED = 11
 # --max-inputs), so that it shares batches with other work as any client's request does.
 CALIBRATION_BATCH = 32
 FIELD = "options.embedding_type"
-
-# Serves one float embeddings request (through the gateway, as any request is served).
-Runner = Callable[[EmbeddingsRequest], Awaitable[EmbeddingsResponse]]
 
 
 def asked(request: Any) -> str | None:
@@ -101,11 +87,16 @@ class Calibration:
 
     runs: dict[tuple[int | None, bool], asyncio.Task[np.ndarray]] = field(default_factory=dict)
 
-    async def vectors(self, request: EmbeddingsRequest, unit: bool, run: Runner) -> np.ndarray:
-        key = (request.layer, unit)
+    async def vectors(
+        self, key: tuple[int | None, bool], embed: Coroutine[Any, Any, np.ndarray]
+    ) -> np.ndarray:
+        """The vectors for `key`: `embed` runs where no run for it is under way or done
+        (a failed one runs again), else it is closed unrun and the callers share that run."""
         task = self.runs.get(key)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
-            task = self.runs[key] = asyncio.ensure_future(_embed_corpus(request, run))
+            task = self.runs[key] = asyncio.ensure_future(embed)
+        else:
+            embed.close()
         # Shielded: a caller that leaves does not cancel the run others wait on.
         return await asyncio.shield(task)
 
@@ -117,10 +108,9 @@ class Calibration:
         return ranges_of(task.result())
 
 
-async def _embed_corpus(request: EmbeddingsRequest, run: Runner) -> np.ndarray:
-    """The corpus' vectors; every text's, or none: ranges from part of the corpus would differ
-    from the ones another replica computes."""
-    body = await run(calibration_request(request))
+def corpus_vectors(body: EmbeddingsResponse) -> np.ndarray:
+    """The calibration corpus' vectors; every text's, or none: ranges from part of the corpus
+    would differ from the ones another replica computes."""
     failed = next((item for item in body.data if item.error is not None), None)
     if failed is not None:
         raise Unavailable(
@@ -147,43 +137,24 @@ def describe(calibration: Calibration, model: LoadedModel) -> dict[str, Any] | N
     }
 
 
-async def typed(
-    calibration: Calibration,
-    model: LoadedModel,
-    request: EmbeddingsRequest,
-    vectors: np.ndarray,
-    kinds: Sequence[str],
-    run: Runner,
-) -> dict[str, np.ndarray]:
-    """`vectors` (the float answer to `request`) in each of `kinds`."""
-    ranges = None
-    if any(kind in CALIBRATED for kind in kinds):
-        unit = normalized(model, request)
-        ranges = ranges_at(await calibration.vectors(request, unit, run), request.dimensions, unit)
-    return {kind: quantize(vectors, kind, ranges) for kind in kinds}
-
-
-async def serve_quantized(
-    calibration: Calibration, model: LoadedModel, request: EmbeddingsRequest, run: Runner, calibrate: Runner
-) -> EmbeddingsResponse:
-    """The answer to a request for a quantized `embedding_type`: the float answer (`run`),
-    each vector then quantized, as integers or (encoding_format base64) those integers as
-    float32 bytes: OpenAI's base64 is float32, and every OpenAI client (the openai package asks
-    for base64 by default) decodes it so, where the type's own bytes would decode as garbage."""
-    kind = asked(request)
-    assert kind is not None
+def check_dense(request: EmbeddingsRequest) -> None:
+    """A quantized type applies to dense output only, as the other fields that shape a dense
+    vector only are refused (families' outputs)."""
     if request.options.output not in (None, "dense"):
-        # As the other fields that shape a dense vector only are refused (families' outputs).
         raise InvalidRequest(
             f"{FIELD}: applies to dense output only, not options.output {request.options.output!r}",
             param=FIELD,
         )
-    body = await run(float_request(request))
-    quantized = (await typed(calibration, model, request, dense_rows(body), [kind], calibrate))[kind]
-    rows = iter(quantized)
+
+
+def typed_body(body: EmbeddingsResponse, request: EmbeddingsRequest, rows: np.ndarray) -> EmbeddingsResponse:
+    """`body` (the float answer) with each vector replaced by its quantized row, as integers
+    or (encoding_format base64) those integers as float32 bytes: OpenAI's base64 is float32,
+    and every OpenAI client decodes it so, where the type's own bytes would decode as garbage."""
+    remaining = iter(rows)
     for item in body.data:
         if item.error is None:
-            row = next(rows)
+            row = next(remaining)
             if request.encoding_format == "base64":
                 item.embedding = as_base64(row.astype(np.float32))
             else:

@@ -40,9 +40,10 @@ from vllm_srun.app.routes.tei_root import root_options as tei_root_options
 from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
 from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
 from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
-from vllm_srun.app.runtime import Runtime, ServerSettings
+from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.settings import ServerSettings
 from vllm_srun.app.strict import strict_body
 from vllm_srun.app.tenants import CALLER
 from vllm_srun.app.yaml_document import openapi_yaml_text

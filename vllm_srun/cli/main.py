@@ -334,7 +334,7 @@ def _model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
         raise ConfigError(
             "no model to serve: name one (MODEL), or give --models FILE or --config router.yaml"
         )
-    from vllm_srun.app.runtime import check_names
+    from vllm_srun.app.loading import check_names
 
     # Names given here clash or not before anything starts; default names (known once each
     # reference resolves) are checked again at start with the rest.
@@ -483,7 +483,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vllm_srun.app.main import create_app, stop_serving
-    from vllm_srun.app.runtime import ServerSettings
+    from vllm_srun.app.settings import ServerSettings
     from vllm_srun.app.tenants import read_key_file
     from vllm_srun.errors import ConfigError
     from vllm_srun.cli.embedded_redis import EmbeddedRedis
@@ -624,7 +624,7 @@ def _exit_now(code: int) -> NoReturn:
 
 async def _run_worker(settings: Any, metrics_port: int | None) -> int:
     """Serve `settings.models` from this process's devices until SIGINT or SIGTERM."""
-    from vllm_srun.app.runtime import Serving
+    from vllm_srun.app.loading import Serving
     from vllm_srun.plugins.discovery import load_plugins
 
     plugins = load_plugins()
@@ -681,7 +681,7 @@ def _check_port_free(port: int) -> None:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from vllm_srun.app.runtime import ServerSettings
+    from vllm_srun.app.settings import ServerSettings
 
     _check_redis(args.redis, strict=args.strict_redis)
     if args.cache_redis:
