@@ -21,6 +21,7 @@ import numpy as np
 
 from vllm_srun import tracing
 from vllm_srun.app import embedding_types
+from vllm_srun.app.loading import ServedModel
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import current_salt
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
@@ -173,33 +174,43 @@ async def _answer(
 ) -> Any:
     """`_serve`; embeddings of a quantized `options.embedding_type` are made from the float
     answer, after the cache (app/embedding_types.py)."""
+    served, model = runtime.model_for(request.model)
     kind = embedding_types.asked(request)
     if kind is None:
-        return await _serve(runtime, surface, request, timing, deadline_ms)
+        return await _serve(runtime, served, model, surface, request, timing, deadline_ms)
     assert isinstance(request, EmbeddingsRequest)
-    runtime.model_for(request.model)  # a model not served, or not ready, is refused first
     embedding_types.check_dense(request)
     float_request = embedding_types.float_request(request)
-    body: EmbeddingsResponse = await _serve(runtime, surface, float_request, timing, deadline_ms)
-    typed = await typed_vectors(runtime, request, embedding_types.dense_rows(body), [kind])
+    body: EmbeddingsResponse = await _serve(
+        runtime, served, model, surface, float_request, timing, deadline_ms
+    )
+    typed = await typed_vectors(runtime, served, model, request, embedding_types.dense_rows(body), [kind])
     return embedding_types.typed_body(body, request, typed[kind])
 
 
 async def typed_vectors(
-    runtime: Runtime, request: EmbeddingsRequest, vectors: np.ndarray, kinds: list[str]
+    runtime: Runtime,
+    served: ServedModel,
+    model: LoadedModel,
+    request: EmbeddingsRequest,
+    vectors: np.ndarray,
+    kinds: list[str],
 ) -> dict[str, np.ndarray]:
-    """`vectors` (the float answer to `request`) in each of `kinds`; int8 and uint8 on the
-    model's calibration ranges at the request's layer, normalisation and dimensions."""
-    served, model = runtime.model_for(request.model)
+    """`vectors` (the float answer to `request` by `model`, served as `served`) in each of
+    `kinds`; int8 and uint8 on the model's calibration ranges at the request's layer,
+    normalisation and dimensions."""
     ranges = None
     if any(kind in CALIBRATED for kind in kinds):
         unit = embedding_types.normalized(model, request)
-        corpus = await served.calibration.vectors((request.layer, unit), _embed_corpus(runtime, request))
+        embed = _embed_corpus(runtime, served, model, request)
+        corpus = await served.calibration.vectors((request.layer, unit), embed)
         ranges = embedding_types.ranges_at(corpus, request.dimensions, unit)
     return {kind: quantize(vectors, kind, ranges) for kind in kinds}
 
 
-async def _embed_corpus(runtime: Runtime, request: EmbeddingsRequest) -> np.ndarray:
+async def _embed_corpus(
+    runtime: Runtime, served: ServedModel, model: LoadedModel, request: EmbeddingsRequest
+) -> np.ndarray:
     """The calibration corpus at `request`'s model, layer and normalisation, served as a client
     would send it: requests of at most CALIBRATION_BATCH texts and `--max-inputs`, each with
     its own timing and no deadline."""
@@ -209,20 +220,22 @@ async def _embed_corpus(runtime: Runtime, request: EmbeddingsRequest) -> np.ndar
     data: list[Embedding] = []
     for start in range(0, len(texts), size):
         part = msgspec.structs.replace(corpus, input=texts[start : start + size])
-        body: EmbeddingsResponse = await _serve(runtime, EMBEDDINGS, part, Timing(), None)
+        body: EmbeddingsResponse = await _serve(runtime, served, model, EMBEDDINGS, part, Timing(), None)
         data.extend(body.data)
     return embedding_types.corpus_vectors(msgspec.structs.replace(body, data=data))
 
 
 async def _serve(
     runtime: Runtime,
+    served: ServedModel,
+    model: LoadedModel,
     surface: Surface[Any],
     request: SurfaceRequest,
     timing: Timing,
     deadline_ms: float | None,
 ) -> Any:
+    """`request` on `surface` by `model`: validated, planned, admitted, submitted, finished."""
     started = time.perf_counter()
-    served, model = runtime.model_for(request.model)
     if surface.name not in model.info.surfaces:
         raise UnsupportedSurface(
             f"model {model.info.name!r} does not serve {surface.name} "
