@@ -26,6 +26,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from vllm_srun.engines.native.modules import linears, replace
+
 
 def _has(namespace: object, *ops: str) -> bool:
     """Whether oneDNN is enabled and this torch has every one of `ops` in `namespace`."""
@@ -108,8 +110,6 @@ class PackedLinear(nn.Module):
 def pack_linears(blocks: Sequence[nn.Module]) -> int:
     """Replace every `nn.Linear` inside the bfloat16 encoder layers `blocks` by a
     `PackedLinear`, in place; returns how many (0 where this torch lacks the op)."""
-    from vllm_srun.engines.native.quantize import linears, replace  # quantize imports this module
-
     if not available():
         return 0
     count = 0

@@ -26,12 +26,13 @@ a model this rule leaves outside its bounds is refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from vllm_srun.engines.native import packed
+from vllm_srun.engines.native.modules import linears, replace
 
 SCHEMES = ("per_token", "per_tensor")
 # The projections that make queries, keys and values, as each architecture names them (BERT's
@@ -111,22 +112,6 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme}"
-
-
-def linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """Every `nn.Linear` of `module` by its dotted name."""
-    for name, child in module.named_modules():
-        if isinstance(child, nn.Linear):
-            yield name, child
-
-
-def replace(module: nn.Module, name: str, new: nn.Module) -> nn.Module:
-    """Put `new` at dotted `name` in `module`; return what was there."""
-    parent_name, _, leaf = name.rpartition(".")
-    parent = module.get_submodule(parent_name) if parent_name else module
-    old = getattr(parent, leaf)
-    setattr(parent, leaf, new)
-    return old  # type: ignore[no-any-return]
 
 
 class Bfloat16Linear(nn.Module):
