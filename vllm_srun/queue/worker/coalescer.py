@@ -1,20 +1,10 @@
 """Coalescing work items of concurrent jobs into batches: the one place batching rules live.
 
-A batch is bounded by `max_num_seqs` rows and `max_num_batched_tokens` tokens (a single item
-larger than the budget still runs, alone). When the device is idle and the first item
-arrives, the coalescer waits up to `batch_wait_ms` for more, but only when items are arriving
-in a burst (this one came within the window of the one before): a lone caller waits for
-nobody. A `batch_invariant` model never waits (batching cannot change an answer).
-Items that arrive during a forward form the next batch at once. Interactive items
-(priority 0) are taken before bulk ones; among those, the items of small requests (at most
-`small_request_items` to run) before the queued items of larger ones, and when more than one
-batch is pending they run in a batch of their own: a lone request waits for the forward in
-progress and at most one more, not behind every batch a large request fills. The batch after
-such a small-only batch takes the oldest items in arrival order, so steady small traffic
-cannot starve a large request: it gets a full batch at least every other forward (within each
-class, arrival order: requests of one size keep their order; bulk items still fill what
-interactive work leaves free). Identical cache keys in the pending set run once.
-Items whose deadline has passed are answered `deadline_exceeded` and never run.
+A batch holds at most `max_num_seqs` rows and `max_num_batched_tokens` tokens (a larger item
+runs alone); an idle device waits up to `batch_wait_ms` only for a burst, never for a lone
+caller or a `batch_invariant` model. Interactive items go before bulk, small requests before
+large ones (which still get a full batch at least every other forward); identical cache keys
+pending run once; an item past its deadline is answered `deadline_exceeded` and never runs.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """The device worker: arq pulls jobs, the coalescer batches their items, results go to Redis.
 
-Each deployment has an arq worker on its queue (`arq_compat.DrivenWorker`: everything taken
-from arq beyond its public API lives in that one module). arq's own loop polls every
-`poll_delay`; ours waits on the deployment's wake channel instead and polls only as a fallback,
-so a job starts as soon as it is enqueued. A job writes its results to the result cache and publishes
-the reply *before* returning, so arq acknowledges only work whose result is stored. Every job
-held is leased and the lease renewed from this event loop (`leases.LeaseKeeper`): a worker that
-dies mid-job loses its leases within seconds, and another worker runs the job again, isolated
-item by item once it has killed `POISON_CRASHES` workers (see queue/leases.py).
+Each deployment has a `DrivenWorker` per queue (interactive and bulk), polled as soon as its
+wake channel says a job is queued and at the latest every `poll_delay_s`. A job stores its
+results and publishes its reply before it is acknowledged, and is leased while it runs
+(`leases.LeaseKeeper`), so a dead worker's jobs run again elsewhere within seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,7 +26,7 @@ from vllm_srun import defaults, tracing
 from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, Result
 from vllm_srun.plugins.stats import Stats
-from vllm_srun.queue import keys, protocol, scripts
+from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.gateway import write_back
 from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import (
@@ -41,21 +35,17 @@ from vllm_srun.queue.redis import (
     lost_connection,
     make_pool,
     publish,
-    pubsub_client,
-    run_script,
 )
 from vllm_srun.queue.results import encode_result
 from vllm_srun.queue.worker.arq_worker import FINISH, WITHDRAWN, DrivenWorker, Finish
 from vllm_srun.queue.worker.chunks import ChunkRunner
 from vllm_srun.queue.worker.coalescer import BatchLimits, Coalescer, Outcome
+from vllm_srun.queue.worker.heartbeat import HEARTBEAT_S, beat
 from vllm_srun.queue.worker.leases import LeaseKeeper, run_isolated
+from vllm_srun.queue.worker.poller import WakeablePoller
 
 log = structlog.get_logger("vllm_srun.worker")
 
-HEARTBEAT_S = 2.0
-HEARTBEAT_TTL_S = 6.0
-# A poller that lost Redis reconnects after this, doubling up to its fallback poll interval.
-RECONNECT_S = 0.1
 # A job that meets a lost Redis tries again after this, doubling up to the maximum.
 OUTAGE_RETRY_S = 0.1
 OUTAGE_RETRY_MAX_S = 2.0
@@ -65,9 +55,6 @@ _T = TypeVar("_T")
 # What a withdrawn request's items are answered with (nobody waits for them; never stored).
 _CANCELLED = ItemError("cancelled", "the request was withdrawn")
 
-
-# A worker's heartbeat and engine description, dropping the workers that lapsed (lua/worker_beat.lua).
-_BEAT = scripts.load("worker_beat")
 
 
 def _wanted(job: protocol.JobPayload, withdrawn: frozenset[str]) -> list[bool]:
@@ -91,88 +78,6 @@ class Deployment:
     @property
     def name(self) -> str:
         return self.model.info.name
-
-
-def _engine_description(deployment: Deployment) -> str:
-    """What the deployment's engine model says of itself (`describe()`: the paths it runs, the
-    memory they add), as JSON; `{}` for an engine model that says nothing."""
-    describe = getattr(deployment.model.engine_model, "describe", None)
-    return json.dumps(describe() if callable(describe) else {})
-
-
-class _WakeablePoller:
-    """Drives one arq worker: polls when its wake channel says a job is queued, and at the latest
-    every `poll_delay_s` as the fallback; hands cancel messages to `on_cancel`."""
-
-    def __init__(
-        self,
-        worker: DrivenWorker,
-        *,
-        wake_channel: str,
-        pubsub_url: str,
-        cancel_channel: str | None = None,
-        on_cancel: Callable[[str], None] | None = None,
-    ) -> None:
-        self.worker = worker
-        self.wake_channel = wake_channel
-        self.pubsub_url = pubsub_url
-        self.cancel_channel = cancel_channel
-        self.on_cancel = on_cancel
-        self._stopping = False
-
-    def stop(self) -> None:
-        """End `run` at its next turn. A cancellation alone is not enough: redis-py's
-        `get_message` can swallow one that lands while it reads, and the loop would go on."""
-        self._stopping = True
-
-    def _handle(self, message: dict[str, Any]) -> None:
-        """A cancel message names a request to drop; anything else was a wake-up."""
-        if self.on_cancel is None or self.cancel_channel is None:
-            return
-        if message.get("channel") == self.cancel_channel.encode():
-            self.on_cancel(message["data"].decode())
-
-    async def run(self) -> None:
-        worker = self.worker
-        subscriber = pubsub_client(self.pubsub_url)
-        pubsub = subscriber.pubsub()
-        subscribed = False
-        channels = [self.wake_channel] + ([self.cancel_channel] if self.cancel_channel else [])
-        # Redis lost (restarted, a failover): reconnect and subscribe again, with backoff up to
-        # the fallback poll's interval; one warning per outage.
-        delay_s = RECONNECT_S
-        try:
-            while not self._stopping:
-                try:
-                    if not subscribed:
-                        await pubsub.subscribe(*channels)
-                        subscribed = True
-                    await worker.poll()
-                    if delay_s > RECONNECT_S:
-                        log.info("poll_recovered", queue=worker.queue_name)
-                    delay_s = RECONNECT_S
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=worker.poll_delay_s
-                    )
-                    while message is not None:  # one poll answers every wake-up queued so far
-                        self._handle(message)
-                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
-                except Exception as exc:  # the poller must outlive any one failure
-                    # A lost Redis, or one that refuses (out of memory under noeviction, a
-                    # replica gone read-only): a poller that ended here would stop this worker
-                    # taking work from the queue for good.
-                    if delay_s == RECONNECT_S:
-                        log.warning("poll_failed", queue=worker.queue_name, error=repr(exc))
-                    subscribed = False
-                    with contextlib.suppress(*REDIS_ERRORS):
-                        await pubsub.aclose()  # type: ignore[no-untyped-call]
-                    pubsub = subscriber.pubsub()  # on a cluster, on the next node
-                    await asyncio.sleep(delay_s)
-                    delay_s = min(delay_s * 2, max(worker.poll_delay_s, RECONNECT_S))
-        finally:
-            with contextlib.suppress(*REDIS_ERRORS):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-                await subscriber.aclose()
 
 
 class DeviceWorker:
@@ -220,7 +125,7 @@ class DeviceWorker:
         self.coalescers: dict[str, Coalescer] = {}
         self._redis: ArqRedis | None = None
         self._workers: list[DrivenWorker] = []
-        self._pollers: list[_WakeablePoller] = []
+        self._pollers: list[WakeablePoller] = []
         self._closing = False
         self._tasks: list[asyncio.Task[Any]] = []
 
@@ -296,7 +201,7 @@ class DeviceWorker:
                 job_deserializer=protocol.deserialize,
                 log_results=False,
             )
-            poller = _WakeablePoller(
+            poller = WakeablePoller(
                 worker,
                 wake_channel=wake,
                 pubsub_url=self.redis_url,
@@ -341,26 +246,19 @@ class DeviceWorker:
 
     async def _heartbeat(self) -> None:
         failing = False
-        while not self._closing:  # see _WakeablePoller.stop: a cancellation alone may be lost
+        while not self._closing:  # see WakeablePoller.stop: a cancellation alone may be lost
             try:
                 await self._beat()
                 failing = False
-            except Exception as exc:  # see _WakeablePoller.run: must not end
+            except Exception as exc:  # see WakeablePoller.run: must not end
                 if not failing:  # one warning per outage
                     log.warning("heartbeat_failed", error=repr(exc))
                 failing = True
             await asyncio.sleep(HEARTBEAT_S)
 
     async def _beat(self) -> None:
-        """Mark this worker live for each deployment it serves, for HEARTBEAT_TTL_S, and drop
-        the workers whose heartbeats lapsed (they died without withdrawing)."""
-        now_ms = int(time.time() * 1000)
-        expires_ms = now_ms + int(HEARTBEAT_TTL_S * 1000)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for name, deployment in self.deployments.items():
-                args: list[str | int] = [now_ms, expires_ms, self.worker_id, _engine_description(deployment)]
-                await run_script(pipe, _BEAT, [keys.worker_key(name), keys.engines_key(name)], args)
-            await pipe.execute()
+        """Mark this worker live for each deployment it serves (see heartbeat.beat)."""
+        await beat(self.redis, self.worker_id, {name: d.model for name, d in self.deployments.items()})
 
     async def _run_items(self, ctx: dict[str, Any], payload: bytes) -> int:
         """arq job function: run one job's items, store and publish their results."""

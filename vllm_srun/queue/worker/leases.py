@@ -1,34 +1,10 @@
-"""Leases, not timeouts: work held by a dead worker runs again within seconds; poison inputs.
+"""Leases, not timeouts: a dead worker's jobs run again within seconds; a poison input fails alone.
 
-**Leases.** Every job a worker takes from an arq queue (an interactive job or a bulk chunk) is
-leased: a sorted set per queue (`keys.lease_key`), member = arq job id, score = lease expiry in
-ms. The claim script writes the lease in the same step that claims the job
-(`arq_compat.DrivenWorker.start_jobs`). Each worker process runs one `LeaseKeeper`, which every
-`LEASE_RENEW_S` renews the leases of all the jobs it holds (one ZADD XX per queue, so a lease
-already given up is not brought back), drops those of jobs it finished, and then, as the
-reaper, runs `arq_compat.requeue_lapsed` on each queue it serves: a job whose lease has
-expired (its holder renewed it for none of the last `LEASE_S`) loses its in-progress key (its body and queue entry never left, so it is
-due again at its old score), its crash count goes up, and the queue's wake channel wakes the
-live workers. All of that is one pipeline a second per worker process (redis-py checks that the
-scripts are loaded before a pipeline that runs them, so it may take a second round trip).
-
-The keeper runs on the event loop, and forwards run in the device's executor thread, so a
-long forward keeps its lease; only a process that is gone (or whose loop is stuck for
-`LEASE_S`) loses it. Any live worker reaps, the script is atomic, so a lapsed job is put back
-once. With the defaults a job held by a `kill -9`ed worker runs again within
-`LEASE_S + LEASE_RENEW_S` plus a claim. If a worker only stalled, two workers may run the same
-job; that costs a forward, not a wrong answer: results are stored idempotently (result-cache
-SETs of the same bytes; bulk results by HSETNX, counted once by the chunk script), and the app
-takes the first reply for a request.
-
-**Poison inputs.** An input that kills the worker process (`os._exit`, a segfault, the OOM
-killer) would kill each worker that takes its job in turn. The crash count (`keys.crashes_key`,
-raised only by the reaper) travels with the claim: from `POISON_CRASHES` on, the job runs
-isolated (`run_isolated`): one item per forward, each marked in Redis (`keys.isolation_key`)
-from the executor thread's start to its end, and stored as soon as it is done. An item whose
-mark survives a crash killed the worker on its own: the next run fails it alone with
-`unavailable` and answers its siblings. From `MAX_CRASHES` on, nothing is forwarded again:
-whatever has no result yet fails, so no input loops forever.
+`LeaseKeeper` renews, every `LEASE_RENEW_S` from the event loop, the leases of the jobs its
+process's workers hold, and puts back the jobs whose leases lapsed (`arq_worker.requeue_lapsed`):
+a `kill -9`ed worker's job runs again within `LEASE_S + LEASE_RENEW_S` plus a claim. A job that
+has killed `POISON_CRASHES` workers runs isolated (`run_isolated`), one item per forward, so the
+item that kills a worker fails alone; from `MAX_CRASHES` on, nothing of it is forwarded again.
 """
 
 from __future__ import annotations
