@@ -213,7 +213,7 @@ def withdrawn_key(job_id: str) -> str:
     return WITHDRAWN_PREFIX + job_id
 
 
-# Leases and crash recovery (queue/leases.py).
+# Leases and crash recovery (queue/worker/leases.py).
 
 
 def key_slot_tag(key: str) -> str:
