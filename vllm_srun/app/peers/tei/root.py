@@ -1,16 +1,8 @@
-"""POST / and POST /invocations (text-embeddings-inference; the second is SageMaker's path):
-the served model's own route, by its kind as TEI routes it: an embedding model embeds
-(/embed), or scores `{inputs: {source_sentence, sentences}}` as /similarity does (TEI's
-`sentence-similarity` task), a classifier predicts (/predict), a reranker reranks (/rerank) a
-body with a `query` and predicts any other, where TEI would refuse it.
-
-GET / and GET /ping are TEI's health routes (the Inference API's and SageMaker's): an empty
-200 once every model is ready, else 503 `{"error": "unhealthy", "error_type": "unhealthy"}`.
-
-`huggingface_hub.InferenceClient(base_url)` posts here. Its `text_classification` sends the
-Inference API's task body, `{"inputs": text, "parameters": {top_k, function_to_apply}}`, and
-reads a list of lists back; a body with `parameters` is answered that way (`top_k` kept,
-`function_to_apply: none` for logits), any other exactly as /predict answers it.
+"""TEI's model route, POST / and POST /invocations (SageMaker's path): the body goes where TEI
+routes it by the model's kind (an embedding model embeds, or scores `{inputs: {source_sentence,
+sentences}}`; a reranker reranks a body with `query`; anything else predicts). A body with
+`parameters` is the Inference API's text-classification task (`huggingface_hub.InferenceClient`).
+GET / and GET /ping are TEI's health routes: an empty 200 once every model is ready, else 503.
 """
 
 from __future__ import annotations
@@ -23,11 +15,14 @@ from litestar.datastructures import State
 from litestar.enums import HttpMethod
 from litestar.params import JSONBody
 
-from vllm_srun.app.health import model_states, overall
+from vllm_srun.app.peers.tei import embed as tei_embed
+from vllm_srun.app.peers.tei import predict as tei_predict
+from vllm_srun.app.peers.tei import rerank as tei_rerank
+from vllm_srun.app.peers.tei.errors import TEI_ERRORS, TeiError
+from vllm_srun.app.peers.tei.info import kind_of
+from vllm_srun.app.peers.tei.requests import model_for
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes import tei_embed, tei_predict, tei_rerank, tei_similarity
-from vllm_srun.app.routes.tei_info import kind_of
-from vllm_srun.app.routes.tei_shared import TEI_ERRORS, TeiError, model_for
+from vllm_srun.app.service.health import model_states, overall
 from vllm_srun.plugins.surfaces import CLASSIFY, EMBEDDINGS, RERANK, ClassifyResponse
 
 T = TypeVar("T")
@@ -67,16 +62,18 @@ async def _task_classification(
     return await respond(request, state, CLASSIFY, tei_predict.convert(request, data), shape=shape)
 
 
-async def _dispatch(request: Request[Any, Any, Any], data: dict[str, Any], state: State) -> Response[Any]:
+async def _dispatch(
+    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
+) -> Response[Any]:
     _, model = model_for(state.runtime, None)
     kind = kind_of(model)
     if kind == "embedding" and isinstance(data.get("inputs"), dict):
-        pair = _body(data, tei_similarity.SimilarityRequest)
-        converted_pair = tei_similarity.convert(request, pair)
-        return await respond(request, state, EMBEDDINGS, converted_pair, shape=tei_similarity.similarities)
+        pair = _body(data, tei_embed.SimilarityRequest)
+        converted_pair = tei_embed.similarity_request(request, pair)
+        return await respond(request, state, EMBEDDINGS, converted_pair, shape=tei_embed.similarities)
     if kind == "embedding":
         embed = _body(data, tei_embed.EmbedRequest)
-        converted = tei_embed.convert(request, embed)
+        converted = tei_embed.embed_request(request, embed)
         return await respond(request, state, EMBEDDINGS, converted, shape=tei_embed.vectors)
     if kind == "reranker" and "query" in data:
         ranked = _body(data, tei_rerank.TeiRerankRequest)
@@ -90,30 +87,6 @@ async def _dispatch(request: Request[Any, Any, Any], data: dict[str, Any], state
     return await respond(request, state, CLASSIFY, converted_predict, shape=tei_predict.answer(predict))
 
 
-@post(
-    "/",
-    status_code=200,
-    summary="The served model's own route (TEI-compatible)",
-    exception_handlers=TEI_ERRORS,
-)
-async def root(
-    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
-) -> Response[Any]:
-    return await _dispatch(request, data, state)
-
-
-@post(
-    "/invocations",
-    status_code=200,
-    summary="The served model's own route (TEI's SageMaker path)",
-    exception_handlers=TEI_ERRORS,
-)
-async def invocations(
-    request: Request[Any, Any, Any], data: JSONBody[dict[str, Any]], state: State
-) -> Response[Any]:
-    return await _dispatch(request, data, state)
-
-
 async def _health(state: State) -> Response[str]:
     status, _ = overall(await model_states(state.runtime))
     if status != "ready":
@@ -121,26 +94,37 @@ async def _health(state: State) -> Response[str]:
     return Response("", status_code=200, media_type=MediaType.TEXT)
 
 
-@get(
+# One controller at each pair of TEI's paths; each path keeps its own summary and operationId.
+root = post(
+    "/",
+    status_code=200,
+    summary="The served model's own route (TEI-compatible)",
+    operation_id="Root",
+    exception_handlers=TEI_ERRORS,
+)(_dispatch)
+invocations = post(
+    "/invocations",
+    status_code=200,
+    summary="The served model's own route (TEI's SageMaker path)",
+    operation_id="InvocationsInvocations",
+    exception_handlers=TEI_ERRORS,
+)(_dispatch)
+root_health = get(
     "/",
     summary="Health (TEI's Inference API route): an empty 200 once every model is ready",
+    operation_id="RootHealth",
     opt={"public": True},
     exception_handlers=TEI_ERRORS,
     media_type=MediaType.TEXT,
-)
-async def root_health(state: State) -> Response[str]:
-    return await _health(state)
-
-
-@get(
+)(_health)
+ping = get(
     "/ping",
     summary="Health (TEI's SageMaker route): an empty 200 once every model is ready",
+    operation_id="PingPing",
     opt={"public": True},
     exception_handlers=TEI_ERRORS,
     media_type=MediaType.TEXT,
-)
-async def ping(state: State) -> Response[str]:
-    return await _health(state)
+)(_health)
 
 
 @route("/", http_method=[HttpMethod.OPTIONS], include_in_schema=False, opt={"public": True})

@@ -1,12 +1,8 @@
 """GET /v1/models (every served model, and every plugin with its distribution and version) and
 GET /v1/models/{id} (one model); the same routes under /vllm/v1 and /vllm, vLLM's base URLs.
-
 A model is described by its card: OpenAI's model object (`id`, `object`, `created`,
-`owned_by`) and the upstream runtime's ModelCard (2.3.0), with upstream's names and types,
-from the facts its family reports in `ModelInfo` and what the server knows of it (placement,
-state, golden check, plugins). Our own further fields (`aliases`, `state`, `routes`, …) are
-added under names upstream does not use. Each model is listed once, under its id; the further
-names requests may use are its `aliases`.
+`owned_by`) and the upstream runtime's ModelCard (2.3.0), with upstream's names and types;
+our own further fields (`aliases`, `state`, `routes`, …) use names upstream does not use.
 """
 
 from __future__ import annotations
@@ -18,14 +14,14 @@ from litestar import get
 from litestar.datastructures import State
 
 from vllm_srun import defaults
-from vllm_srun.app.health import ModelState, Status, model_states
 from vllm_srun.app.embedding_types import describe as describe_quantization
-from vllm_srun.app.runtime import Runtime, ServedModel
+from vllm_srun.app.loading import ServedModel
+from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.service.health import ModelState, Status, model_states
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
 from vllm_srun.plugins.bodies import served_profile
 from vllm_srun.plugins.decision_bodies import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
 from vllm_srun.plugins.decisions import DecisionModel
-from vllm_srun.plugins.surfaces import REGISTRY
 
 # The kinds of classify head upstream's HeadCard names; a head of another kind (an embedder's
 # pooled output, a pair scorer's relevance, an NLI readout) is listed under `other_heads`.
@@ -167,11 +163,14 @@ class ModelList(msgspec.Struct, kw_only=True):
     plugins: dict[str, Any]
 
 
-def routes_of(surfaces: list[str]) -> list[str]:
-    """The paths that reach a model serving `surfaces`, from the surfaces' descriptors (a
-    surface a plugin names that no descriptor describes has no route)."""
-    known = set(REGISTRY.names())
-    return [route.path for name in surfaces if name in known for route in REGISTRY.get(name).routes]
+# The app-state key of the mounted surface routes: each path and the surface it reaches.
+ROUTES_KEY = "surface_routes"
+
+
+def routes_of(surfaces: list[str], routes: dict[str, str]) -> list[str]:
+    """The paths that reach a model serving `surfaces`, of `routes` (each path and its surface;
+    a surface a plugin names that the app has no route for has none)."""
+    return [path for name in surfaces for path, surface in routes.items() if surface == name]
 
 
 def profile_of(numerics: str) -> ProfileInfo:
@@ -243,12 +242,14 @@ def input_types(model: LoadedModel) -> list[str]:
     return list(view.input_types or [t for t in ("query", "document") if t in prompts])
 
 
-def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
+def _facts(model: LoadedModel, max_inputs: int, routes: dict[str, str]) -> dict[str, Any]:
     """What the card says of a loaded model, from its family's ModelInfo."""
     info = model.info
     decisions = "decisions" in info.surfaces
     classify = "classify" in info.surfaces
-    heads = [h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)]
+    heads = [
+        h for h in info.heads if h.kind in CLASSIFY_HEAD_KINDS or (classify and h.kind in _CLASSIFY_KIND)
+    ]
     others = [h for h in info.heads if h not in heads]
     facts: dict[str, Any] = {
         "surfaces": list(info.surfaces),
@@ -261,7 +262,7 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
         "max_tokens": info.max_tokens,
         "profile": profile_of(info.numerics).name,
         "profiles": [profile_of(info.numerics)],
-        "routes": routes_of(info.surfaces),
+        "routes": routes_of(info.surfaces, routes),
         "outputs": info.outputs or None,
     }
     limits = ModelLimits(max_input_tokens=info.max_tokens)
@@ -295,12 +296,16 @@ def _facts(model: LoadedModel, max_inputs: int) -> dict[str, Any]:
 
 
 def card(
-    runtime: Runtime, served: ServedModel, state: ModelState, engines: dict[str, Any] | None = None
+    runtime: Runtime,
+    served: ServedModel,
+    state: ModelState,
+    routes: dict[str, str],
+    engines: dict[str, Any] | None = None,
 ) -> ModelCard:
-    """The card of one served model, in whatever state; `engines` is what its live workers'
-    engines say (QueueClient.engines)."""
+    """The card of one served model, in whatever state; `routes` are the app's surface routes
+    (`ROUTES_KEY`), `engines` what its live workers' engines say (QueueClient.engines)."""
     placement = served.placement
-    facts = _facts(served.model, runtime.settings.max_inputs) if served.model is not None else {}
+    facts = _facts(served.model, runtime.settings.max_inputs, routes) if served.model is not None else {}
     return ModelCard(
         id=served.name,
         object="model",
@@ -338,7 +343,7 @@ async def list_models(state: State) -> ModelList:
         api_version=defaults.API_VERSION,
         object="list",
         data=[
-            card(runtime, served, states[name], await runtime.queue.engines(name))
+            card(runtime, served, states[name], state[ROUTES_KEY], await runtime.queue.workers.engines(name))
             for name, served in runtime.models.items()
         ],
         limits=ProcessLimits(
@@ -357,5 +362,5 @@ async def retrieve_model(state: State, model_id: str) -> ModelCard:
     # A path parameter keeps the slash of a Hugging Face id (`org/name`); it starts with one.
     runtime: Runtime = state.runtime
     served = runtime.named(model_id.removeprefix("/"))
-    engines = await runtime.queue.engines(served.name)
-    return card(runtime, served, (await model_states(runtime))[served.name], engines)
+    engines = await runtime.queue.workers.engines(served.name)
+    return card(runtime, served, (await model_states(runtime))[served.name], state[ROUTES_KEY], engines)

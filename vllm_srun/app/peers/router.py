@@ -1,10 +1,8 @@
-"""The OpenAPI document in YAML, as GET /openapi.yaml answers it: the router contract's part.
-
-The router's dashboard reads /openapi.yaml to tell a model engine from any other API, and reads
-at most 128 KiB of it (semantic-router, dashboard/backend/handlers, `servingOpenAPILimit`); the
-whole document, with every peer's routes (TEI, vLLM, Infinity, Cohere), is larger. So the YAML
-holds the paths of the contract the router speaks (upstream's openapi.yaml, 2.3.0, in our
-shapes) with the schemas they reference; /openapi.json is the whole document.
+"""What the router reads of this server besides the surfaces' routes: GET /openapi.yaml, the
+OpenAPI document in YAML holding only the paths of the contract it speaks (upstream's
+openapi.yaml, 2.3.0, in our shapes) and the schemas they reach. The router's dashboard probes
+it to tell a model engine from any other API, and reads at most 128 KiB of it, less than the
+whole document with every peer's routes; /openapi.json is the whole document.
 """
 
 from __future__ import annotations
@@ -12,19 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+from litestar import Request, Response, get
 
-CONTRACT_PATHS = (
-    "/health",
-    "/health/live",
-    "/metrics",
-    "/v1/models",
-    "/v1/classify",
-    "/v1/embeddings",
-    "/v1/rerank",
-    "/v1/decisions",
-    "/v1/bundle",
-    "/v1/systemone",
-)
+from vllm_srun.app.errors import UPSTREAM_PATHS
+
+# The upstream runtime's routes: the contract's paths.
+CONTRACT_PATHS = UPSTREAM_PATHS
 _SCHEMAS = "#/components/schemas/"
 
 
@@ -62,3 +53,9 @@ def openapi_yaml_text(app: Any) -> str:
     """`app`'s contract document (`contract_document`) in YAML, keys in the JSON document's order."""
     document = contract_document(app.openapi_schema.to_schema())
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+
+
+@get("/openapi.yaml", summary="The OpenAPI document as YAML", include_in_schema=False)
+async def openapi_yaml(request: Request[Any, Any, Any]) -> Response[str]:
+    """The contract's part of /openapi.json, in YAML: where the router's dashboard probes for it."""
+    return Response(openapi_yaml_text(request.app), media_type="application/yaml")

@@ -1,35 +1,13 @@
-"""POST /v1/embed and /v2/embed: Cohere's embed, an adapter onto the embeddings surface.
-
-The bodies are Cohere's, so `cohere.Client(base_url=...).embed(...)` (v1) and
-`cohere.ClientV2(base_url=...).embed(...)` work unchanged, and so do the integrations built on
-them (langchain-cohere's CohereEmbeddings). `texts`, `model`, `input_type`, `embedding_types`,
-`truncate`, and on v2 `output_dimension` (the surface's `dimensions`), `max_tokens` (its
-`options.max_tokens`) and `priority` (accepted, no effect). The vectors are /v1/embeddings'
-for the same texts.
-
-- `input_type` picks the package's prompt for the role: `search_query` its query prompt,
-  `search_document` its document prompt (where the model has prompts for these roles, as
-  `/v1/models` lists them in `input_types`), `classification` and `clustering` a prompt of that
-  name if the package has one. Without one the text is embedded as it is: Cohere's input types
-  are hints its own models read, and a model here without prompts reads none.
-- `truncate` is Cohere's: `END` (the default, also for null) keeps a text's first tokens,
-  `START` its last, `NONE` refuses a text over the model's limit (a 400 naming `texts[i]`).
-- A refusal names the body's fields (`texts[i]`, `max_tokens`, `output_dimension`), never the
-  embeddings surface's (`input[i]`, `options.max_tokens`, `dimensions`).
-- `embedding_types` takes Cohere's `float`, `int8`, `uint8`, `binary`, `ubinary` and `base64`
-  (base64 of the float32 little-endian bytes), several at once. The integer types are
-  sentence-transformers' `quantize_embeddings` of the float vector (plugins/quantization.py),
-  int8 and uint8 on the model's calibration ranges (app/quantization.py, shown on /v1/models):
-  Cohere's own quantisation is its models', which it does not specify. Each is made from the
-  model's dense vector: a model without one (SPLADE, PyLate ColBERT) refuses the request, a
-  422 naming `model`.
-- v1 answers `embeddings_floats` (a list of vectors) unless `embedding_types` is given, then
-  `embeddings_by_type` (`{"float": [...], "int8": [...]}`, the types asked for), which v2
-  always answers (`float` when `embedding_types` is left out).
+"""Cohere's rerank (POST /v2/rerank) and embed (POST /v1/embed, /v2/embed), adapters onto the
+rerank and embeddings surfaces, so `cohere.Client` / `cohere.ClientV2(base_url=...)` and the
+integrations built on them work unchanged. Cohere truncates rather than refuses: rerank always
+truncates to the model's limit; embed's `truncate` is `END` (default), `START` or `NONE`. A
+refusal names the body's fields (`texts[i]`, `output_dimension`), never the surface's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Annotated, Any, Literal
 
@@ -39,17 +17,158 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app import embedding_types as quantization
-from vllm_srun.app.errors import item_failure
-from vllm_srun.app.models import input_types
+from vllm_srun.app.peers.failures import item_failure
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes.cohere_rerank import CohereApiVersion
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.serving import calibration_runner
+from vllm_srun.app.service.model_cards import input_types
+from vllm_srun.app.serving import typed_vectors
 from vllm_srun.errors import SrunError
-from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, Options, policy_words
+from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.plugins.bodies import OVERFLOW_HINT, REFUSAL_HINT, Options, UnsupportedOption, policy_words
 from vllm_srun.plugins.embedding_types import as_base64, as_json
-from vllm_srun.plugins.surfaces import EMBEDDINGS, EmbeddingsRequest, EmbeddingsResponse
+from vllm_srun.plugins.surfaces import (
+    EMBEDDINGS,
+    RERANK,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+)
+
+# The api_version Cohere's v2 endpoints report in `meta`.
+API_VERSION = "2"
+
+
+class CohereDocument(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    text: str
+    title: str | None = None
+
+
+class CohereRelevantSpans(msgspec.Struct):
+    """Cohere's relevant-span option: spans come from Cohere's own models, so only `disabled`
+    (the document says so: `enabled` is refused as any value outside the schema is)."""
+
+    mode: Literal["disabled"]
+    threshold: float | None = None
+    max_spans: int | None = None
+
+
+class CohereRerankRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Cohere v2's rerank body (`model` may be left out when one model is served)."""
+
+    query: str
+    documents: Annotated[list[str | CohereDocument], msgspec.Meta(min_length=1)]
+    model: str | None = None
+    top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    max_tokens_per_doc: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    return_documents: bool = False
+    relevant_spans: CohereRelevantSpans | None = None
+    priority: int | None = None
+
+
+class CohereResult(msgspec.Struct, omit_defaults=True):
+    index: int
+    relevance_score: float
+    document: CohereDocument | None = None
+
+
+class CohereApiVersion(msgspec.Struct):
+    version: str
+
+
+class CohereBilledUnits(msgspec.Struct):
+    search_units: int
+
+
+class CohereTokens(msgspec.Struct):
+    input_tokens: int
+
+
+class CohereMeta(msgspec.Struct):
+    api_version: CohereApiVersion
+    billed_units: CohereBilledUnits
+    tokens: CohereTokens
+
+
+class CohereRerankResponse(msgspec.Struct):
+    id: str
+    results: list[CohereResult]
+    meta: CohereMeta
+
+
+def joined(document: str | CohereDocument) -> str:
+    """The text a document is ranked as (see the module docstring)."""
+    if isinstance(document, str):
+        return document
+    if document.title is None:
+        return document.text
+    return f"title: {document.title}\ntext: {document.text}"
+
+
+def cut(model: LoadedModel, texts: list[str], max_tokens: int) -> list[str]:
+    """Each text up to the end of its `max_tokens`-th token by the model's own tokenizer."""
+    tokenizer = model.tokenizer()
+    if tokenizer is None:
+        raise UnsupportedOption(  # the model's refusal (it has no tokenizer): 422
+            f"max_tokens_per_doc: model {model.info.name!r} has no tokenizer to count tokens with",
+            param="max_tokens_per_doc",
+        )
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    return [
+        text if len(enc.ids) <= max_tokens else text[: enc.offsets[max_tokens - 1][1]]
+        for text, enc in zip(texts, encodings, strict=True)
+    ]
+
+
+def rerank_request(runtime: Runtime, data: CohereRerankRequest) -> RerankRequest:
+    texts = [joined(d) for d in data.documents]
+    if data.max_tokens_per_doc is not None:
+        _, model = runtime.model_for(data.model)
+        texts = cut(model, texts, data.max_tokens_per_doc)
+    documents: list[str | RerankDocument] = list(texts)
+    return RerankRequest(
+        query=data.query,
+        documents=documents,
+        model=data.model,
+        top_n=data.top_n,
+        options=Options(overflow="truncate"),
+    )
+
+
+def rerank_answer(data: CohereRerankRequest) -> Any:
+    def shape(body: RerankResponse) -> CohereRerankResponse:
+        results = []
+        for result in body.results:
+            if result.error is not None:
+                raise item_failure("documents", result.index, result.error, result.message)
+            assert result.relevance_score is not None
+            document = data.documents[result.index] if data.return_documents else None
+            if isinstance(document, str):
+                document = CohereDocument(text=document)
+            results.append(CohereResult(result.index, result.relevance_score, document))
+        meta = CohereMeta(
+            api_version=CohereApiVersion(API_VERSION),
+            billed_units=CohereBilledUnits(search_units=1),
+            tokens=CohereTokens(input_tokens=body.usage.input_tokens),
+        )
+        return CohereRerankResponse(id=str(uuid.uuid4()), results=results, meta=meta)
+
+    return shape
+
+
+@post("/v2/rerank", status_code=200, summary="Rank documents by relevance (Cohere v2-compatible)")
+async def cohere_rerank(
+    request: Request[Any, Any, Any], data: JSONBody[CohereRerankRequest], state: State
+) -> Response[CohereRerankResponse]:
+    if data.max_tokens_per_doc is None:
+        converted = rerank_request(state.runtime, data)
+    else:  # tokenizing every document is planning-sized work: off the event loop
+        converted = await asyncio.to_thread(rerank_request, state.runtime, data)
+    return await respond(request, state, RERANK, converted, shape=rerank_answer(data))
+
+
+# -- embed --------------------------------------------------------------------------------------
 
 CohereEmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 InputType = Literal["search_document", "search_query", "classification", "clustering"]
@@ -158,7 +277,7 @@ def prompt_fields(runtime: Runtime, data: CohereEmbedRequest) -> dict[str, Any]:
     return {"prompt_name": data.input_type} if data.input_type in model.prompts() else {}
 
 
-def convert(runtime: Runtime, data: CohereEmbedRequest) -> EmbeddingsRequest:
+def embed_request(runtime: Runtime, data: CohereEmbedRequest) -> EmbeddingsRequest:
     v2 = data if isinstance(data, CohereEmbedV2Request) else None
     options = Options(
         output="dense",  # one vector per text: a model without one (SPLADE, PyLate) refuses it
@@ -181,8 +300,7 @@ def vectors(body: EmbeddingsResponse) -> list[list[float]]:
     out = []
     for item in sorted(body.data, key=lambda item: item.index):
         if item.error is not None:
-            message = in_cohere_words(item.message) if item.message else None
-            raise item_failure("texts", item.index, item.error, message)
+            raise item_failure("texts", item.index, item.error, item.message, words=in_cohere_words)
         assert isinstance(item.embedding, list)
         out.append(item.embedding)
     return out
@@ -196,9 +314,7 @@ async def by_type(
     floats = np.asarray(found, dtype=np.float32).reshape(len(found), -1)
     served, model = runtime.model_for(data.model)
     quantized = [kind for kind in kinds if kind not in ("float", "base64")]
-    typed = await quantization.typed(
-        served.calibration, model, request, floats, quantized, calibration_runner(runtime)
-    )
+    typed = await typed_vectors(runtime, served, model, request, floats, quantized)
     return CohereEmbeddingsByType(
         floats=found if "float" in kinds else None,
         base64=[as_base64(row) for row in floats] if "base64" in kinds else None,
@@ -206,7 +322,7 @@ async def by_type(
     )
 
 
-def answer(runtime: Runtime, data: CohereEmbedRequest, request: EmbeddingsRequest, version: str) -> Any:
+def embed_answer(runtime: Runtime, data: CohereEmbedRequest, request: EmbeddingsRequest, version: str) -> Any:
     by_types = version == "2" or data.embedding_types is not None
 
     async def shape(body: EmbeddingsResponse) -> CohereEmbedFloatsResponse | CohereEmbedByTypeResponse:
@@ -224,8 +340,8 @@ async def _serve(
     request: Request[Any, Any, Any], state: State, data: CohereEmbedRequest, version: str
 ) -> Response[Any]:
     try:
-        embeddings = convert(state.runtime, data)
-        shape = answer(state.runtime, data, embeddings, version)
+        embeddings = embed_request(state.runtime, data)
+        shape = embed_answer(state.runtime, data, embeddings, version)
         return await respond(request, state, EMBEDDINGS, embeddings, shape=shape)
     except SrunError as exc:  # a request-level refusal (a character bound) in Cohere's words too
         exc.message = in_cohere_words(exc.message)

@@ -14,17 +14,9 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app.peers.tei.errors import TEI_ERRORS, TeiError, item_error
+from vllm_srun.app.peers.tei.requests import NON_EMPTY_LIST, Direction, check_batch, model_for, options
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes.tei_shared import (
-    NON_EMPTY_LIST,
-    TEI_ERRORS,
-    Direction,
-    TeiError,
-    check_batch,
-    model_for,
-    options,
-    raise_item_error,
-)
 from vllm_srun.plugins.surfaces import CLASSIFY, ClassifyRequest, ClassifyResponse, ClassifyResult, TextPair
 
 # TEI's own wording of the input forms it takes.
@@ -76,7 +68,7 @@ def convert(request: Request[Any, Any, Any], data: PredictRequest) -> ClassifyRe
 def predictions(body: ClassifyResponse, result: ClassifyResult, raw_scores: bool) -> list[Prediction]:
     """One input's labels and scores, best first."""
     if result.error is not None:
-        raise_item_error("inputs", result.index, result.error, result.message)
+        raise item_error("inputs", result.index, result.error, result.message)
     if raw_scores and result.logits is None:
         raise TeiError("backend", f"head {body.head!r} answers no logits")
     # A sequence head's probabilities, or a multi-label head's scores (those have `selected`).

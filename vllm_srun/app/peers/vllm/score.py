@@ -1,13 +1,8 @@
-"""POST /score and /v1/score (vLLM's pooling server; also under /vllm): the score of each
-pair of texts, an adapter onto the rerank surface.
-
-`text_1` and `text_2` are each a text or a list of texts: one `text_1` is scored against every
-`text_2`; two lists of the same length are scored pair by pair. A cross-encoder's score is its
-sigmoid (`use_activation: false`: its logit), an embedding model's the cosine of the two
-vectors: /v1/rerank's `relevance_score` for the same query and document. The answer is vLLM's
-`{id, object: "list", created, model, data: [{index, object: "score", score}], usage}` in the
-pairs' order. The pairs that share a `text_1` are one rerank request; several such requests run
-at once through the same queue, so their items share batches as concurrent requests do.
+"""vLLM's POST /score and /v1/score (also under /vllm): the score of each pair of texts, an
+adapter onto the rerank surface. One `text_1` is scored against every `text_2`, or two lists
+of the same length pair by pair; the pairs that share a `text_1` are one rerank request, run
+at once with the others. The answer is vLLM's `{id, object, created, model, data: [{index,
+object: "score", score}], usage}` in the pairs' order; `use_activation: false` answers logits.
 """
 
 from __future__ import annotations
@@ -22,8 +17,10 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
+from vllm_srun.app.docs import operation_ids
+from vllm_srun.app.peers.failures import item_failure
+from vllm_srun.app.peers.vllm.truncation import PromptTokens, in_vllm_words, truncation
 from vllm_srun.app.responses import client_closed, encoded, label_model, timing_of, unless_disconnected
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, in_vllm_words, truncation
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError
@@ -104,7 +101,9 @@ def requests(
 def _scores(body: RerankResponse, indices: list[int], raw: bool, into: list[float]) -> None:
     for result in body.results:
         if result.error is not None:
-            raise failure("text_2", indices[result.index], result.error, result.message)
+            raise item_failure(
+                "text_2", indices[result.index], result.error, result.message, words=in_vllm_words
+            )
         score = result.logit if raw and result.logit is not None else result.relevance_score
         assert score is not None
         into[indices[result.index]] = score
@@ -166,9 +165,7 @@ async def serve(request: Request[Any, Any, Any], state: State, data: ScoreReques
         )
     planned = requests(runtime, data, scored)
     with request_slot(runtime):
-        done, bodies = await unless_disconnected(
-            request, _serve_all(runtime, planned, timing)
-        )
+        done, bodies = await unless_disconnected(request, _serve_all(runtime, planned, timing))
     if not done or bodies is None:
         return client_closed()
     scores = [0.0] * len(scored)
@@ -186,21 +183,26 @@ async def serve(request: Request[Any, Any, Any], state: State, data: ScoreReques
     return encoded(answer, timing)
 
 
-def _route(path: str, summary: str) -> Any:
-    @post(path, status_code=200, summary=summary, operation_id=f"score_{path.strip('/').replace('/', '_')}")
-    async def score(
-        request: Request[Any, Any, Any], data: JSONBody[ScoreRequest], state: State
-    ) -> Response[ScoreResponse]:
-        try:
-            return await serve(request, state, data)
-        except SrunError as exc:
-            exc.message = in_vllm_words(exc.message)  # a request-level refusal, in vLLM's words
-            raise
-
-    return score
+# vLLM serves /score and /v1/score; under /vllm too, its base URL here.
+SCORE_PATHS = {
+    "/score": "score_score",
+    "/v1/score": "score_v1_score",
+    "/vllm/score": "score_vllm_score",
+    "/vllm/v1/score": "score_vllm_v1_score",
+}
 
 
-score = _route("/score", "Score text pairs (vLLM-compatible)")
-score_v1 = _route("/v1/score", "Score text pairs (vLLM-compatible)")
-vllm_score = _route("/vllm/score", "Score text pairs (vLLM-compatible)")
-vllm_score_v1 = _route("/vllm/v1/score", "Score text pairs (vLLM-compatible)")
+@post(
+    list(SCORE_PATHS),
+    status_code=200,
+    summary="Score text pairs (vLLM-compatible)",
+    operation_id=operation_ids(SCORE_PATHS),
+)
+async def score(
+    request: Request[Any, Any, Any], data: JSONBody[ScoreRequest], state: State
+) -> Response[ScoreResponse]:
+    try:
+        return await serve(request, state, data)
+    except SrunError as exc:
+        exc.message = in_vllm_words(exc.message)  # a request-level refusal, in vLLM's words
+        raise

@@ -32,7 +32,12 @@ _DEGRADED = {
 }
 # The order a process comes up in: while models are still coming up, the earliest one's phase.
 _PHASES: tuple[Status, ...] = ("starting", "loading", "warming")
-_STATUS: dict[str, Status] = {"loading": "loading", "warming": "warming", "ready": "ready", "failed": "failed"}
+_STATUS: dict[str, Status] = {
+    "loading": "loading",
+    "warming": "warming",
+    "ready": "ready",
+    "failed": "failed",
+}
 
 
 class ModelHealth(msgspec.Struct, omit_defaults=True):
@@ -80,7 +85,7 @@ async def model_states(runtime: Runtime) -> dict[str, ModelState]:
         state = served.state
         if state == "ready" and not runtime.settings.embedded:
             try:
-                if await runtime.queue.live_workers(name) == 0:
+                if await runtime.queue.workers.live(name) == 0:
                     state = "no_worker"
             except SrunError:
                 state = "redis_unavailable"
@@ -99,9 +104,7 @@ def overall(states: dict[str, ModelState]) -> tuple[Status, str | None]:
     degraded when some failed or cannot be answered; else the earliest phase still running.
     The reason names each model that is not ready."""
     statuses = [s.status for s in states.values()]
-    reason = "; ".join(
-        f"{name}: {s.reason or s.status}" for name, s in states.items() if s.status != "ready"
-    )
+    reason = "; ".join(f"{name}: {s.reason or s.status}" for name, s in states.items() if s.status != "ready")
     if statuses and all(s == "ready" for s in statuses):
         return "ready", None
     if statuses and all(s == "failed" for s in statuses):

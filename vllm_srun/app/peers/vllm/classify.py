@@ -1,16 +1,8 @@
-"""vLLM's pooling server's POST /classify and POST /pooling (also under /vllm): adapters onto
-the classify and embeddings surfaces.
-
-/classify takes vLLM's `{model, input}` (a text or a list of texts) and answers `{id, object:
-"list", created, model, data: [{index, label, probs, num_classes}], usage}`: `probs` are the
-head's probabilities in its label order (a one-label head's sigmoid), `label` the best one;
-`use_activation: false` answers the logits instead. /pooling takes `{model, input}` (texts or
-token ids, as /v1/embeddings reads them) and answers each input's pooled vector as `{index,
-object: "pooling", data}`: the embedding /v1/embeddings gives (a model without one, SPLADE or
-PyLate ColBERT, refuses it: a 422 naming `model`). `truncate_prompt_tokens` is
-vLLM's (-1: the model's limit); `priority` and `user` have no effect here.
-
-This server's own /v1/classify keeps its contract's body; vLLM's is here.
+"""vLLM's POST /classify and POST /pooling (also under /vllm): adapters onto the classify and
+embeddings surfaces. /classify answers `{id, object: "list", created, model, data: [{index,
+label, probs, num_classes}], usage}` (`use_activation: false`: logits); /pooling answers each
+input's pooled vector, the embedding /v1/embeddings gives, as `{index, object: "pooling",
+data}` (a model without one refuses it: a 422 naming `model`).
 """
 
 from __future__ import annotations
@@ -24,9 +16,11 @@ from litestar import Request, Response, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.routes.root_embeddings import Input, decode_input
-from vllm_srun.app.routes.vllm_rerank import PromptTokens, failure, respond_in_vllm_words, truncation
-from vllm_srun.app.routes.vllm_score import UsageInfo
+from vllm_srun.app.docs import operation_ids
+from vllm_srun.app.peers.failures import item_failure
+from vllm_srun.app.peers.openai import Input, decode_input
+from vllm_srun.app.peers.vllm.score import UsageInfo
+from vllm_srun.app.peers.vllm.truncation import PromptTokens, in_vllm_words, respond_in_vllm_words, truncation
 from vllm_srun.errors import SrunError, UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
     CLASSIFY,
@@ -76,7 +70,7 @@ def _classify_shape(raw: bool) -> Any:
         data = []
         for result in body.results:
             if result.error is not None:
-                raise failure("input", result.index, result.error, result.message)
+                raise item_failure("input", result.index, result.error, result.message, words=in_vllm_words)
             per_label = result.probabilities if result.probabilities is not None else result.scores
             if per_label is None and result.score is not None:
                 per_label = [result.score]  # a one-label head: its sigmoid
@@ -96,29 +90,23 @@ def _classify_shape(raw: bool) -> Any:
     return shape
 
 
-async def _classify(
-    request: Request[Any, Any, Any], state: State, data: VllmClassifyRequest
-) -> Response[Any]:
+@post(
+    ["/classify", "/vllm/classify"],
+    status_code=200,
+    summary="Classify texts (vLLM-compatible)",
+    operation_id=operation_ids(
+        {"/classify": "ClassifyClassify", "/vllm/classify": "VllmClassifyVllmClassify"}
+    ),
+)
+async def classify(
+    request: Request[Any, Any, Any], data: JSONBody[VllmClassifyRequest], state: State
+) -> Response[VllmClassifyResponse]:
     raw = data.use_activation is False
     options = truncation(data.truncate_prompt_tokens, state.runtime, data.model)
     options.return_logits = raw
     inputs: list[Any] = [data.input] if isinstance(data.input, str) else list(data.input)
     converted = ClassifyRequest(input=inputs, model=data.model, options=options)
     return await respond_in_vllm_words(request, state, CLASSIFY, converted, _classify_shape(raw))
-
-
-@post("/classify", status_code=200, summary="Classify texts (vLLM-compatible)")
-async def classify(
-    request: Request[Any, Any, Any], data: JSONBody[VllmClassifyRequest], state: State
-) -> Response[VllmClassifyResponse]:
-    return await _classify(request, state, data)
-
-
-@post("/vllm/classify", status_code=200, summary="Classify texts (vLLM-compatible)")
-async def vllm_classify(
-    request: Request[Any, Any, Any], data: JSONBody[VllmClassifyRequest], state: State
-) -> Response[VllmClassifyResponse]:
-    return await _classify(request, state, data)
 
 
 class PoolingRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -153,7 +141,7 @@ def _pooling_shape(body: EmbeddingsResponse) -> PoolingResponse:
     data = []
     for item in body.data:
         if item.error is not None:
-            raise failure("input", item.index, item.error, item.message)
+            raise item_failure("input", item.index, item.error, item.message, words=in_vllm_words)
         assert isinstance(item.embedding, (list, str))
         data.append(Pooled(index=item.index, object="pooling", data=item.embedding))  # type: ignore[arg-type]
     tokens = body.usage.prompt_tokens
@@ -167,7 +155,15 @@ def _pooling_shape(body: EmbeddingsResponse) -> PoolingResponse:
     )
 
 
-async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequest) -> Response[Any]:
+@post(
+    ["/pooling", "/vllm/pooling"],
+    status_code=200,
+    summary="Pooled vectors of texts (vLLM-compatible)",
+    operation_id=operation_ids({"/pooling": "PoolingPooling", "/vllm/pooling": "VllmPoolingVllmPooling"}),
+)
+async def pooling(
+    request: Request[Any, Any, Any], data: JSONBody[PoolingRequest], state: State
+) -> Response[PoolingResponse]:
     options = truncation(data.truncate_prompt_tokens, state.runtime, data.model)
     options.normalize = data.normalize
     options.output = "dense"  # a pooled vector: a model without one (SPLADE, PyLate) refuses it
@@ -184,17 +180,3 @@ async def _pool(request: Request[Any, Any, Any], state: State, data: PoolingRequ
         if exc.param == "options.output":  # vLLM's body has no options: the model is the cause
             exc.param, exc.message = "model", "model" + exc.message[len("options.output") :]
         raise
-
-
-@post("/pooling", status_code=200, summary="Pooled vectors of texts (vLLM-compatible)")
-async def pooling(
-    request: Request[Any, Any, Any], data: JSONBody[PoolingRequest], state: State
-) -> Response[PoolingResponse]:
-    return await _pool(request, state, data)
-
-
-@post("/vllm/pooling", status_code=200, summary="Pooled vectors of texts (vLLM-compatible)")
-async def vllm_pooling(
-    request: Request[Any, Any, Any], data: JSONBody[PoolingRequest], state: State
-) -> Response[PoolingResponse]:
-    return await _pool(request, state, data)

@@ -1,21 +1,8 @@
 """Infinity's routes under /infinity, so `infinity_client.Client(base_url=".../infinity")` and
-LiteLLM's `infinity/` provider work with that base URL alone: adapters onto the rerank and
-classify surfaces, and its model list. (/infinity/embeddings is root_embeddings'.)
-
-- POST /infinity/rerank: `{query, documents, top_n, return_documents, raw_scores, model}`
-  answered as `{object: "rerank", results: [{relevance_score, index, document}], model,
-  usage, id, created}`, by descending score, `document` the text itself (vLLM's answer, at the
-  root, has `{text}`). `raw_scores` answers a cross-encoder's logit.
-- POST /infinity/classify: `{input, model, raw_scores}` answered as `{object: "classify",
-  data: [[{score, label}, ...], ...], model, usage, id, created}`, each input's labels by
-  descending score (probabilities, or the logits with `raw_scores`).
-- GET /infinity/models: `{object: "list", data: [{id, object: "model", created, stats,
-  backend, capabilities}]}`; GET /infinity/health: `{unix}` once every model is ready.
-
-`model: "default/not-specified"` (the client's default) and any name not served reach the one
-model serving the surface, as Infinity serves its only model whatever the name. An input over
-the model's limit is truncated to it, as Infinity's tokenizers truncate (/infinity/embeddings
-too), never refused.
+LiteLLM's `infinity/` provider work with that base URL alone: embeddings (OpenAI's body), rerank
+and classify as adapters onto their surfaces, its model list and health. An input over the
+model's limit is truncated, as Infinity's tokenizers truncate; `model: "default/not-specified"`
+(the client's default) and any name not served reach the one model serving the surface.
 """
 
 from __future__ import annotations
@@ -29,11 +16,12 @@ from litestar import Request, Response, get, post
 from litestar.datastructures import State
 from litestar.params import JSONBody
 
-from vllm_srun.app.errors import item_failure
-from vllm_srun.app.health import model_states, overall
+from vllm_srun.app.peers import openai
+from vllm_srun.app.peers.failures import item_failure
+from vllm_srun.app.peers.openai import RootEmbeddingsRequest, served_model
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes.root_embeddings import served_model
 from vllm_srun.app.runtime import Runtime
+from vllm_srun.app.service.health import model_states, overall
 from vllm_srun.errors import NotReady, UnsupportedSurface
 from vllm_srun.plugins.surfaces import (
     CLASSIFY,
@@ -41,6 +29,7 @@ from vllm_srun.plugins.surfaces import (
     ClassifyRequest,
     ClassifyResponse,
     ClassifyResult,
+    EmbeddingsResponse,
     Options,
     RerankRequest,
     RerankResponse,
@@ -123,6 +112,14 @@ def _rerank_shape(data: InfinityRerankRequest) -> Any:
         )
 
     return shape
+
+
+@post("/infinity/embeddings", status_code=200, summary="Embed texts (Infinity-compatible)")
+async def infinity_embeddings(
+    request: Request[Any, Any, Any], data: JSONBody[RootEmbeddingsRequest], state: State
+) -> Response[EmbeddingsResponse]:
+    # Infinity truncates an input over the model's limit (its tokenizer's truncation).
+    return await openai.serve(request, state, data, Options(overflow="truncate"))
 
 
 @post("/infinity/rerank", status_code=200, summary="Rerank documents (Infinity-compatible)")

@@ -1,14 +1,10 @@
 """Bulk jobs over HTTP: create, status, results, events (SSE), cancel.
 
 A job is created from JSON (`{"surface", "model", "requests": [...], "on_error"}`) or JSONL
-(`application/x-ndjson`, one surface request per line, `surface`/`model`/`on_error` in the
-query). Every line is validated before anything is queued: with `on_error=reject` (the
-default) a bad line refuses the job naming its line number; with `on_error=record` it becomes
-that item's error and the rest run.
-
-With API keys a job is its caller's (app/tenants.py): every route here answers another caller
-404, as for a job that does not exist, and an Idempotency-Key is scoped to its caller. Event
-streams are capped per replica and per caller (app/streams.py; 429 past either).
+(`application/x-ndjson`, one surface request per line). Every line is validated before anything
+is queued: `on_error=reject` (the default) refuses the job naming the bad line, `record` makes
+it that item's error. With API keys a job is its caller's (another caller gets 404), and event
+streams are capped per replica and per caller (429 past either).
 """
 
 from __future__ import annotations

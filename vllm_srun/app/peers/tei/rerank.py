@@ -1,13 +1,8 @@
-"""POST /rerank: text-embeddings-inference's rerank, or vLLM's, told apart by the body.
-
-TEI posts `{query, texts}`, vLLM's and Infinity's clients `{model, query, documents}` to the
-same path. A body with `texts` is TEI's: the rerank surface answered as `[{index, score,
-text?}]` by descending score, errors in TEI's shape. `raw_scores: true` answers a
-cross-encoder's logit instead of its sigmoid (an embedding model's cosine has no other form);
-the order is the same either way. A body with `documents` is vLLM's (vllm_rerank): vLLM's
-answer, with each document as `{text}`, and this app's own error body. Each shape refuses the
-other's fields by name. Infinity answers the same body with the document as a string: its
-clients reach that under /infinity (infinity_routes).
+"""POST /rerank: text-embeddings-inference's rerank, or vLLM's, told apart by the body. A body
+with `texts` is TEI's, answered as `[{index, score, text?}]` by descending score with errors
+in TEI's shape (`raw_scores: true`: a cross-encoder's logit); a body with `documents` is vLLM's
+(`peers.vllm.rerank`), answered and refused as vLLM's own routes. Each shape refuses the other's
+fields by name.
 """
 
 from __future__ import annotations
@@ -20,20 +15,11 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app import errors
+from vllm_srun.app.peers.tei.errors import TEI_ERRORS, TEI_STATUSES, TeiError, TeiErrorBody, item_error
+from vllm_srun.app.peers.tei.requests import NON_EMPTY_LIST, Direction, check_batch, model_for, options
+from vllm_srun.app.peers.vllm import rerank as vllm_rerank
+from vllm_srun.app.peers.vllm.truncation import PromptTokens
 from vllm_srun.app.responses import respond
-from vllm_srun.app.routes import vllm_rerank
-from vllm_srun.app.routes.tei_shared import (
-    NON_EMPTY_LIST,
-    TEI_ERRORS,
-    TEI_STATUSES,
-    Direction,
-    TeiError,
-    TeiErrorBody,
-    check_batch,
-    model_for,
-    options,
-    raise_item_error,
-)
 from vllm_srun.errors import InvalidRequest, SrunError
 from vllm_srun.plugins.bodies import UnsupportedOption
 from vllm_srun.plugins.surfaces import RERANK, RerankRequest, RerankResponse
@@ -69,7 +55,7 @@ class RerankBody(msgspec.Struct, forbid_unknown_fields=True):
     model: str | msgspec.UnsetType | None = msgspec.UNSET
     top_n: Annotated[int, msgspec.Meta(ge=0)] | msgspec.UnsetType = msgspec.UNSET
     return_documents: bool | msgspec.UnsetType | None = msgspec.UNSET
-    truncate_prompt_tokens: vllm_rerank.PromptTokens = msgspec.UNSET
+    truncate_prompt_tokens: PromptTokens = msgspec.UNSET
     use_activation: bool | msgspec.UnsetType | None = msgspec.UNSET
     priority: int | msgspec.UnsetType = msgspec.UNSET
 
@@ -108,7 +94,7 @@ def ranks(data: TeiRerankRequest) -> Any:
         out: list[Rank] = []
         for result in body.results:
             if result.error is not None:
-                raise_item_error("texts", result.index, result.error, result.message)
+                raise item_error("texts", result.index, result.error, result.message)
             assert result.relevance_score is not None
             score = result.logit if data.raw_scores and result.logit is not None else result.relevance_score
             text = data.texts[result.index] if data.return_text else None
