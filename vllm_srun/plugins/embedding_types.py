@@ -1,14 +1,9 @@
-"""Embedding output types: float vectors quantized as sentence-transformers' `quantize_embeddings`
-(sentence_transformers.util.quantization) quantizes them, and as Cohere's `embedding_types` name them.
+"""Embedding output types, as sentence-transformers' `quantize_embeddings` quantizes them and
+Cohere's `embedding_types` names them.
 
-- `binary` / `ubinary`: one bit per dimension, set where the component is > 0, packed eight to a
-  byte, most significant bit first (numpy's `packbits`); `ubinary` is the byte (0..255),
-  `binary` the byte less 128 (-128..127). A vector of `d` components gives `ceil(d / 8)` values.
-- `uint8` / `int8`: each component mapped onto 256 steps of its dimension's calibration range
-  `[lo, hi]`: `floor((x - lo) / ((hi - lo) / 255))` clipped to 0..255 (a dimension whose range
-  is a point has a step of 1), in float32; `int8` is that less 128. The ranges are the caller's:
-  the server's come from a fixed calibration corpus (app/quantization.py), so a text's values
-  never depend on the texts sent with it.
+`binary`/`ubinary`: one bit per dimension (> 0), packed eight to a byte, most significant bit
+first; `binary` is the byte less 128. `uint8`/`int8`: each component on 256 steps of its
+dimension's calibration range `[lo, hi]` (the caller's), `int8` less 128.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Tiny, deterministic model packages for the `task_heads` family.
+"""Tiny, deterministic model packages for the `task_heads` family (tests and `vllm-srun fixture`).
 
-`write_fixture(out, variant=...)` writes a package the family loads like a real one: a
-config.json with labels, random weights saved as safetensors, a real `tokenizer.json` built
-with the `tokenizers` library, and for embedders the sentence-transformers `modules.json` and
-`1_Pooling/config.json`. With `onnx=True` it also exports `onnx/model.onnx`.
-
-With `weights=False` the package is written without torch: the same tokenizer and config.json,
-and a `model.safetensors` that holds no tensors. The family never reads weights, so such a
-package detects, verifies, loads and plans like the full one; an engine cannot run it.
-
-This is a development tool: it imports transformers for the configs, and torch for the weights
-(the family imports neither).
+`write_fixture(out, variant=...)` writes a package the family loads like a real one (config,
+random safetensors weights, a real tokenizer.json, sentence-transformers files for embedders;
+`onnx=True` adds onnx/model.onnx). With `weights=False` it needs no torch and holds no tensors:
+it detects, verifies, loads and plans, but cannot run. Imports transformers and torch.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """int8 linears for the native engine: per-output-channel int8 weights, int32 accumulation.
 
-Weights are quantized symmetrically per output channel (one scale per row of the weight, so a
-fused q/k/v projection keeps its three parts apart). Activations are quantized at run time:
-
-- "per_token" (the default): one symmetric scale per token, int8 x int8 with int32 accumulation
-  on oneDNN's int8 linear (packed.py; `torch._int_mm` where torch lacks it), then the per-token
-  and per-channel scales and the bias applied to the result. A token's outlier dimension costs
-  only that token's precision.
-- "per_tensor": fbgemm's dynamic linear (`torch.ops.quantized.linear_dynamic`), one affine
-  uint8 scale for the whole batch. Faster, but one outlier token coarsens every other token of
-  the batch, and the result then depends on what else is in the batch (kept for the per-layer
-  tool, bench/int8_layers.py, which measured it against per-token).
-
-Which linears stay in floating point is decided by measurement, not guessed: bench/int8_layers.py
-quantizes one linear at a time and reports the cosine drop each causes on a corpus (the table is
-in docs/performance.md). On all-MiniLM-L6-v2 the query/key/value projections moved the
-embedding most, then the FFN output projection; the attention output projection least. So
-`int8_model` quantizes the attention output and FFN intermediate projections inside the
-encoder layers, and keeps q/k/v and the FFN output projection in bfloat16 where the CPU has it
-(float32 otherwise); embedding projections, the pooler and every head stay float32 (a sliver
-of the FLOPs, where an error is not averaged away). The twin check still decides per model:
-a model this rule leaves outside its bounds is refused.
+Activations are quantized at run time: "per_token" (the default; one scale per token, on
+oneDNN's int8 linear where torch has it) or "per_tensor" (fbgemm's dynamic linear; kept for
+bench/int8_layers.py). `int8_model` quantizes the attention output and FFN intermediate
+projections and keeps q/k/v and the FFN output projection in bfloat16 (float32 without it);
+embeddings, pooler and heads stay float32. The twin check still decides per model.
 """
 
 from __future__ import annotations
