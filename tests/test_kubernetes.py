@@ -208,7 +208,7 @@ def test_the_apps_keys_are_the_secrets_key_file_readable_by_its_user_alone(
     objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     from vllm_srun.app.tenants import read_key_file
-    from vllm_srun.cli.main import API_KEY_ENV, API_KEY_FILE_ENV
+    from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV
 
     app = find(objects, "Deployment", "app")
     pod = app["spec"]["template"]["spec"]

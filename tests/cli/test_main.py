@@ -15,7 +15,8 @@ import httpx
 import pytest
 from helpers import REPO, RedisProcess, Server, start_worker
 
-from vllm_srun.cli.main import FIXTURE_MARKER, main
+from vllm_srun.cli.fixture import FIXTURE_MARKER
+from vllm_srun.cli.main import main
 
 
 def refused(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -183,9 +184,10 @@ def test_a_worker_serves_a_replica_and_stops_on_sigterm(
 
 def _names(argv: list[str]) -> list[tuple[str | None, tuple[str, ...]]]:
     """The (name, aliases) of each model `serve argv` would serve."""
-    from vllm_srun.cli.main import _model_settings, build_parser
+    from vllm_srun.cli.main import build_parser
+    from vllm_srun.cli.startup import model_settings
 
-    settings = _model_settings(build_parser().parse_args(["serve", *argv]))
+    settings = model_settings(build_parser().parse_args(["serve", *argv]))
     return [(s.options.name, s.options.aliases) for s in settings]
 
 

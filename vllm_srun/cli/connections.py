@@ -1,23 +1,10 @@
 """Connection hygiene for the HTTP servers `serve` and `proxy` run (uvicorn with httptools).
 
-uvicorn bounds none of what a slow or hostile client controls before a request reaches the app:
-a connection that sends nothing, or its headers one byte a minute, is held for good, and
-`limit_concurrency` answers 503 to new requests but keeps every connection open. The protocol
-here adds, per connection:
-
-- a **head deadline**: the request line and headers complete within `header_timeout_s` of the
-  connection (or of the first byte of a later request on it), however they trickle in; past it
-  the client gets 408 and the connection is closed (hyper's `header_read_timeout`, nginx's
-  `client_header_timeout`);
-- a **body idle timeout**: while a request body is being read, a gap of `body_idle_s` with no
-  byte closes the connection (408 unless a response has started) — unless the app itself has
-  paused reading (a large body it has not consumed yet), which is not the client's doing;
-- a **connection cap**: past `max_connections` open connections a new one is answered 503 and
-  closed at once, so silent connections cannot pile up to the file-descriptor limit;
-- **request targets in origin or absolute form only** (RFC 9112 section 3.2): `GET *` or a
-  CONNECT authority is a 400 from here, never an app error.
-
-Idle keep-alive connections between requests are closed by uvicorn's own `timeout_keep_alive`.
+Per connection (`ConnectionLimits`): the request line and headers complete within
+`header_timeout_s` (else 408 and close); a request body never idles `body_idle_s` while the
+app is reading it (else 408, or a close once a response has started); past `max_connections`
+open ones a new connection gets 503 and is closed; a request target in neither origin nor
+absolute form (`GET *`, CONNECT) is a 400 here. Idle keep-alive is uvicorn's `timeout_keep_alive`.
 """
 
 from __future__ import annotations

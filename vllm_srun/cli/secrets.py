@@ -1,23 +1,21 @@
-"""The deployment's two secrets, the Redis password and the API key, as files.
+"""`vllm-srun init-secrets DIR` and `vllm-srun api-key`: the deployment's secrets as files.
 
-`vllm-srun init-secrets DIR` (compose's one-shot `secret-init` service) writes them on first start
-and keeps them afterwards; every other process reads them through `*_FILE` variables, the
-convention of the official images, so no secret is on a command line that `ps` shows.
-
-Files in DIR, each mode 0600 and owned by the one user that reads it:
-
-- `api-keys`: the app's key file (`--api-key-file`), one key.
-- `redis-password`: the password app replicas and workers add to their Redis URLs.
-- `redis-server-password`: the same password, for the Redis servers, which run as another user.
+init-secrets (compose's one-shot `secret-init`) writes, each mode 0600 and owned by its one
+reader: `api-keys` (the app's `--api-key-file`), `redis-password` (added to app and worker
+Redis URLs) and `redis-server-password` (the same, for the Redis servers). It writes what is
+missing, keeps what is there and replaces what the environment sets. Other processes read the
+files through `*_FILE` variables, so no secret is on a command line that `ps` shows.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_srun.errors import ConfigError
 
@@ -149,3 +147,35 @@ def api_key(env: Mapping[str, str]) -> str:
     if env.get(API_KEY_ENV):
         return env[API_KEY_ENV]
     raise ConfigError(f"no API key here: neither {API_KEY_FILE_ENV} nor {API_KEY_ENV} is set")
+
+
+def add_parsers(sub: Any) -> None:
+    init = sub.add_parser(
+        "init-secrets",
+        help="write the Redis password and API key files a deployment reads, once (compose's secret-init)",
+    )
+    init.add_argument("directory", type=Path, help="where the files go (the secrets volume)")
+    init.add_argument("--owner", type=_owner, default=None, help="UID:GID of app and workers' files")
+    init.add_argument("--redis-owner", type=_owner, default=None, help="UID:GID of Redis's password file")
+    sub.add_parser(
+        "api-key", help=f"print the API key clients send (from ${API_KEY_FILE_ENV} or ${API_KEY_ENV})"
+    )
+
+
+def _owner(text: str) -> Owner:
+    try:
+        return Owner.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def cmd_init_secrets(args: argparse.Namespace) -> int:
+    done = init_secrets(args.directory, env=os.environ, owner=args.owner, redis_owner=args.redis_owner)
+    for name, action in done.items():
+        print(f"{args.directory / name}: {action}")
+    return 0
+
+
+def cmd_api_key(args: argparse.Namespace) -> int:
+    print(api_key(os.environ))
+    return 0
