@@ -21,7 +21,7 @@ from vllm_srun.app.settings import ModelSettings
 from vllm_srun.cli.config import HowToServe, ModelEntry, convert, load_yaml, settings_of
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
-from vllm_srun.plugins.decision_bodies import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
+from vllm_srun.plugins.decision_questions import KNOWN_TYPES, QuestionInvalid, expand_preset, parse_question
 from vllm_srun.plugins.decisions import DecisionModel
 
 PROVIDER = "model_runtime"
