@@ -246,12 +246,12 @@ async def _serve(
     count = _check_size(runtime, surface, request)
     # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
-    plan_request = partial(planning.plan, model, surface.name, request, default_overflow=unset)
     with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
         if count > THREAD_PLAN_INPUTS or surface.text_chars(request) > THREAD_PLAN_CHARS:
+            plan_request = partial(planning.plan, model, surface.name, request, default_overflow=unset)
             plan = await asyncio.get_running_loop().run_in_executor(runtime.planner, plan_request)
         else:
-            plan = plan_request()
+            plan = planning.plan(model, surface.name, request, default_overflow=unset)
         planned.set(items=len(plan.items))
     timing.tokenize_s = time.perf_counter() - started
     options = request.options

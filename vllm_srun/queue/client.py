@@ -115,6 +115,9 @@ class QueueClient:
         self.cache = make_pool(cache_url) if cache_url else self.redis
         local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
         self.gateway = ResultGateway(self.cache, ttl_s=result_ttl_s, local=local)
+        # One Redis for both: the shared cache is looked up by the script that queues the job
+        # (not on a cluster: the cache entries are in other slots than the queue).
+        self._looks_up = self.cache is self.redis and not is_cluster(self.redis)
         self._subscriber = pubsub_client(redis_url)
         self._reply_channel = keys.reply_channel(self.app_id)
         self._waiting: dict[str, asyncio.Future[protocol.JobReply]] = {}
@@ -216,9 +219,7 @@ class QueueClient:
         job of this event-loop tick."""
         # The cache span covers the gateway's lookup, up to the job for the misses (its sibling).
         lookup = tracing.start("cache", deployment=deployment, items=len(items))
-        # One Redis for both: the shared cache is looked up by the script that queues the job
-        # (not on a cluster: the cache entries are in other slots than the queue).
-        looks_up = self.cache is self.redis and not is_cluster(self.redis)
+        looks_up = self._looks_up
         ask = _Ask((model_sha256, numerics), timeout_s, deadline_s, looks_up, lookup)
         try:
             return await self.gateway.resolve(
