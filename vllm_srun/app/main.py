@@ -27,13 +27,14 @@ from vllm_srun.app.peers.router import openapi_yaml
 from vllm_srun.app.peers.tei.errors import TEI_RESPONSES, TeiError
 from vllm_srun.app.responses import TIMING_KEY
 from vllm_srun.app.routes import BUNDLE_ROUTES, PEER_ROUTES, SURFACE_ROUTES, surface_paths
-from vllm_srun.app.runtime import Runtime, ServerSettings
+from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.service.health import health, live
 from vllm_srun.app.service.jobs import job_routes
 from vllm_srun.app.service.metrics import metrics
 from vllm_srun.app.service.model_cards import ROUTES_KEY, list_models, retrieve_model
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.settings import ServerSettings
 from vllm_srun.app.strict import strict_body
 from vllm_srun.app.tenants import CALLER
 from vllm_srun.errors import SrunError, Unauthorized
