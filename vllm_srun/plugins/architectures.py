@@ -1,4 +1,4 @@
-"""The architecture table: row types, built-in rows and registry, one module as one table (its length).
+"""The architecture table (longer than 500 lines: row types, built-in rows and registry are one table).
 
 A row (`Architecture`) names the `model_type`s a network covers, the class that runs it
 ("module:Class", imported when first used), the head of each Transformers class, its fast paths

@@ -1,4 +1,4 @@
-"""The native engine (load, probes and forward paths share its state: one class over 500 lines).
+"""The native engine (longer than 500 lines: load, probes and forward paths share one class's state).
 
 PyTorch modules from the architecture registry, run on packed batches. Imports without torch
 (torch is imported inside the methods that need it), so the app and `supports()` work where
