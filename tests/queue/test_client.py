@@ -19,8 +19,8 @@ from vllm_srun.app.responses import unless_disconnected
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
-from vllm_srun.queue import workers as queue_workers
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue import workers as queue_workers
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker

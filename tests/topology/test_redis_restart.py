@@ -34,14 +34,14 @@ from helpers import (
 )
 
 from vllm_srun import defaults
+from vllm_srun.cli.embedded_redis import find_redis_server
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
-from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.worker.coalescer import BatchLimits
+from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import make_pool
-from vllm_srun.cli.embedded_redis import find_redis_server
+from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.queue.worker.device_worker import HEARTBEAT_S, Deployment, DeviceWorker
 from vllm_srun.registry.loader import ModelOptions, load_model
 

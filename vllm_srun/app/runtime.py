@@ -23,6 +23,7 @@ from vllm_srun.queue.client import QueueClient
 from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, blocking_pool, eviction_policy
 
+
 @dataclass
 class Runtime:
     """The app's resources: the queue client, bulk jobs, admission counts and `serving`."""

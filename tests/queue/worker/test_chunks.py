@@ -13,10 +13,10 @@ from vllm_srun.plugins.stats import Stats
 from vllm_srun.plugins.surfaces import ClassifyRequest
 from vllm_srun.queue import keys
 from vllm_srun.queue.jobs import BulkStore
-from vllm_srun.queue.worker.chunks import ChunkRunner
-from vllm_srun.queue.worker.coalescer import Coalescer
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.protocol import ChunkPayload
+from vllm_srun.queue.worker.chunks import ChunkRunner
+from vllm_srun.queue.worker.coalescer import Coalescer
 from vllm_srun.queue.worker.device_worker import Deployment
 
 REQUESTS = [
