@@ -99,7 +99,7 @@ class Runtime:
         )
 
     async def close(self) -> None:
-        # Within the grace period left after uvicorn's own (cli.GRACEFUL_STOP_S).
+        # Within the grace period left after uvicorn's own (cli.lifecycle.GRACEFUL_STOP_S).
         await bounded("serving", self.serving.close(), 2.5)
         await bounded("queue client", self.queue.close(), 1.0)
         await bounded("event streams' Redis", self.bulk.close(), 1.0)
