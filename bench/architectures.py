@@ -44,7 +44,7 @@ WARM = 2
 def lengths(count: int) -> list[int]:
     """Token counts of the bench corpus as MiniLM's tokenizer splits it (no truncation past 512)."""
     from bench.native_forward import model_dir, tokenize
-    from vllm_srun.testing.corpus import corpus
+    from vllm_srun.registry.corpus import corpus
 
     return [min(len(r), 512) for r in tokenize(model_dir(), corpus(count))]
 

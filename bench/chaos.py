@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from bench.procs import HOST, Proc, free_port
-from vllm_srun.queue.redis_server import find_redis_server, free_cluster_port
+from vllm_srun.cli.embedded_redis import find_redis_server, free_cluster_port
 
 REQUEST_DEADLINE_S = 60.0
 RETRY_PAUSE_S = 0.2

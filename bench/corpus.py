@@ -1,6 +1,6 @@
 """The bench corpus: deterministic English-ish texts, and a variant where 30% are repeats.
 
-The texts come from `vllm_srun.testing.corpus` (a fixed word list and `random.Random(seed)`,
+The texts come from `vllm_srun.registry.corpus` (a fixed word list and `random.Random(seed)`,
 5-120 words each), the corpus of the forward bench and of the approximation check, so they all
 measure the same kind of input.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 __all__ = ["corpus", "warm_texts", "with_repeats"]
 

@@ -28,7 +28,7 @@ import torch
 from bench.int8_layers import cosines, random_base, stacked_minilm
 from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.plugins.base import Batch, WorkItem
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 # What torch.profiler names the matrix products of a forward (float, bfloat16 and int8).
 GEMM_OPS = (

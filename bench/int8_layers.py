@@ -27,7 +27,7 @@ import torch
 from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.engines.native.quantize import Int8Linear, int8_model, linears, replace
 from vllm_srun.plugins.base import Batch, WorkItem
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 BATCH = 32
 

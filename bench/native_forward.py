@@ -28,7 +28,7 @@ import torch
 from vllm_srun.engines.native import NativeEngine
 from vllm_srun.engines.native.engine import NativeModel
 from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 
 def model_dir() -> Path:

@@ -27,7 +27,7 @@ import torch
 from bench.int8_layers import cosines, stacked_minilm
 from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.plugins.base import Batch, WorkItem
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 # The exported node names of the linears the native int8 keeps in bfloat16 or float32.
 KEPT = ("/query/", "/key/", "/value/", "/output/dense/")

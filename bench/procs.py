@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.cli.embedded_redis import find_redis_server
 
 HOST = "127.0.0.1"
 LINE_NUMBER = re.compile(r":\d+\)$")

@@ -39,7 +39,7 @@ import httpx
 import redis
 
 from bench.procs import HOST, Proc, free_port
-from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.cli.embedded_redis import find_redis_server
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -38,7 +38,7 @@ import torch
 from bench.native_forward import load_native, model_dir, tokenize
 from vllm_srun.engines.native.engine import NativeModel
 from vllm_srun.plugins.base import Batch, WorkItem
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.registry.corpus import corpus
 
 Path_ = Callable[[list[list[int]]], np.ndarray]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from vllm_srun.queue.redis_server import find_redis_server, free_cluster_port
+from vllm_srun.cli.embedded_redis import find_redis_server, free_cluster_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,25 +32,26 @@ PROBE = textwrap.dedent(
     for name, value in json.loads(sys.argv[1]).items():
         setattr(d, name, value)
 
-    from vllm_srun import cli, config
-    from vllm_srun.app.runtime import ModelSettings, ServerSettings
+    from vllm_srun.cli import check_config, config, router_config, startup
+    from vllm_srun.cli.main import build_parser
+    from vllm_srun.app.settings import ModelSettings, ServerSettings
     from vllm_srun.families.task_heads.layout import Layout
     from vllm_srun.plugins.package import ModelPackage, checkpoint_max_tokens
-    from vllm_srun.queue.coalescer import BatchLimits
+    from vllm_srun.queue.worker.coalescer import BatchLimits
 
     def model(settings: ModelSettings) -> dict:
         o = settings.options
         return {"engine": o.engine, "device": o.device, "dtype": o.dtype, **vars(settings.limits)}
 
-    parser = cli.build_parser()
+    parser = build_parser()
     models_file, router_file = Path(sys.argv[2]), Path(sys.argv[3])
     out = {
         "serve": vars(parser.parse_args(["serve", "m"])),
         "worker": vars(parser.parse_args(["worker", "m", "--redis", "redis://localhost"])),
         "check-config": vars(parser.parse_args(["check-config", "router.yaml"])),
         "models-file": model(config.models_file(models_file)[0]),
-        "router-config": model(config.router_models(router_file)[0]),
-        "cli-model": model(cli._model_settings(parser.parse_args(["serve", "m"]))[0]),
+        "router-config": model(router_config.router_models(router_file)[0]),
+        "cli-model": model(startup.model_settings(parser.parse_args(["serve", "m"]))[0]),
         "server-settings": {
             f.name: f.default
             for f in dataclasses.fields(ServerSettings)
@@ -60,7 +61,7 @@ PROBE = textwrap.dedent(
         "model-settings": vars(ModelSettings(options=None).limits),
         "layout-max-tokens": next(f.default for f in dataclasses.fields(Layout) if f.name == "max_tokens"),
         "checkpoint-max-tokens": checkpoint_max_tokens(ModelPackage(models_file.parent), {}, None),
-        "check-endpoints-timeout": inspect.signature(config.check_endpoints).parameters["timeout_s"].default,
+        "check-endpoints-timeout": inspect.signature(check_config.check_endpoints).parameters["timeout_s"].default,
     }
     print(json.dumps(out, default=str))
     """

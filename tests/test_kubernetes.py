@@ -101,7 +101,7 @@ def test_probes_and_topology(objects: list[dict[str, Any]]) -> None:
 
 
 def test_the_commands_are_ones_the_cli_takes(objects: list[dict[str, Any]], tmp_path: Path) -> None:
-    from vllm_srun.cli import build_parser
+    from vllm_srun.cli.main import build_parser
 
     for name in ("app", "worker"):
         args = container(find(objects, "Deployment", name))["args"]
@@ -208,7 +208,7 @@ def test_the_apps_keys_are_the_secrets_key_file_readable_by_its_user_alone(
     objects: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     from vllm_srun.app.tenants import read_key_file
-    from vllm_srun.cli import API_KEY_ENV, API_KEY_FILE_ENV
+    from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV
 
     app = find(objects, "Deployment", "app")
     pod = app["spec"]["template"]["spec"]
@@ -245,7 +245,7 @@ def test_each_redis_reads_the_secrets_password_file(
 ) -> None:
     import redis
 
-    from vllm_srun.queue.redis_server import find_redis_server
+    from vllm_srun.cli.embedded_redis import find_redis_server
 
     workload = next(w for w in workloads(objects) if w["metadata"]["name"] == name)
     spec = container(workload)

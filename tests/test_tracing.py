@@ -125,12 +125,12 @@ NO_TRACING = textwrap.dedent(
     import asyncio, sys
     from concurrent.futures import ThreadPoolExecutor
 
-    import vllm_srun.cli, vllm_srun.app.main, vllm_srun.app.serving, vllm_srun.queue.worker
+    import vllm_srun.cli.main, vllm_srun.app.main, vllm_srun.app.serving, vllm_srun.queue.worker.device_worker
     from vllm_srun import tracing
     from vllm_srun.plugins.base import WorkItem
     from vllm_srun.plugins.discovery import load_plugins
     from vllm_srun.plugins.stats import Stats
-    from vllm_srun.queue.coalescer import BatchLimits, Coalescer
+    from vllm_srun.queue.worker.coalescer import BatchLimits, Coalescer
     from vllm_srun.registry.loader import ModelOptions, load_model
 
     async def main():

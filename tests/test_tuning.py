@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import write_keywords
 
-from vllm_srun.app.runtime import Executors, ServedModel
+from vllm_srun.app.loading import Executors, ServedModel
 from vllm_srun.plugins.discovery import load_plugins
-from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.registry.loader import ModelOptions, load_model
 from vllm_srun.tuning import FORWARD_NICE_ENV, configure_cpu_threads, lower_forward_priority
 

@@ -45,13 +45,13 @@ REPO = Path(__file__).resolve().parents[1]
 # PYTHONPROFILEIMPORTTIME lists them for a tiny BERT server; torch the most of it). Nothing here
 # reads a variable a test changes: those launches are exec'd (module docstring).
 PRELOAD = (
-    "vllm_srun.cli",
+    "vllm_srun.cli.main",
     "vllm_srun.app.main",
     "vllm_srun.app.routes",
     "litestar.plugins.pydantic",
     "vllm_srun.plugins.discovery",
     "vllm_srun.registry.loader",
-    "vllm_srun.queue.worker",
+    "vllm_srun.queue.worker.device_worker",
     "vllm_srun.engines.native.engine",
     "vllm_sr_example",
     "torch",
@@ -203,9 +203,9 @@ def run_child(launch: ChildLaunch) -> None:
         os.environ["PYTHONPATH"] = launch.pythonpath
         sys.path[1:1] = [entry for entry in launch.pythonpath.split(os.pathsep) if entry]
         importlib.invalidate_caches()
-    sys.argv = [str(REPO / "vllm_srun" / "cli.py"), *launch.argv]
+    sys.argv = [str(REPO / "vllm_srun" / "cli" / "__main__.py"), *launch.argv]
     # run as __main__ afresh, as -m does (a module already imported would make runpy warn)
-    sys.modules.pop("vllm_srun.cli", None)
+    sys.modules.pop("vllm_srun.cli.__main__", None)
     interrupted = False
     try:
         runpy.run_module("vllm_srun.cli", run_name="__main__", alter_sys=True)

@@ -2,7 +2,7 @@
 
 `Client` and `AsyncClient` expose the same methods. Responses are the server's JSON decoded
 to plain dicts (the shapes of the Structs in `vllm_srun.plugins.surfaces` and
-`vllm_srun.queue.bulk.JobStatus`), so a field the server adds later reaches the caller
+`vllm_srun.queue.jobs.JobStatus`), so a field the server adds later reaches the caller
 without a client release. Requests are described by `Call` values built by plain functions,
 and responses are read by plain functions; the two classes differ only in how they send.
 """
@@ -20,8 +20,6 @@ from urllib.parse import quote
 
 import httpx
 import msgspec
-
-from vllm_srun.plugins.surfaces import CLASSIFY, DECISIONS, EMBEDDINGS, REGISTRY, RERANK
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
@@ -218,7 +216,7 @@ class _Methods(Generic[R]):
         """POST /v1/classify: `input` is a text, a `{"text", "text_pair"}` pair, or a list of
         them; `head` names the head to run (default the model's first)."""
         fields = {"model": model, "head": head, "options": options}
-        return self._send(Call("POST", CLASSIFY.path, json=_body(input=input, **fields)))
+        return self._send(Call("POST", "/v1/classify", json=_body(input=input, **fields)))
 
     def embeddings(
         self,
@@ -239,7 +237,7 @@ class _Methods(Generic[R]):
             "input_type": input_type,
             "options": options,
         }
-        return self._send(Call("POST", EMBEDDINGS.path, json=_body(input=input, model=model, **fields)))
+        return self._send(Call("POST", "/v1/embeddings", json=_body(input=input, model=model, **fields)))
 
     def rerank(
         self,
@@ -263,7 +261,7 @@ class _Methods(Generic[R]):
             "dimensions": dimensions,
             "options": options,
         }
-        return self._send(Call("POST", RERANK.path, json=_body(query=query, documents=documents, **fields)))
+        return self._send(Call("POST", "/v1/rerank", json=_body(query=query, documents=documents, **fields)))
 
     def decisions(
         self,
@@ -278,7 +276,7 @@ class _Methods(Generic[R]):
         about each of `states` ({name: {state, questions}})."""
         fields = {"states": states, "model": model, "options": options}
         return self._send(
-            Call("POST", DECISIONS.path, json=_body(state=state, questions=questions, **fields))
+            Call("POST", "/v1/decisions", json=_body(state=state, questions=questions, **fields))
         )
 
     def bundle(self, tasks: list[dict[str, Any]], *, deadline_ms: float | None = None) -> R:
@@ -290,10 +288,8 @@ class _Methods(Generic[R]):
 
     def surface(self, name: str, body: dict[str, Any]) -> R:
         """POST `body` as is to surface `name`'s own route: any surface, including those without
-        a method here. A name this client has no descriptor for (a newer server's) is posted to
-        /v1/{name}."""
-        path = REGISTRY.get(name).path if name in REGISTRY.names() else f"/v1/{name}"
-        return self._send(Call("POST", path, json=body))
+        a method here: every surface's own route is /v1/{name}."""
+        return self._send(Call("POST", f"/v1/{name}", json=body))
 
     def models(self) -> R:
         """GET /v1/models: served models and installed plugins."""

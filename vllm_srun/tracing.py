@@ -1,13 +1,9 @@
 """OpenTelemetry spans for a request, across the app replica and the worker that ran its job.
 
-Tracing is on only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (spans go out over OTLP/HTTP,
-the `otel` extra) or `VLLM_SRUN_TRACE_FILE` names a file (every finished span appended to it
-as one JSON line, for tests). Otherwise nothing here imports OpenTelemetry and every call is a
-branch on one module flag: `span` hands back one shared do-nothing context manager, `inject`
-and `current` answer None.
-
-The W3C trace context (https://www.w3.org/TR/trace-context/) travels in the queued job
-(`JobPayload.trace`), so the worker's job span is a child of the app's queue span and one trace
+On only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (OTLP/HTTP, the `otel` extra) or
+`VLLM_SRUN_TRACE_FILE` names a file (one JSON line per finished span). Otherwise OpenTelemetry
+is never imported: `span` hands back a shared do-nothing context manager, `inject` and `current`
+answer None. The W3C trace context travels in the queued job (`JobPayload.trace`), so one trace
 covers both processes.
 """
 

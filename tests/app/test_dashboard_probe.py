@@ -64,7 +64,7 @@ def test_the_yaml_is_the_contracts_part_within_the_probes_limit() -> None:
     """/openapi.yaml holds the router contract's paths and every schema they reference, and
     fits the probe's 128 KiB; /openapi.json keeps every route."""
     from vllm_srun.app.main import create_app
-    from vllm_srun.app.yaml_document import CONTRACT_PATHS, openapi_yaml_text
+    from vllm_srun.app.peers.router import CONTRACT_PATHS, openapi_yaml_text
 
     app = create_app()
     whole = app.openapi_schema.to_schema()

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from vllm_srun.families.nli_decisions import templates
 from vllm_srun.families.nli_decisions.presets import PRESETS
-from vllm_srun.plugins.decision_surface import parse_question, parse_state
+from vllm_srun.plugins.decision_bodies import parse_question, parse_state
 
 STATE = {"context": "support chat", "request": "Write a Python function that merges two sorted lists."}
 TOPICS = {"code": "programming", "math": "mathematics", "travel": None}

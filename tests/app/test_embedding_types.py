@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from helpers import Server, ok
 
-from vllm_srun.app.quantization import CALIBRATION_SEED, CALIBRATION_TEXTS
-from vllm_srun.plugins.quantization import ranges_of
-from vllm_srun.testing.corpus import corpus
+from vllm_srun.app.embedding_types import CALIBRATION_SEED, CALIBRATION_TEXTS
+from vllm_srun.plugins.embedding_types import ranges_of
+from vllm_srun.registry.corpus import corpus
 
 quantization = pytest.importorskip("sentence_transformers.util.quantization")
 reference = quantization.quantize_embeddings

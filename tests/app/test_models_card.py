@@ -14,7 +14,7 @@ from contract.validator import check
 from helpers import Server
 
 from vllm_srun import defaults
-from vllm_srun.app.health import ModelState, overall
+from vllm_srun.app.service.health import ModelState, overall
 
 HEAD_KINDS = {"sequence", "scores", "token"}
 

@@ -30,7 +30,7 @@ def test_question_types_agree_with_the_parser() -> None:
     import msgspec
     import pytest
 
-    from vllm_srun.plugins.decision_surface import QuestionBody, QuestionInvalid, parse_question
+    from vllm_srun.plugins.decision_bodies import QuestionBody, QuestionInvalid, parse_question
 
     accepted = [
         {"type": "choice", "instructions": "Topic?", "criteria": {"a": "about A", "b": "about B"}},

@@ -179,7 +179,7 @@ def test_minilm_small_batch_paths_match_sentence_transformers(nt: Any, small: st
     st = pytest.importorskip("sentence_transformers")
     from tokenizers import Tokenizer
 
-    from vllm_srun.testing.corpus import corpus
+    from vllm_srun.registry.corpus import corpus
 
     path = minilm_dir()
     assert json.loads((path / "config.json").read_text())["architectures"] == ["BertModel"]
@@ -206,7 +206,7 @@ def test_the_onnx_session_is_built_and_probed_on_the_forward_threads_count(
     from concurrent.futures import ThreadPoolExecutor
     from functools import partial
 
-    from vllm_srun.app.runtime import Executors
+    from vllm_srun.app.loading import Executors
     from vllm_srun.engines.native.onnx_path import OnnxSmallBatch
     from vllm_srun.tuning import set_forward_threads, start_forward_thread
 

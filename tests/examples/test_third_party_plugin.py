@@ -221,7 +221,7 @@ def test_a_plugin_architecture_with_a_new_model_type_serves_exactly(
 
     server = start_server(str(acme), "--served-model-name", "acme", env=env_for(site))
     rng = np.random.default_rng(5)
-    from vllm_srun.testing.task_heads_fixtures import WORDS
+    from vllm_srun.testing.tokenizer_fixtures import WORDS
 
     texts = [" ".join(rng.choice(WORDS, size=int(n))) for n in rng.integers(1, 30, size=6)]
     body = server.post("/v1/classify", {"model": "acme", "input": texts, "options": {"return_meta": True}})

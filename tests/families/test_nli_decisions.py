@@ -20,7 +20,7 @@ import pytest
 from vllm_srun.families.nli_decisions import NliDecisionsFamily, templates
 from vllm_srun.families.nli_decisions.model import NliDecisionModel
 from vllm_srun.plugins.base import Device
-from vllm_srun.plugins.decision_surface import DecisionRequest, parse_question
+from vllm_srun.plugins.decision_bodies import DecisionRequest, parse_question
 from vllm_srun.plugins.package import ModelPackage, combined_sha256, sha256_file
 from vllm_srun.plugins.vectors import sigmoid, softmax
 from vllm_srun.queue import keys

@@ -16,7 +16,7 @@ import pytest
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import Batch, Device, EngineModel, ItemError, ModelInfo, WorkItem
 from vllm_srun.plugins.bodies import UnsupportedOption
-from vllm_srun.plugins.decision_surface import (
+from vllm_srun.plugins.decision_bodies import (
     DecisionRequest,
     DecisionState,
     Question,

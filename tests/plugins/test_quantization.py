@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vllm_srun.plugins.quantization import EMBEDDING_TYPES, quantize, ranges_of
+from vllm_srun.plugins.embedding_types import EMBEDDING_TYPES, quantize, ranges_of
 
 quantization = pytest.importorskip("sentence_transformers.util.quantization")
 reference = quantization.quantize_embeddings

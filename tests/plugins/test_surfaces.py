@@ -1,7 +1,6 @@
 """The surface descriptors: one per surface, registered once, read by everything else.
 
-These fail when the registry is wrong: a surface missing or registered twice, a route path
-taken twice, a counting rule that counts the wrong field, a request type that is not the one
+These fail when the registry is wrong: a surface missing or registered twice, a counting rule that counts the wrong field, a request type that is not the one
 the families plan from, a family that finishes a surface it was not asked for.
 """
 
@@ -20,7 +19,7 @@ from vllm_srun.errors import InvalidRequest, UnsupportedSurface
 from vllm_srun.families.task_heads.family import TaskHeadsFamily
 from vllm_srun.families.task_heads.model import TaskHeadsModel
 from vllm_srun.plugins.base import ModelInfo, Plan, WorkItem
-from vllm_srun.plugins.decision_surface import DecisionsRequest, DecisionsResponse, DecisionState, Question
+from vllm_srun.plugins.decision_bodies import DecisionsRequest, DecisionsResponse, DecisionState, Question
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import (
@@ -34,7 +33,6 @@ from vllm_srun.plugins.surfaces import (
     EmbeddingsResponse,
     Options,
     RerankRequest,
-    Route,
     Surface,
     SurfaceRegistry,
     request_type,
@@ -54,15 +52,6 @@ def test_every_surface_is_registered_once_with_its_types() -> None:
     for surface in REGISTRY:
         assert REGISTRY.get(surface.name) is surface
         assert request_type(surface.name) is surface.request_type
-        assert surface.path == f"/v1/{surface.name}", "a surface's own route is /v1/<name>"
-
-
-def test_systemone_is_the_second_route_of_decisions() -> None:
-    assert [r.path for r in DECISIONS.routes] == ["/v1/decisions", "/v1/systemone"]
-    assert REGISTRY.by_path()["/v1/systemone"] is DECISIONS
-    # With the peers' routes: TEI's, Cohere's (rerank, and embed on /v1 and /v2), vLLM's (and
-    # under /vllm) and Infinity's (/infinity).
-    assert len(REGISTRY.by_path()) == 30
 
 
 def test_unknown_surface_is_a_400_naming_the_known_ones() -> None:
@@ -74,7 +63,7 @@ def test_unknown_surface_is_a_400_naming_the_known_ones() -> None:
 
 def test_jobs_take_bulk_surfaces_only() -> None:
     assert [s.name for s in REGISTRY if s.bulk] == REGISTRY.names()
-    interactive = replace(EMBEDDINGS, name="interactive", bulk=False, routes=(Route("/v1/x", "m:x"),))
+    interactive = replace(EMBEDDINGS, name="interactive", bulk=False)
     registry = SurfaceRegistry(CLASSIFY, interactive)
     assert registry.for_jobs("classify") is CLASSIFY
     with pytest.raises(
@@ -85,13 +74,10 @@ def test_jobs_take_bulk_surfaces_only() -> None:
         registry.for_jobs("nothing")
 
 
-def test_a_registry_refuses_a_name_or_a_path_twice() -> None:
+def test_a_registry_refuses_a_name_twice() -> None:
+    """A path taken twice is the app's route table's to refuse (tests/app/test_routes.py)."""
     with pytest.raises(ValueError, match="registered twice"):
         SurfaceRegistry(CLASSIFY, CLASSIFY)
-    with pytest.raises(ValueError, match="/v1/classify"):
-        SurfaceRegistry(CLASSIFY, replace(RERANK, routes=(Route("/v1/classify", "m:x"),)))
-    with pytest.raises(ValueError, match="no route"):
-        SurfaceRegistry(replace(RERANK, routes=()))
 
 
 def test_counting_per_surface() -> None:

@@ -10,15 +10,15 @@ import pytest
 from arq.connections import ArqRedis
 from helpers import write_keywords
 
+from vllm_srun.cli.embedded_redis import EmbeddedRedis
 from vllm_srun.plugins.base import LoadedModel, WorkItem
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
 from vllm_srun.plugins.surfaces import ClassifyRequest
-from vllm_srun.queue.coalescer import BatchLimits
 from vllm_srun.queue.planning import plan_with_keys
 from vllm_srun.queue.redis import make_pool
-from vllm_srun.queue.redis_server import EmbeddedRedis
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.coalescer import BatchLimits
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 from vllm_srun.registry.loader import ModelOptions, load_model
 
 

@@ -19,11 +19,11 @@ from vllm_srun.app.responses import unless_disconnected
 from vllm_srun.errors import NotReady, Unavailable
 from vllm_srun.plugins.base import ItemError, LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
-from vllm_srun.queue import client as queue_client
 from vllm_srun.queue import keys, protocol
+from vllm_srun.queue import workers as queue_workers
 from vllm_srun.queue.client import QueueClient, Submission
 from vllm_srun.queue.results import encode_result
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 
 @pytest.fixture
@@ -330,7 +330,7 @@ async def test_a_worker_check_that_fails_after_its_requests_left_logs_nothing(
         await asyncio.gather(task, return_exceptions=True)
         del task  # its traceback holds the check
         deadline = time.monotonic() + 10
-        while client._worker_checks:  # the check ends (failed) on its own
+        while client.workers._worker_checks:  # the check ends (failed) on its own
             assert time.monotonic() < deadline, "the worker check never ended"
             await asyncio.sleep(0.05)
         gc.collect()
@@ -360,19 +360,19 @@ async def test_a_requests_meta_reads_the_engines_without_a_round_trip_of_its_own
     said = {"engine_paths": ["native"], "memory_bytes": {"native": 1}}
     await redis.zadd(keys.worker_key(name), {"w": int(time.time() * 1000) + 60_000})
     await redis.hset(keys.engines_key(name), "w", json.dumps(said))  # type: ignore[misc]
-    assert await client.recent_engines(name) == said  # the first request waits for the read
+    assert await client.workers.recent_engines(name) == said  # the first request waits for the read
     now = {"engine_paths": ["native", "native-small-batch"], "memory_bytes": {"native": 2}}
     await redis.hset(keys.engines_key(name), "w", json.dumps(now))  # type: ignore[misc]
-    assert at_once(client.recent_engines(name)) == said  # read less than ENGINES_TTL_S ago
+    assert at_once(client.workers.recent_engines(name)) == said  # read less than ENGINES_TTL_S ago
     # Once it is older, it is still answered at once, while one read refreshes it.
-    monkeypatch.setattr(queue_client, "ENGINES_TTL_S", 0.0)
-    assert at_once(client.recent_engines(name)) == said
-    assert len(client._engines_reading) == 1
+    monkeypatch.setattr(queue_workers, "ENGINES_TTL_S", 0.0)
+    assert at_once(client.workers.recent_engines(name)) == said
+    assert len(client.workers._engines_reading) == 1
     deadline = time.monotonic() + 10
-    while at_once(client.recent_engines(name)) != now:
+    while at_once(client.workers.recent_engines(name)) != now:
         assert time.monotonic() < deadline, "the engines were never read again"
         await asyncio.sleep(0.02)
-    assert await client.engines(name) == now  # the card's own read stays fresh
+    assert await client.workers.engines(name) == now  # the card's own read stays fresh
 
 
 async def test_a_request_found_whole_in_this_process_is_answered_without_waiting(

@@ -14,7 +14,7 @@ from arq.connections import ArqRedis
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.worker import Deployment, DeviceWorker
+from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 
 
 @pytest.fixture
@@ -52,14 +52,14 @@ async def test_the_live_workers_say_which_paths_a_deployment_runs(
         "memory_bytes": {"native": 0, "onnxruntime-small-batch": 7},
     }
     monkeypatch.setattr(deployment.model, "engine_model", _Described(deployment.model.engine_model, said))
-    assert await client.engines(name) == {}
+    assert await client.workers.engines(name) == {}
     # A worker that died without withdrawing: its heartbeat lapsed, so what it said is ignored.
     await redis.zadd(keys.worker_key(name), {"ghost": int(time.time() * 1000) - 1})
     await redis.hset(keys.engines_key(name), "ghost", json.dumps({"engine_paths": ["ghost-path"]}))
     worker = DeviceWorker(redis_url=redis_url, deployments=[deployment], stats=stats)
     await worker.start()
     try:
-        assert await client.engines(name) == said
+        assert await client.workers.engines(name) == said
         # The live worker's heartbeat dropped the dead one from both: nothing of it is left.
         assert await redis.zscore(keys.worker_key(name), "ghost") is None
         assert await redis.hget(keys.engines_key(name), "ghost") is None  # type: ignore[misc]
@@ -70,11 +70,11 @@ async def test_the_live_workers_say_which_paths_a_deployment_runs(
             "other",
             json.dumps({"engine_paths": ["native", "native-small-batch"], "memory_bytes": {"native": 3}}),
         )
-        merged = await client.engines(name)
+        merged = await client.workers.engines(name)
         assert merged["engine_paths"] == ["native", "onnxruntime-small-batch", "native-small-batch"]
         assert merged["memory_bytes"] == {"native": 3, "onnxruntime-small-batch": 7}
         await redis.zrem(keys.worker_key(name), "other")
     finally:
         await worker.close()
     assert await redis.hget(keys.engines_key(name), worker.worker_id) is None
-    assert await client.engines(name) == {}
+    assert await client.workers.engines(name) == {}

@@ -43,7 +43,7 @@ async def test_a_chunk_whose_redis_closed_under_it_runs_again() -> None:
     not finished as failed (which left a bulk job's lines of that chunk unstored for good)."""
     from types import SimpleNamespace
 
-    from vllm_srun.queue.worker import DeviceWorker
+    from vllm_srun.queue.worker.device_worker import DeviceWorker
 
     calls = []
 

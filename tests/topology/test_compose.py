@@ -23,7 +23,7 @@ import pytest
 import yaml
 from helpers import REPO, free_port
 
-from vllm_srun.queue.redis_server import find_redis_server
+from vllm_srun.cli.embedded_redis import find_redis_server
 
 SECRETS = "VLLM_SRUN_REDIS_PASSWORD=s3cret-pass\nVLLM_SRUN_API_KEY=the-key\n"
 # Where secret-init writes the files, and every other service reads them.
@@ -120,7 +120,7 @@ def test_the_env_file_is_optional_and_reaches_secret_init_alone(checkout: Path) 
 
 
 def test_app_and_worker_add_the_password_files_to_their_urls(checkout: Path, tmp_path: Path) -> None:
-    from vllm_srun.cli import build_parser
+    from vllm_srun.cli.main import build_parser
 
     services = rendered(checkout)
     password_file = tmp_path / "redis-password"

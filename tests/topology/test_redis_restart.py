@@ -34,15 +34,15 @@ from helpers import (
 )
 
 from vllm_srun import defaults
+from vllm_srun.cli.embedded_redis import find_redis_server
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
-from vllm_srun.queue.bulk import BulkStore
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import make_pool
-from vllm_srun.queue.redis_server import find_redis_server
-from vllm_srun.queue.worker import HEARTBEAT_S, Deployment, DeviceWorker
+from vllm_srun.queue.worker.coalescer import BatchLimits
+from vllm_srun.queue.worker.device_worker import HEARTBEAT_S, Deployment, DeviceWorker
 from vllm_srun.registry.loader import ModelOptions, load_model
 
 ENGINE = """
@@ -248,7 +248,7 @@ async def test_a_worker_outlives_a_redis_that_refuses_writes(
         while await last_heartbeat(admin) == before:
             assert time.monotonic() < deadline, "no heartbeat once writes were accepted again"
             await asyncio.sleep(0.1)
-        assert await client.live_workers("kw") == 1, "the heartbeat goes on"
+        assert await client.workers.live("kw") == 1, "the heartbeat goes on"
         items = [item for item in _classify(model, "refund please")]
         answer = await client.submit("kw", model.info.model_sha256, items, timeout_s=10)
         assert answer.results[0] is not None and answer.misses == 1

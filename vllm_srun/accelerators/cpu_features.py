@@ -1,14 +1,9 @@
 """Which reduced precisions this CPU multiplies natively, from the instruction sets it reports.
 
-bfloat16 and int8 are worth serving on a CPU only where it has the instructions for them: where
-it lacks them, torch emulates them with float32 arithmetic plus conversions, which is slower
-than float32 itself, so the dtype is refused rather than served slowly (DESIGN 4a). The flags are
-those Linux lists in /proc/cpuinfo (`flags` on x86, `Features` on Arm). `VLLM_SRUN_CPU_FLAGS`
-(flags separated by spaces) stands in for them: an operator narrowing what a fleet may use, or
-a test of a CPU without them.
-
-`refusal(dtype, flags, machine)` is a pure function of the flag set, so every branch is
-testable on any host.
+Where a CPU lacks the instructions, torch emulates bfloat16/int8 more slowly than float32, so
+the dtype is refused. Flags come from /proc/cpuinfo (`flags` on x86, `Features` on Arm);
+`VLLM_SRUN_CPU_FLAGS` (space-separated) stands in for them. `refusal(dtype, flags, machine)`
+is a pure function of the flag set.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The documentation pages, served whole from the package: /docs (Redoc) and /docs/swagger
-(Swagger UI), with their scripts and styles under /docs/static (vendored, pinned: see
-`static/README.md`), never from a CDN. Most clusters that serve models have no internet, where
-CDN-loaded pages stay blank, and a CDN's script would run in an operator's browser.
-
-Every response under /docs carries `CSP`: scripts only from this server and none inline (each
-page starts its viewer from a static `init.js` that fetches /docs/openapi.json), no other
-origin for anything. Styles may be inline: both viewers set them from script. Redoc runs its
-search index in a worker made from a blob. Stoplight Elements and RapiDoc, which Litestar also
-offers, are not served: there is no pinned build of them here.
+(Swagger UI), their scripts and styles under /docs/static (vendored, pinned: `static/README.md`),
+never from a CDN. Every response under /docs carries `CSP`: scripts only from this server and
+none inline, no other origin for anything. Also the OpenAPI config, and `operation_ids` for a
+controller mounted at several paths.
 """
 
 from __future__ import annotations
@@ -28,6 +23,7 @@ from litestar.openapi.plugins import (
 )
 from litestar.openapi.spec import Info, OpenAPI
 from litestar.static_files import create_static_files_router
+from litestar.types.callable_types import OperationIDCreator
 
 # The router's dashboard recognises a model engine by its document: this title exactly, and an
 # info.version equal to /health's api_version (the contract's version), so those two are the
@@ -140,3 +136,14 @@ def openapi_config(name: str, version: str, *, api_version: str) -> OpenAPIConfi
         render_plugins=render_plugins(),
         openapi_router=router,
     )
+
+
+def operation_ids(by_path: dict[str, str]) -> OperationIDCreator:
+    """The `operation_id` of a controller mounted at several paths: each path's own, from
+    `by_path` (the operationId the published document has always given that path)."""
+
+    def creator(handler: Any, method: Any, components: list[Any]) -> str:
+        path = "/" + "/".join(c if isinstance(c, str) else f"{{{c.name}}}" for c in components)
+        return by_path[path]
+
+    return creator

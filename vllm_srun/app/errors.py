@@ -17,7 +17,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import ResponseSpec
 
-from vllm_srun.errors import InvalidRequest, SrunError, Unavailable
+from vllm_srun.errors import SrunError
 
 log = structlog.get_logger("vllm_srun.app")
 
@@ -65,27 +65,6 @@ ERROR_STATUSES = {
     500: "The server failed this request (internal_error)",
     503: "The model is not ready, or Redis is unavailable (not_ready, unavailable)",
 }
-
-
-# Item error codes (upstream's ItemError) that are the input's fault; any other failed on the
-# server's side.
-_CLIENT_ITEM_CODES = frozenset(
-    {"max_length_exceeded", "scan_budget_exceeded", "invalid_input", "invalid_question"}
-)
-
-
-def item_failure(field: str, index: int, code: str, message: str | None) -> SrunError:
-    """One input's error (its `error` code and `message`) as the whole request's, for routes
-    whose API has no per-item errors (OpenAI's embeddings, Cohere's rerank): the input's fault
-    is a 400 naming `field[index]`, a passed deadline or lost service a 503, anything else (a
-    model output that failed its check) a 500."""
-    param = f"{field}[{index}]"
-    text = f"{param}: {message or code}"
-    if code in _CLIENT_ITEM_CODES:
-        return InvalidRequest(text, param=param)
-    if code in ("deadline_exceeded", "unavailable"):
-        return Unavailable(text, param=param)
-    return SrunError(text, param=param)
 
 
 def error_specs(body: type[Any], statuses: dict[int, str] = ERROR_STATUSES) -> dict[int, ResponseSpec]:

@@ -1,16 +1,10 @@
-"""What a browser may make a server on a developer's machine do (issue 22, M3).
+"""What a browser may make a server on a developer's machine do, checked before any route runs.
 
-A web page can POST to `http://127.0.0.1:8000` with no CORS preflight as long as the body is a
-"simple" one (`text/plain`, a form), and by DNS rebinding it can read the answers, its own
-host name then resolving to 127.0.0.1. So, before any route runs:
-
-- a request with a body must say `application/json` (or an NDJSON type on `POST /v1/jobs`):
-  anything else is 415, which a page cannot send without a preflight the server never grants
-  (TEI and vLLM require JSON too);
-- where a Host allow-list is set, a request for any other host is 400: a rebound name is not on
-  it. `serve` sets one when it runs without an API key (the bind address and localhost's names;
-  `--allowed-hosts` to widen it, `*` for none). A unix socket (`--uds`) is not checked: no web
-  page reaches it.
+A request with a body must say `application/json` (or an NDJSON type on `POST /v1/jobs`), else
+415: a web page cannot send one without a CORS preflight, which the server never grants. Where a
+Host allow-list is set (`serve` sets one without an API key; `--allowed-hosts` widens it, `*`
+for none) a request for any other host is 400, which stops DNS rebinding. A unix socket is not
+checked.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ text) and makes sure every response carries `Server-Timing`.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -14,7 +13,7 @@ from functools import partial
 from typing import Any
 
 import structlog
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, get
 from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
@@ -24,76 +23,28 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from vllm_srun import __version__, defaults, tracing
 from vllm_srun.app.docs import openapi_config
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
-from vllm_srun.app.health import health, live
-from vllm_srun.app.jobs import job_routes
-from vllm_srun.app.metrics import metrics
-from vllm_srun.app.models import list_models, retrieve_model
+from vllm_srun.app.peers.router import openapi_yaml
+from vllm_srun.app.peers.tei.errors import TEI_RESPONSES, TeiError
 from vllm_srun.app.responses import TIMING_KEY
-from vllm_srun.app.routes.bundle import bundle
-from vllm_srun.app.routes.infinity import infinity_health, infinity_models
-from vllm_srun.app.routes.tei_info import info as tei_info
-from vllm_srun.app.routes.tei_root import invocations as tei_invocations
-from vllm_srun.app.routes.tei_root import ping as tei_ping
-from vllm_srun.app.routes.tei_root import root as tei_root
-from vllm_srun.app.routes.tei_root import root_health as tei_root_health
-from vllm_srun.app.routes.tei_root import root_options as tei_root_options
-from vllm_srun.app.routes.tei_shared import TEI_RESPONSES, TeiError
-from vllm_srun.app.routes.tei_tokenize import decode as tei_decode
-from vllm_srun.app.routes.tei_tokenize import tokenize as tei_tokenize
-from vllm_srun.app.runtime import Runtime, ServerSettings
+from vllm_srun.app.routes import BUNDLE_ROUTES, PEER_ROUTES, SURFACE_ROUTES, surface_paths
+from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
+from vllm_srun.app.service.health import health, live
+from vllm_srun.app.service.jobs import job_routes
+from vllm_srun.app.service.metrics import metrics
+from vllm_srun.app.service.model_cards import ROUTES_KEY, list_models, retrieve_model
 from vllm_srun.app.serving import Timing
+from vllm_srun.app.settings import ServerSettings
 from vllm_srun.app.strict import strict_body
 from vllm_srun.app.tenants import CALLER
-from vllm_srun.app.yaml_document import openapi_yaml_text
 from vllm_srun.errors import SrunError, Unauthorized
-from vllm_srun.plugins.surfaces import REGISTRY, SurfaceRegistry
 
 log = structlog.get_logger("vllm_srun.http")
 
 
-def surface_routes(registry: SurfaceRegistry = REGISTRY) -> list[HTTPRouteHandler]:
-    """The controller of every route of every surface, each checked to be mounted where its
-    descriptor says (a controller at another path would serve, and count, the wrong route)."""
-    handlers = []
-    for surface in registry:
-        for route in surface.routes:
-            module, _, attribute = route.handler.partition(":")
-            handler = getattr(importlib.import_module(module), attribute)
-            if not isinstance(handler, HTTPRouteHandler) or set(handler.paths) != {route.path}:
-                raise TypeError(f"{route.handler} is not a route handler at {route.path} ({surface.name})")
-            handlers.append(handler)
-    return handlers
-
-
-# text-embeddings-inference's routes that reach no one surface: its model info, tokenizer,
-# the model's own route (POST / and SageMaker's /invocations, by the model's kind) and its
-# health routes (GET /, /ping); /embed, /predict, /rerank... are adapters on their surfaces'
-# descriptors.
-TEI_ROUTES = [
-    tei_info,
-    tei_tokenize,
-    tei_decode,
-    tei_root_options,  # first: see its docstring
-    tei_root,
-    tei_invocations,
-    tei_root_health,
-    tei_ping,
-]
-
-# The runtime's own routes; the surfaces' come from their descriptors and the jobs' take a
-# body limit that is a setting, so `create_app` adds both.
-OWN_ROUTES = [
-    list_models,
-    retrieve_model,
-    health,
-    live,
-    metrics,
-    bundle,
-    *TEI_ROUTES,
-    infinity_models,
-    infinity_health,
-]
+# The runtime's own routes; the jobs' take a body limit that is a setting, so `create_app`
+# adds them.
+SERVICE_ROUTES = [list_models, retrieve_model, health, live, metrics]
 
 
 def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
@@ -105,12 +56,6 @@ def documented(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
         tei = TeiError in (handler.exception_handlers or {})
         handler.responses = {**(TEI_RESPONSES if tei else ERROR_RESPONSES), **(handler.responses or {})}
     return handlers
-
-
-def surface_paths(registry: SurfaceRegistry = REGISTRY) -> dict[str, str]:
-    """The metrics label of each surface route: its surface's name (/v1/systemone counts as
-    decisions); a bundle counts as `bundle`, under no one model (its tasks may name several)."""
-    return {**{path: surface.name for path, surface in registry.by_path().items()}, "/v1/bundle": "bundle"}
 
 
 def _edge(surface_of_path: dict[str, str]) -> Callable[[ASGIApp], ASGIApp]:
@@ -222,16 +167,14 @@ async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
 
-@get("/openapi.yaml", summary="The OpenAPI document as YAML", include_in_schema=False)
-async def openapi_yaml(request: Request[Any, Any, Any]) -> Response[str]:
-    """The same document as /openapi.json, in YAML: where the router's dashboard probes for it."""
-    return Response(openapi_yaml_text(request.app), media_type="application/yaml")
-
-
-def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegistry = REGISTRY) -> Litestar:
+def create_app(
+    settings: ServerSettings | None = None,
+    *,
+    routes: dict[str, tuple[HTTPRouteHandler, ...]] = SURFACE_ROUTES,
+) -> Litestar:
     """The app. Without settings it has routes but no runtime: enough for the OpenAPI document.
 
-    It mounts every route of every surface in `surfaces` (by default all of them)."""
+    It mounts every route in `routes` (each surface's, by default `SURFACE_ROUTES`) and the rest."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -250,18 +193,22 @@ def create_app(settings: ServerSettings | None = None, *, surfaces: SurfaceRegis
             await runtime.close()
 
     max_job_bytes = settings.max_job_bytes if settings else ServerSettings.max_job_bytes
+    surface_of_path = surface_paths({**routes, **BUNDLE_ROUTES})
+    handlers = [
+        *(handler for handlers in routes.values() for handler in handlers),
+        *SERVICE_ROUTES,
+        *BUNDLE_ROUTES["bundle"],
+        *PEER_ROUTES,
+        *job_routes(max_job_bytes),
+    ]
     return Litestar(
-        route_handlers=[
-            *documented([*surface_routes(surfaces), *OWN_ROUTES, *job_routes(max_job_bytes)]),
-            openapi_document,
-            openapi_yaml,
-        ],
+        route_handlers=[*documented(handlers), openapi_document, openapi_yaml],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
-        middleware=[_edge(surface_paths(surfaces))],
+        middleware=[_edge(surface_of_path)],
         guards=[_api_key_guard],
         before_request=strict_body,
-        state=State({}),
+        state=State({ROUTES_KEY: surface_paths(routes)}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
         openapi_config=openapi_config("vllm-srun", __version__, api_version=defaults.API_VERSION),
         plugins=[StrictStructSchemaPlugin()],

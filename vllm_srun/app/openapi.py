@@ -1,7 +1,8 @@
 """The OpenAPI document as JSON text; `python -m vllm_srun.app.openapi` prints it.
 
 docs/openapi.json is this output, checked in; a test keeps the two the same. The server
-answers the same document at /openapi.json and, in YAML, at /openapi.yaml (yaml_document.py).
+answers the same document at /openapi.json and its contract's part, in YAML, at /openapi.yaml
+(`peers/router.py`).
 """
 
 from __future__ import annotations

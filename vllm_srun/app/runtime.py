@@ -1,376 +1,27 @@
-"""The app's resources: settings, models and their states, the queue client, the worker.
+"""The app's resources: settings, models, the queue client, bulk jobs, admission counts.
 
-Created in the app's lifespan and released in its `finally`. Start-up first *prepares* every
-model (package, family, device, engine: small files only), so a wrong setting refuses the
-start at once; then each model goes loading -> warming -> ready, or failed with a reason, in
-the background, and one failed model never stops the others. In the embedded default the
+`Runtime.start` creates them in the app's lifespan; `close` releases them in its `finally`,
+each step bounded so a stop fits a supervisor's grace period. In the embedded default the
 process also runs a device worker; as a replica (`--redis URL`) it loads no engine.
-`Serving` is that start, and `vllm-srun worker` runs it alone, without the app.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
-from typing import Any
 
-import structlog
-
-from vllm_srun import defaults
-from vllm_srun.app.quantization import Calibration
+from vllm_srun.app.loading import ServedModel, Serving, bounded
+from vllm_srun.app.settings import ServerSettings
 from vllm_srun.app.streams import StreamSlots
 from vllm_srun.app.tenants import Callers
-from vllm_srun.errors import ConfigError, InvalidRequest, ModelNotFound, NotReady, SrunError, model_failure
+from vllm_srun.errors import InvalidRequest, ModelNotFound, NotReady
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins, load_plugins
 from vllm_srun.plugins.stats import StatLoggerBase, Stats
-from vllm_srun.queue.bulk import BulkQuotas, BulkStore
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.coalescer import BatchLimits
+from vllm_srun.queue.jobs import BulkStore
 from vllm_srun.queue.redis import UNKNOWN_POLICY, EvictionPolicy, blocking_pool, eviction_policy
-from vllm_srun.queue.worker import Deployment, DeviceWorker
-from vllm_srun.registry.approximate import check_approximation
-from vllm_srun.registry.golden import device_class_of, run_golden
-from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
-from vllm_srun.registry.tables import load_tables
-from vllm_srun.tuning import set_forward_threads, start_forward_thread
-
-log = structlog.get_logger("vllm_srun.app")
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSettings:
-    """One model to serve and its batching limits."""
-
-    options: ModelOptions
-    limits: BatchLimits = field(default_factory=BatchLimits)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ServerSettings:
-    """Everything `serve` or `worker` was told. Unknown keys are impossible: this is a typed
-    record, and what it leaves out is `vllm_srun.defaults`'."""
-
-    models: tuple[ModelSettings, ...]
-    redis_url: str
-    embedded: bool
-    max_request_bytes: int = defaults.MAX_REQUEST_BYTES
-    max_inputs: int = defaults.MAX_INPUTS
-    max_bundle_tasks: int = defaults.MAX_BUNDLE_TASKS
-    max_queued_items: int = defaults.MAX_QUEUED_ITEMS
-    max_concurrent_requests: int = defaults.MAX_CONCURRENT_REQUESTS
-    plan_threads: int = defaults.PLAN_THREADS
-    max_queued_tokens: int = defaults.MAX_QUEUED_TOKENS
-    request_timeout_s: float = defaults.REQUEST_TIMEOUT_S
-    cache_ttl_s: int = defaults.CACHE_TTL_S
-    local_cache_mb: int = defaults.LOCAL_CACHE_MB
-    api_key: str | None = None
-    # More keys (--api-key-file), each its own caller (app/tenants.py), and whether their cached
-    # results are shared (--shared-cache) rather than salted apart when there are several.
-    api_keys: tuple[str, ...] = ()
-    shared_cache: bool = False
-    # Job event streams (GET /v1/jobs/{id}/events) open at once, per replica and per caller;
-    # the connections of the blocking pool their Redis reads share; bytes of results one read
-    # of a stream holds.
-    max_event_streams: int = defaults.MAX_EVENT_STREAMS
-    max_event_streams_per_caller: int = defaults.MAX_EVENT_STREAMS_PER_CALLER
-    event_stream_connections: int = defaults.EVENT_STREAM_CONNECTIONS
-    event_batch_bytes: int = defaults.EVENT_BATCH_BYTES
-    job_timeout_s: float = defaults.JOB_TIMEOUT_S
-    job_ttl_s: int = defaults.JOB_TTL_S
-    max_job_requests: int = defaults.MAX_JOB_REQUESTS
-    max_job_bytes: int = defaults.MAX_JOB_BYTES
-    bulk_chunk_size: int = defaults.BULK_CHUNK_SIZE
-    # What bulk jobs may hold in the state Redis, which never evicts.
-    bulk_quotas: BulkQuotas = field(default_factory=BulkQuotas)
-    # Threads per CPU forward, handed to each forward executor (None: torch's own choice).
-    intra_op_threads: int | None = defaults.INTRA_OP_THREADS
-    # A request that names no options.overflow has its over-long inputs truncated (TEI's flag).
-    auto_truncate: bool = False
-    # The result cache's own Redis (--cache-redis); None: the main Redis holds it too.
-    cache_redis_url: str | None = None
-    # By model name, what a loaded model must pass before it is ready (serve --config: the
-    # router's decision signals bound to it). A ConfigError there fails the model and is a
-    # start-up error: `on_config_error` hears it (serve stops), and `Serving.config_error` holds it.
-    model_checks: Mapping[str, Callable[[LoadedModel], None]] = field(default_factory=dict)
-    on_config_error: Callable[[str], None] | None = None
-
-
-@dataclass
-class ServedModel:
-    """A model's place in the server: its state, and once loaded, the model itself."""
-
-    name: str
-    limits: BatchLimits
-    aliases: tuple[str, ...] = ()
-    state: str = "loading"
-    reason: str | None = None
-    golden: str | None = None
-    # What the golden check compared: recorded answers run (`golden_checked`) and matched, and
-    # its own account of the reference it held the model to.
-    golden_checked: int | None = None
-    golden_matched: int | None = None
-    golden_reference: str | None = None
-    model: LoadedModel | None = None
-    placement: Placement | None = None
-    approximation: dict[str, Any] | None = None
-    # The calibration vectors its int8 and uint8 embeddings are quantized on (app/quantization.py).
-    calibration: Calibration = field(default_factory=Calibration)
-    # When this process took the model on (Unix seconds): OpenAI's `created` of a model.
-    created: int = field(default_factory=lambda: int(time.time()))
-    # What resolving it found: its family, and the Hub repository and revision it came from
-    # (None for a local directory, or a model that could not be prepared).
-    family: str | None = None
-    repository: str | None = None
-    revision: str | None = None
-
-    def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"state": self.state, "golden": self.golden}
-        if self.approximation is not None:
-            out["approximation"] = self.approximation
-        if self.reason:
-            out["reason"] = self.reason
-        if self.placement is not None:
-            out.update(engine=self.placement.engine, device=self.placement.device, dtype=self.placement.dtype)
-        return out
-
-
-def name_of(options: ModelOptions) -> str:
-    """The name of a model that could not be resolved: the one it was given, else what its
-    reference would have been named (a directory's folder name, a repository's id)."""
-    if options.name:
-        return options.name
-    path = Path(options.ref).expanduser()
-    return path.name if path.is_dir() else options.ref.partition("@")[0] or options.ref
-
-
-def check_names(models: Sequence[tuple[str, tuple[str, ...]]]) -> None:
-    """Refuse the start when a name or alias is given twice: a request naming it could reach
-    either model."""
-    owner: dict[str, str] = {}
-    for name, aliases in models:
-        labels = (name, *aliases)
-        twice = next((label for i, label in enumerate(labels) if label in labels[:i]), None)
-        if twice is not None:
-            raise ConfigError(f"model {name!r} is given the name {twice!r} twice")
-        for label in labels:
-            first = owner.get(label)
-            if first is None:
-                continue
-            if first == label == name:
-                raise ConfigError(f"two models are named {name!r}: give each a name (--served-model-name)")
-            raise ConfigError(
-                f"{label!r} would name both {first!r} and {name!r}: a name or alias may name one model"
-            )
-        owner.update(dict.fromkeys(labels, name))
-
-
-def prepare_all(
-    plugins: Plugins, settings: Sequence[ModelSettings], *, with_engine: bool
-) -> tuple[list[tuple[Prepared, ModelSettings]], list[tuple[str, ModelSettings, str]]]:
-    """(prepared models, (name, settings, reason) of those that could not be prepared).
-
-    When none can be prepared the start is refused with the reasons: a typo in the only model
-    is a start-up error, not a server that never becomes ready.
-    """
-    tables = load_tables(e.plugin for e in plugins.of("families").values())
-    prepared, failed = [], []
-    for model_settings in settings:
-        try:
-            prepared.append(
-                (prepare(plugins, tables, model_settings.options, with_engine=with_engine), model_settings)
-            )
-        except SrunError as exc:
-            log.error("model_refused", model=name_of(model_settings.options), reason=exc.message)
-            failed.append((name_of(model_settings.options), model_settings, exc.message))
-        except BaseException as exc:  # a broken package must not stop the other models
-            if not model_failure(exc):
-                raise
-            reason = f"{type(exc).__name__}: {exc}"
-            log.exception("model_refused", model=name_of(model_settings.options), reason=reason)
-            failed.append((name_of(model_settings.options), model_settings, reason))
-    if not prepared:
-        raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
-    check_names(
-        [(p.name, p.options.aliases) for p, _ in prepared]
-        + [(name, s.options.aliases) for name, s, _ in failed]
-    )
-    return prepared, failed
-
-
-async def bring_up(
-    served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
-) -> None:
-    """loading -> warming -> ready (then `on_ready`), or failed with the reason."""
-    try:
-        served.model = await asyncio.to_thread(load_prepared, prepared)
-        served.state = "warming"
-        device_class = device_class_of(prepared.placement.device)
-        records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
-        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
-        served.golden, served.golden_reference = result.status, result.reason
-        if result.status == "verified":  # every record ran and matched
-            served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
-        if result.status == "failed":
-            raise ConfigError(f"golden check failed: {result.reason}")
-        if served.model.info.numerics != "float32" and served.model.engine_model is not None:
-            check = await asyncio.to_thread(check_approximation, prepared, served.model)
-            served.approximation = check.describe()
-        await on_ready(served)
-        served.state = "ready"
-        log.info("model_ready", model=served.name, golden=result.status)
-    except SrunError as exc:
-        served.state, served.reason = "failed", exc.message
-        log.error("model_failed", model=served.name, reason=exc.message)
-    except BaseException as exc:  # a model's own failure to load is its state, not the server's
-        if not model_failure(exc):
-            raise
-        served.state, served.reason = "failed", f"{type(exc).__name__}: {exc}"
-        log.exception("model_failed", model=served.name)
-
-
-class Executors:
-    """One single-thread executor per device: one forward at a time on each device."""
-
-    def __init__(self, intra_op_threads: int | None = None) -> None:
-        self.intra_op_threads = intra_op_threads
-        set_forward_threads(intra_op_threads)  # engines size pools of their own at load from it
-        self._by_device: dict[str, ThreadPoolExecutor] = {}
-
-    def deployment(self, served: ServedModel) -> Deployment:
-        assert served.model is not None and served.placement is not None
-        device = served.placement.device
-        if device not in self._by_device:
-            self._by_device[device] = ThreadPoolExecutor(
-                max_workers=1,
-                thread_name_prefix=f"forward-{device}",
-                initializer=partial(start_forward_thread, self.intra_op_threads),
-            )
-        return Deployment(model=served.model, limits=served.limits, executor=self._by_device[device])
-
-    def shutdown(self) -> None:
-        for executor in self._by_device.values():
-            executor.shutdown(wait=False, cancel_futures=True)
-
-
-def make_worker(settings: ServerSettings, stats: Stats) -> DeviceWorker:
-    """A device worker on the settings' Redis, serving nothing until deployments are added."""
-    return DeviceWorker(
-        redis_url=settings.redis_url,
-        deployments=[],
-        stats=stats,
-        job_timeout_s=settings.job_timeout_s,
-        job_ttl_s=settings.job_ttl_s,
-        result_ttl_s=settings.cache_ttl_s,
-        cache_url=settings.cache_redis_url,
-    )
-
-
-@dataclass
-class Serving:
-    """A process's models and, where it runs forwards (`with_device`), its device worker.
-
-    The one start path of `serve` (embedded: the app and a device worker; as a replica: the
-    models without engines) and of `worker` (a device worker alone). `prepare` reads only small
-    files, so a wrong setting refuses the start before anything connects; `start` starts the
-    device worker and brings the models up, one after another, in the background; `loaded`
-    waits for that.
-    """
-
-    settings: ServerSettings
-    with_device: bool
-    models: dict[str, ServedModel]
-    prepared: list[Prepared]
-    worker: DeviceWorker | None = None
-    executors: Executors = field(init=False)
-    _loading: asyncio.Task[None] | None = None
-    config_error: str | None = None
-
-    def __post_init__(self) -> None:
-        self.executors = Executors(self.settings.intra_op_threads)
-
-    @classmethod
-    def prepare(cls, plugins: Plugins, settings: ServerSettings, *, with_device: bool) -> Serving:
-        prepared, failed = prepare_all(plugins, settings.models, with_engine=with_device)
-        models = {
-            name: ServedModel(
-                name, model_settings.limits, model_settings.options.aliases, state="failed", reason=reason
-            )
-            for name, model_settings, reason in failed
-        }
-        for p, model_settings in prepared:
-            models[p.name] = ServedModel(
-                p.name,
-                model_settings.limits,
-                p.options.aliases,
-                placement=p.placement,
-                family=p.family.name,
-                repository=p.resolved.repository,
-                revision=p.resolved.revision,
-            )
-        return cls(
-            settings=settings, with_device=with_device, models=models, prepared=[p for p, _ in prepared]
-        )
-
-    async def start(self, stats: Stats) -> None:
-        if self.with_device:
-            self.worker = make_worker(self.settings, stats)
-            await self.worker.start()
-        self._loading = asyncio.get_running_loop().create_task(self._bring_up_all())
-
-    async def loaded(self) -> None:
-        """Every model ready or failed."""
-        if self._loading is not None:
-            await asyncio.shield(self._loading)
-
-    def find(self, name: str) -> ServedModel | None:
-        """The model `name` names: its id or one of its aliases (unique: checked at start)."""
-        found = self.models.get(name)
-        if found is None:
-            found = next((m for m in self.models.values() if name in m.aliases), None)
-        return found
-
-    def ready(self) -> list[str]:
-        return [name for name, served in self.models.items() if served.state == "ready"]
-
-    async def _bring_up_all(self) -> None:
-        # One at a time: models loading side by side would only split the same cores.
-        serve = self._serve if self.worker else _nothing
-        for p in self.prepared:
-            await bring_up(self.models[p.name], p, partial(self._checked, serve))
-            if self.config_error is not None:
-                return
-
-    async def _checked(self, serve: Callable[[ServedModel], Awaitable[None]], served: ServedModel) -> None:
-        check = self.settings.model_checks.get(served.name)
-        if check is not None and served.model is not None:
-            try:
-                check(served.model)
-            except ConfigError as exc:
-                self.config_error = exc.message
-                if self.settings.on_config_error is not None:
-                    self.settings.on_config_error(exc.message)
-                raise
-        await serve(served)
-
-    async def _serve(self, served: ServedModel) -> None:
-        assert self.worker is not None
-        await self.worker.add(self.executors.deployment(served))
-
-    async def close(self) -> None:
-        if self._loading is not None:
-            self._loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loading
-        if self.worker is not None:
-            await _bounded("device worker", self.worker.close(), 2.0)
-        self.executors.shutdown()
 
 
 @dataclass
@@ -448,10 +99,10 @@ class Runtime:
         )
 
     async def close(self) -> None:
-        # Within the grace period left after uvicorn's own (cli.GRACEFUL_STOP_S).
-        await _bounded("serving", self.serving.close(), 2.5)
-        await _bounded("queue client", self.queue.close(), 1.0)
-        await _bounded("event streams' Redis", self.bulk.close(), 1.0)
+        # Within the grace period left after uvicorn's own (cli.lifecycle.GRACEFUL_STOP_S).
+        await bounded("serving", self.serving.close(), 2.5)
+        await bounded("queue client", self.queue.close(), 1.0)
+        await bounded("event streams' Redis", self.bulk.close(), 1.0)
         self.planner.shutdown(wait=False, cancel_futures=True)
 
     def model_for(self, name: str | None) -> tuple[ServedModel, LoadedModel]:
@@ -489,27 +140,8 @@ def _shown(name: str) -> str:
     return name if len(name) <= 100 else name[:100] + "…"
 
 
-async def _nothing(_: ServedModel) -> None:
-    return None
-
-
 # How long before a stop's grace period ends the requests still waiting are answered 503.
 REFUSE_BEFORE_S = 1.0
-
-
-async def _bounded(step: str, closing: Awaitable[None], timeout_s: float) -> None:
-    """Run one step of a stop for at most `timeout_s`; one that overruns is left behind with a
-    warning naming it (the process is ending), never waited for. A stop must fit the 10 s that
-    a supervisor (docker stop, Kubernetes, systemd) grants before SIGKILL, whatever state Redis
-    or a forward is in."""
-    task = asyncio.ensure_future(closing)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if not done:
-        task.cancel()
-        log.warning("stop_step_overran", step=step, timeout_s=timeout_s)
-        return
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("stop_step_failed", step=step, error=repr(task.exception()))
 
 
 def sinks(plugins: Plugins) -> list[StatLoggerBase]:

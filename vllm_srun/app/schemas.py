@@ -1,24 +1,8 @@
 """How the OpenAPI document describes a msgspec Struct: as Litestar does, plus what msgspec
-enforces that Litestar leaves out.
-
-- A Struct with `forbid_unknown_fields=True` refuses a field it does not declare, so its schema
-  says `additionalProperties: false`; without it a generated client (or a fuzzer) may send
-  fields the server answers with a 400.
-- Litestar keeps a field's bounds only at its top level: a bound on a member of a union (the
-  `min_length=1` of `str | Annotated[list[str], Meta(min_length=1)]`) is lost. Such a field is
-  described by msgspec's own schema of its type, the type msgspec validates it with.
-- A field that is decoded late (`Annotated[Any, Meta(extra_json_schema=...)]`: a bundle
-  task's surface request) is described by the schema its Meta gives, which Litestar drops.
-- A Struct that takes exactly one of several optional fields says so in a class attribute
-  `one_of_required` (the field names), written as `oneOf` a schema requiring each.
-- A field that decodes as optional but that every accepted value has (checked after decoding,
-  so that its absence gets a message of its own) is named in `schema_required`.
-- A Struct whose tag field says which other field it needs (a content part's `type`) names them
-  in `required_by_tag`, `(tag field, {tag value: field})`, written as `oneOf` a schema per tag.
-- A field whose accepted values no decodable type says (a union msgspec cannot decode, checked
-  after decoding) has its schema in `schema_properties`, written in place of Litestar's.
-- Fields of which at most one may be given (null counting as not given) are named in
-  `schema_at_most_one`, written as `oneOf` none of them, or each alone.
+enforces that Litestar leaves out: `additionalProperties: false` for `forbid_unknown_fields`,
+bounds on union members, late-decoded fields' own schemas. A Struct states what decoding cannot
+in class attributes, each written into its schema: `one_of_required`, `schema_required`,
+`required_by_tag`, `schema_properties` and `schema_at_most_one` (see `StrictStructSchemaPlugin`).
 """
 
 from __future__ import annotations

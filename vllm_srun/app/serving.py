@@ -17,14 +17,17 @@ from functools import partial
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from vllm_srun import tracing
-from vllm_srun.app import quantization
+from vllm_srun.app import embedding_types
+from vllm_srun.app.loading import ServedModel
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.tenants import current_salt
 from vllm_srun.errors import Overloaded, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.bodies import CacheMeta, Representation, check_profile, merged_meta, served_profile
+from vllm_srun.plugins.embedding_types import CALIBRATED, quantize
 from vllm_srun.plugins.surfaces import (
     EMBEDDINGS,
     Embedding,
@@ -35,7 +38,7 @@ from vllm_srun.plugins.surfaces import (
     SurfaceRequest,
     finish,
 )
-from vllm_srun.queue.planning import plan_with_keys
+from vllm_srun.queue import planning
 
 # Above this many inputs, or this much text, tokenising moves off the event loop: a request
 # with one long text (or many windows of it) must not hold up the small ones.
@@ -157,59 +160,82 @@ async def serve_surface(
     the request's own `options.deadline_ms` applies. `slot=False`: the caller holds the
     request's slot (`request_slot`) already."""
     if not slot:
-        return await _serve_typed(runtime, surface, request, timing, deadline_ms)
+        return await _answer(runtime, surface, request, timing, deadline_ms)
     with request_slot(runtime):
-        return await _serve_typed(runtime, surface, request, timing, deadline_ms)
+        return await _answer(runtime, surface, request, timing, deadline_ms)
 
 
-async def _serve_typed(
+async def _answer(
     runtime: Runtime,
     surface: Surface[Any],
     request: SurfaceRequest,
     timing: Timing,
     deadline_ms: float | None,
 ) -> Any:
-    """`_serve`, with embeddings of a quantized `options.embedding_type` made from the float
-    answer after the cache (app/quantization.py)."""
-    if quantization.asked(request) is None:
-        return await _serve(runtime, surface, request, timing, deadline_ms)
-    assert isinstance(request, EmbeddingsRequest)
+    """`_serve`; embeddings of a quantized `options.embedding_type` are made from the float
+    answer, after the cache (app/embedding_types.py)."""
     served, model = runtime.model_for(request.model)
-    return await quantization.serve_quantized(
-        served.calibration,
-        model,
-        request,
-        run=lambda float_request: _serve(runtime, surface, float_request, timing, deadline_ms),
-        calibrate=calibration_runner(runtime),
+    kind = embedding_types.asked(request)
+    if kind is None:
+        return await _serve(runtime, served, model, surface, request, timing, deadline_ms)
+    assert isinstance(request, EmbeddingsRequest)
+    embedding_types.check_dense(request)
+    float_request = embedding_types.float_request(request)
+    body: EmbeddingsResponse = await _serve(
+        runtime, served, model, surface, float_request, timing, deadline_ms
     )
+    typed = await typed_vectors(runtime, served, model, request, embedding_types.dense_rows(body), [kind])
+    return embedding_types.typed_body(body, request, typed[kind])
 
 
-def calibration_runner(runtime: Runtime) -> quantization.Runner:
-    """Serves the calibration corpus as a client would send it: requests of at most
-    CALIBRATION_BATCH texts and `--max-inputs`, each with its own timing and no deadline."""
+async def typed_vectors(
+    runtime: Runtime,
+    served: ServedModel,
+    model: LoadedModel,
+    request: EmbeddingsRequest,
+    vectors: np.ndarray,
+    kinds: list[str],
+) -> dict[str, np.ndarray]:
+    """`vectors` (the float answer to `request` by `model`, served as `served`) in each of
+    `kinds`; int8 and uint8 on the model's calibration ranges at the request's layer,
+    normalisation and dimensions."""
+    ranges = None
+    if any(kind in CALIBRATED for kind in kinds):
+        unit = embedding_types.normalized(model, request)
+        embed = _embed_corpus(runtime, served, model, request)
+        corpus = await served.calibration.vectors((request.layer, unit), embed)
+        ranges = embedding_types.ranges_at(corpus, request.dimensions, unit)
+    return {kind: quantize(vectors, kind, ranges) for kind in kinds}
 
-    async def run(request: EmbeddingsRequest) -> EmbeddingsResponse:
-        texts: list[Any] = request.inputs()
-        size = max(1, min(quantization.CALIBRATION_BATCH, runtime.settings.max_inputs))
-        data: list[Embedding] = []
-        for start in range(0, len(texts), size):
-            part = msgspec.structs.replace(request, input=texts[start : start + size])
-            body: EmbeddingsResponse = await _serve(runtime, EMBEDDINGS, part, Timing(), None)
-            data.extend(body.data)
-        return msgspec.structs.replace(body, data=data)
 
-    return run
+async def _embed_corpus(
+    runtime: Runtime, served: ServedModel, model: LoadedModel, request: EmbeddingsRequest
+) -> np.ndarray:
+    """The calibration corpus at `request`'s model, layer and normalisation, served as a client
+    would send it: requests of at most CALIBRATION_BATCH texts and `--max-inputs`, each with
+    its own timing and no deadline."""
+    corpus = embedding_types.calibration_request(request)
+    texts: list[Any] = corpus.inputs()
+    size = max(1, min(embedding_types.CALIBRATION_BATCH, runtime.settings.max_inputs))
+    data: list[Embedding] = []
+    for start in range(0, len(texts), size):
+        part = msgspec.structs.replace(corpus, input=texts[start : start + size])
+        body: EmbeddingsResponse = await _serve(runtime, served, model, EMBEDDINGS, part, Timing(), None)
+        data.extend(body.data)
+    return embedding_types.corpus_vectors(msgspec.structs.replace(body, data=data))
 
 
 async def _serve(
     runtime: Runtime,
+    served: ServedModel,
+    model: LoadedModel,
     surface: Surface[Any],
     request: SurfaceRequest,
     timing: Timing,
     deadline_ms: float | None,
 ) -> Any:
+    """`request` on `surface` by `model`: validated, planned, admitted, submitted, finished."""
     started = time.perf_counter()
-    served, model = runtime.model_for(request.model)
     if surface.name not in model.info.surfaces:
         raise UnsupportedSurface(
             f"model {model.info.name!r} does not serve {surface.name} "
@@ -220,15 +246,12 @@ async def _serve(
     count = _check_size(runtime, surface, request)
     # No overflow named: truncate under --auto-truncate, else the model's choice (see planning).
     unset: Overflow | None = "truncate" if runtime.settings.auto_truncate else None
-    # The caller's cache salt (app/tenants.py): "" unless several API keys keep caches apart.
-    plan_request = partial(
-        plan_with_keys, model, surface.name, request, default_overflow=unset, cache_salt=current_salt()
-    )
     with tracing.span("plan", surface=surface.name, model=model.info.name, inputs=count) as planned:
         if count > THREAD_PLAN_INPUTS or surface.text_chars(request) > THREAD_PLAN_CHARS:
+            plan_request = partial(planning.plan, model, surface.name, request, default_overflow=unset)
             plan = await asyncio.get_running_loop().run_in_executor(runtime.planner, plan_request)
         else:
-            plan = plan_request()
+            plan = planning.plan(model, surface.name, request, default_overflow=unset)
         planned.set(items=len(plan.items))
     timing.tokenize_s = time.perf_counter() - started
     options = request.options
@@ -248,6 +271,8 @@ async def _serve(
             numerics=model.info.numerics,
             timeout_s=timeout_s,
             deadline_s=deadline_s,
+            # The caller's cache salt (app/tenants.py): "" unless several API keys keep caches apart.
+            cache_salt=current_salt(),
         )
     finally:
         _release(runtime, name, len(plan.items), tokens)
@@ -269,7 +294,7 @@ async def _serve(
             representation=_representation(model, request),
             revision=served.revision,
             engine=placement.engine if placement else None,
-            engine_paths=(await runtime.queue.recent_engines(name)).get("engine_paths"),
+            engine_paths=(await runtime.queue.workers.recent_engines(name)).get("engine_paths"),
             device=placement.device if placement else None,
             accelerator=placement.device.split(":")[0] if placement else None,
             numerics=model.info.numerics,

@@ -1,8 +1,8 @@
 """How many job event streams (SSE) a replica holds open: overall and per caller.
 
-Each open stream holds a connection, a task and a read of Redis; without a bound, 600 of them
-took the request path's Redis pool and left fresh requests hanging (issue 22, H2). Past either
-cap a new stream is refused with 429 and Retry-After before it reads anything.
+Each open stream holds a connection, a task and a read of Redis; unbounded, they would take the
+request path's Redis pool. Past either cap a new stream is refused with 429 and Retry-After
+before it reads anything.
 """
 
 from __future__ import annotations

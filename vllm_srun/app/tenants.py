@@ -1,13 +1,9 @@
-"""Callers: who an API key is, what of the server is theirs alone (DESIGN.md §5a).
+"""Callers: who an API key is, and what of the server is theirs alone.
 
-With API keys, each key is a caller. A job belongs to the caller that made it (another gets
-404), an Idempotency-Key is scoped to its caller, and with several keys each caller's cache
-keys carry a salt of its own, so no caller learns from a cache hit (`cache` meta, a
-zero-length `forward` in Server-Timing, a job's `cached` count) what another sent. One key or
-none: one caller, no salt, cached results shared as before. `--shared-cache` shares them
-across keys on purpose.
-
-Only digests of the keys are kept, in memory and in Redis (`keys.caller_id`, `keys.cache_salt`).
+With API keys each key is a caller: a job belongs to the caller that made it (another gets
+404), an Idempotency-Key is scoped to its caller, and with several keys each caller's cache keys
+carry a salt of its own, so no caller learns from a cache hit what another sent (`--shared-cache`
+shares them on purpose). Only digests of the keys are kept (`keys.caller_id`, `keys.cache_salt`).
 """
 
 from __future__ import annotations

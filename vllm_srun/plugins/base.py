@@ -11,16 +11,16 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 import numpy as np
 
+from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.plugins.spec import ModelSpec as ModelSpec  # re-exported: plugins import it from here
+
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
-
-    from vllm_srun.plugins.package import ModelPackage
 
 
 class WorkItem(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -108,22 +108,6 @@ class Batch:
 
     def row(self, i: int) -> np.ndarray:
         return self.token_ids[int(self.offsets[i]) : int(self.offsets[i + 1])]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSpec:
-    """What an engine must build: an architecture, its config and the weight files to read.
-
-    The family resolves and verifies `weight_files` inside the package; an engine reads only
-    these paths and never the package itself.
-    """
-
-    family: str
-    architecture: str
-    config: Mapping[str, Any]
-    weight_files: tuple[Path, ...] = ()
-    dtype: str = "float32"
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, cast, get_args
 import msgspec
 
 from vllm_srun.errors import UnsupportedSurface
-from vllm_srun.plugins.quantization import EmbeddingType
+from vllm_srun.plugins.embedding_types import EmbeddingType
 
 Overflow = Literal["reject", "truncate", "window"]
 TruncationDirection = Literal["right", "left"]

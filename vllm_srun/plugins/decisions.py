@@ -1,23 +1,10 @@
-"""`DecisionModel`: a LoadedModel that answers the decisions surface (`/v1/decisions`, and
-`/v1/systemone`, the upstream runtime's name for it).
+"""`DecisionModel`: the base of a LoadedModel that answers the decisions surface.
 
-The base owns the surface: it validates questions (a bad one fails alone with
-`invalid_question`), fills preset questions from the family's `presets`, reads the part of a
-state a question's `over` names, asks the family to `plan` each valid question into work
-items, hands each question's results to the family's `answer`, and turns what that returns
-into the response (choice, noul, score, confidence; a set's selected labels, threshold and
-per-label noul answers), with `usage` per state. It also runs a start-up `self_check` and
-counts questions per type and outcome.
-
-A family writes two methods:
-
-- `plan(state, question, options) -> list[WorkItem]`: one question over one state;
-- `answer(question, results) -> probabilities`: one float per `question.options`, in order
-  (for noul: P(true), P(false); for set: P(label holds) of each label, each in [0, 1]); the
-  base checks them.
-
-Either may raise `QuestionError` to fail that question alone. Errors on the wire are
-upstream's ItemError codes (`bodies.item_error_code` maps any other).
+The base validates questions, fills presets, selects each question's part of a state, builds
+the response and runs the start-up `self_check`. A family writes `plan(state, question,
+options) -> list[WorkItem]` and `answer(question, results) -> probabilities` (one float per
+option, in order; noul: P(true), P(false); set: each label's P). Either may raise
+`QuestionError` to fail that question alone.
 """
 
 from __future__ import annotations
@@ -36,17 +23,19 @@ from vllm_srun import defaults
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, UnsupportedSurface
 from vllm_srun.plugins.base import EngineModel, ItemError, LoadedModel, ModelInfo, Plan, Result, WorkItem
 from vllm_srun.plugins.bodies import ItemErrorCode, UnsupportedOption, Usage, item_error_code
-from vllm_srun.plugins.decision_surface import (
-    KNOWN_TYPES,
-    QUESTION_TYPES,
+from vllm_srun.plugins.decision_bodies import (
     Answer,
     DecisionRequest,
     DecisionResponse,
-    DecisionState,
     DecisionStateResponse,
+    SetAnswer,
+)
+from vllm_srun.plugins.decision_questions import (
+    KNOWN_TYPES,
+    QUESTION_TYPES,
+    DecisionState,
     Question,
     QuestionInvalid,
-    SetAnswer,
     StateValue,
     expand_preset,
     parse_question,

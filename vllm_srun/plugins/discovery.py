@@ -1,16 +1,9 @@
 """Entry-point discovery of families, engines, accelerators, metrics sinks and architectures.
 
-Built-ins register through the project's own entry points, so there is one discovery path.
-Loading happens once per process (again only when asked) and follows these rules:
-
-- `VLLM_SRUN_PLUGINS=a,b` loads only the plugins with those names;
-- a name that two distributions claim in one group refuses the start, naming both;
-- a class that does not subclass its group's base is refused and skipped;
-- a plugin that fails to import or construct is logged with the reason and skipped.
-
-An entry point in `vllm_srun.architectures` names an `Architecture` row (data, not a class):
-loading it registers the row in the architecture table (`register_architecture`), so the
-families serve its model types and the native engine imports its class when first used.
+Built-ins register through the same entry points; loading is once per process. `VLLM_SRUN_PLUGINS=a,b`
+loads only those names; a name two distributions claim refuses the start; a class of the wrong
+base is refused; a plugin that fails to import is logged and skipped. An entry point in
+`vllm_srun.architectures` names an `Architecture` row, registered in the architecture table.
 """
 
 from __future__ import annotations

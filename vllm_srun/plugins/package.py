@@ -14,7 +14,7 @@ from typing import Any
 
 from vllm_srun import defaults
 from vllm_srun.errors import PackageError
-from vllm_srun.plugins.base import ModelSpec
+from vllm_srun.plugins.spec import ModelSpec
 
 _CHUNK = 1 << 20
 # Hugging Face writes 1e30 for "no limit"; anything this large is not a real limit.

@@ -1,29 +1,20 @@
 """The app's side of the queue: results through the gateway, misses enqueued, waiting by push.
 
-A request costs one Redis round trip before the forward (none when this process's own copy
-holds every result): with the result cache on the main Redis, one script looks up the misses of
-the tick and, when none is stored, writes the arq job, adds it to the deployment's queue and
-wakes its workers. It costs two when some are stored (the rest is queued in one transaction),
-when the tick looks up more than GET_OR_ADD_MAX_KEYS results, or with a separate cache Redis
-(--cache-redis: the gateway's MGET, then the transaction). The check for a live worker adds one
-at most every WORKER_CHECK_TTL_S, shared by the requests that wait for it. The reply arrives on
-this process's own pub/sub channel; a slow poll of the result cache is kept only as the
-fallback for a lost message. A job whose worker died runs again on another worker once its lease lapses
-(queue/leases.py); the job names this channel, so the retry's reply reaches the request, which
-waits for it within its own timeout. The first reply for a request wins; a second one (a job
-that ran twice) is dropped.
+`QueueClient.submit` is a request's one way in. The misses of one event-loop tick go to a
+device worker as one arq job (with the shared cache on the main Redis, one script looks the
+misses up and queues the job); the reply comes on this process's own pub/sub channel, with a
+slow poll of the result cache as the fallback. A job whose worker died runs again elsewhere
+once its lease lapses, and its reply still reaches the request; the first reply wins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import structlog
@@ -34,6 +25,7 @@ from vllm_srun.plugins.base import WorkItem
 from vllm_srun.queue import keys, protocol
 from vllm_srun.queue.arq_compat import GET_OR_ADD_MAX_KEYS, get_or_add_job, remove_job
 from vllm_srun.queue.gateway import Ran, ResultGateway, Submission
+from vllm_srun.queue.planning import KeyIdentity
 from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     describe_url,
@@ -47,6 +39,7 @@ from vllm_srun.queue.redis import (
     state_full,
 )
 from vllm_srun.queue.results import LocalResults
+from vllm_srun.queue.workers import Workers
 
 # Submission is the gateway's; the app reads it as what `QueueClient.submit` returns.
 __all__ = ["QueueClient", "Submission"]
@@ -57,13 +50,22 @@ FALLBACK_POLL_S = 1.0
 # The reply subscription, once lost, is tried again after this, doubling up to the maximum.
 RESUBSCRIBE_S = 0.1
 RESUBSCRIBE_MAX_S = 2.0
-WORKER_CHECK_TTL_S = 1.0
-# A request's meta reports the engines' description read at most this long ago (see `recent_engines`).
-ENGINES_TTL_S = 1.0
 
 
 # A job outlives the longest timeout of its requests by this (arq's job expiry).
 JOB_EXPIRY_S = 60
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """What one request's misses belong to: the model's identity (digest, numerics), its
+    timeout and deadline, whether the job's script looks the shared cache up, its cache span."""
+
+    identity: tuple[str, str]
+    timeout_s: float
+    deadline_s: float | None
+    looks_up: bool
+    lookup: Any
 
 
 @dataclass(eq=False)
@@ -113,22 +115,22 @@ class QueueClient:
         self.cache = make_pool(cache_url) if cache_url else self.redis
         local = LocalResults(local_cache_bytes, result_ttl_s) if local_cache_bytes > 0 else None
         self.gateway = ResultGateway(self.cache, ttl_s=result_ttl_s, local=local)
+        # One Redis for both: the shared cache is looked up by the script that queues the job
+        # (not on a cluster: the cache entries are in other slots than the queue).
+        self._looks_up = self.cache is self.redis and not is_cluster(self.redis)
         self._subscriber = pubsub_client(redis_url)
         self._reply_channel = keys.reply_channel(self.app_id)
         self._waiting: dict[str, asyncio.Future[protocol.JobReply]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
-        self._workers_seen: dict[str, float] = {}
         self._closing = False
         # The misses that arrived in this tick, per deployment and model identity: one job.
         self._ticks: dict[tuple[str, str, str, bool], list[_Part]] = {}
         self._sending: set[asyncio.Task[Any]] = set()
         # Per job in flight: the request ids of the parts still waiting for its reply.
         self._jobs: dict[str, set[str]] = {}
-        self._worker_checks: dict[str, asyncio.Future[int]] = {}
-        # Per deployment: when `engines` last answered, and what (for `recent_engines`).
-        self._engines_read: dict[str, tuple[float, dict[str, Any]]] = {}
-        self._engines_reading: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        # What this replica knows of the device workers: live ones, their engines.
+        self.workers = Workers(self.redis)
 
     async def start(self) -> None:
         try:
@@ -141,6 +143,7 @@ class QueueClient:
 
     async def close(self) -> None:
         self._closing = True
+        self.workers.close()
         for task in list(self._sending):
             task.cancel()
         if self._listener is not None:
@@ -200,90 +203,6 @@ class QueueClient:
         if future is not None and not future.done():
             future.set_result(reply)
 
-    async def live_workers(self, deployment: str) -> int:
-        now_ms = int(time.time() * 1000)
-        try:
-            count: int = await self.redis.zcount(keys.worker_key(deployment), now_ms, "+inf")
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
-        return count
-
-    async def engines(self, deployment: str) -> dict[str, Any]:
-        """What the live workers' engines say of `deployment` (see `keys.engines_key`): the
-        paths any of them runs, in first-seen order, and the most memory each path added on any
-        of them; `{}` when no live worker said anything or Redis cannot be read (what is
-        reported here informs; it never fails the request that asks)."""
-        now_ms = int(time.time() * 1000)
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zrangebyscore(keys.worker_key(deployment), now_ms, "+inf")
-                pipe.hgetall(keys.engines_key(deployment))
-                live, described = await pipe.execute()
-        except REDIS_ERRORS:
-            return {}
-        paths: list[str] = []
-        memory: dict[str, int] = {}
-        for worker in live:
-            raw = described.get(worker)
-            try:
-                said = json.loads(raw) if raw is not None else {}
-            except ValueError:
-                continue
-            paths += [p for p in said.get("engine_paths", ()) if p not in paths]
-            for path, size in dict(said.get("memory_bytes") or {}).items():
-                memory[path] = max(memory.get(path, 0), int(size))
-        return {"engine_paths": paths, "memory_bytes": memory} if paths else {}
-
-    async def recent_engines(self, deployment: str) -> dict[str, Any]:
-        """What `engines` said of `deployment` at most ENGINES_TTL_S ago, for a request's meta.
-        An older answer is returned as it is while one read refreshes it in the background: a
-        request whose results are all stored then waits on no Redis round trip (under load, a
-        round trip waits behind every other request's turn of the event loop). Only the first
-        request of a deployment waits for the read."""
-        read = self._engines_read.get(deployment)
-        if read is not None and time.monotonic() - read[0] < ENGINES_TTL_S:
-            return read[1]
-        task = self._engines_reading.get(deployment)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._read_engines(deployment))
-            self._engines_reading[deployment] = task
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-            task.add_done_callback(lambda _: self._engines_reading.pop(deployment, None))
-        if read is not None:
-            return read[1]
-        return await asyncio.shield(task)
-
-    async def _read_engines(self, deployment: str) -> dict[str, Any]:
-        said = await self.engines(deployment)
-        self._engines_read[deployment] = (time.monotonic(), said)
-        return said
-
-    async def _has_worker(self, deployment: str) -> bool:
-        """Whether a live worker serves `deployment` (a yes is trusted for WORKER_CHECK_TTL_S)."""
-        seen = self._workers_seen.get(deployment, 0.0)
-        if time.monotonic() - seen < WORKER_CHECK_TTL_S:
-            return True
-        # Requests that find the answer stale wait for one check together, so they go on in the
-        # same tick (and share its job) rather than each after a round trip of its own.
-        check = self._worker_checks.get(deployment)
-        if check is None:
-            check = asyncio.ensure_future(self.live_workers(deployment))
-            self._worker_checks[deployment] = check
-            check.add_done_callback(partial(self._checked, deployment))
-        if await asyncio.shield(check) == 0:
-            return False
-        self._workers_seen[deployment] = time.monotonic()
-        return True
-
-    def _checked(self, deployment: str, check: asyncio.Future[int]) -> None:
-        """A worker check ended: the next stale request starts another. Its failure is marked
-        seen here; the requests waiting on it hear it, and if all of them left, nobody would
-        (asyncio would log "Task exception was never retrieved")."""
-        self._worker_checks.pop(deployment, None)
-        if not check.cancelled():
-            check.exception()
-
     async def submit(
         self,
         deployment: str,
@@ -293,37 +212,46 @@ class QueueClient:
         numerics: str = "float32",
         timeout_s: float,
         deadline_s: float | None = None,
+        cache_salt: str = "",
     ) -> Submission:
-        """Results for `items` (each with its cache key), through the result gateway; its misses
-        go to a device worker in the job of this event-loop tick."""
+        """Results for `items`, through the result gateway, which gives them their cache keys
+        (model, numerics, the caller's `cache_salt`); the misses go to a device worker in the
+        job of this event-loop tick."""
         # The cache span covers the gateway's lookup, up to the job for the misses (its sibling).
         lookup = tracing.start("cache", deployment=deployment, items=len(items))
-        # One Redis for both: the shared cache is looked up by the script that queues the job
-        # (not on a cluster: the cache entries are in other slots than the queue).
-        looks_up = self.cache is self.redis and not is_cluster(self.redis)
-
-        async def run(misses: list[WorkItem]) -> Ran:
-            lookup.end(misses=len(misses))
-            with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
-                if self._refusal is None and await self._has_worker(deployment) and self._refusal is None:
-                    part = _Part(keys.arq_job_id(deployment), misses, deadline_s, timeout_s, tracing.inject())
-                    return await self._run(deployment, (model_sha256, numerics), part, looks_up)
-                # Nothing can run (no worker, or this process stops): stored results are still
-                # answered, and only a request that needs a forward is refused.
-                if looks_up:
-                    found = await self.gateway.cached(deployment, misses)
-                    if all(raw is not None for raw in found):
-                        return Ran(found, stored=True, cached=[True] * len(found))
-                if self._refusal is not None:
-                    raise Unavailable(self._refusal)
-                raise NotReady(f"no device worker serves {deployment!r} yet")
-
+        looks_up = self._looks_up
+        ask = _Ask((model_sha256, numerics), timeout_s, deadline_s, looks_up, lookup)
         try:
             return await self.gateway.resolve(
-                deployment, items, run, timeout_s=timeout_s, runner_looks_up=looks_up
+                deployment,
+                items,
+                self,
+                ask,
+                identity=KeyIdentity(model_sha256, numerics, cache_salt),
+                timeout_s=timeout_s,
+                runner_looks_up=looks_up,
             )
         finally:
             lookup.end(misses=0)
+
+    async def run_misses(self, deployment: str, misses: list[WorkItem], ask: _Ask) -> Ran:
+        """The gateway's misses of one request, in the job of this tick (`gateway.MissRunner`)."""
+        ask.lookup.end(misses=len(misses))
+        with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
+            if self._refusal is None and await self.workers.has_worker(deployment) and self._refusal is None:
+                part = _Part(
+                    keys.arq_job_id(deployment), misses, ask.deadline_s, ask.timeout_s, tracing.inject()
+                )
+                return await self._run(deployment, ask.identity, part, ask.looks_up)
+            # Nothing can run (no worker, or this process stops): stored results are still
+            # answered, and only a request that needs a forward is refused.
+            if ask.looks_up:
+                found = await self.gateway.cached(deployment, misses)
+                if all(raw is not None for raw in found):
+                    return Ran(found, stored=True, cached=[True] * len(found))
+            if self._refusal is not None:
+                raise Unavailable(self._refusal)
+            raise NotReady(f"no device worker serves {deployment!r} yet")
 
     async def _run(self, deployment: str, identity: tuple[str, str], part: _Part, looks_up: bool) -> Ran:
         """`part`'s items in the job of this tick; the worker stores their results before it
@@ -503,7 +431,12 @@ class QueueClient:
                     withdrawn = keys.withdrawn_key(part.job_id)
                     pipe.sadd(withdrawn, part.request_id)
                     pipe.pexpire(withdrawn, max(1, int(part.expires_s * 1000)))
-                publish(pipe, keys.cancel_channel(deployment), part.request_id.encode(), after=keys.queue_name(deployment))
+                publish(
+                    pipe,
+                    keys.cancel_channel(deployment),
+                    part.request_id.encode(),
+                    after=keys.queue_name(deployment),
+                )
                 await pipe.execute()
         except REDIS_ERRORS as exc:
             log.warning("withdraw_failed", error=str(exc))
@@ -537,7 +470,9 @@ class QueueClient:
         """Fill `found` from what the result cache already holds; True when nothing is missing."""
         pending = [index for index, raw in enumerate(found) if raw is None]
         try:
-            stored = await mget(self.cache, [keys.result_key(deployment, items[i].cache_key) for i in pending])
+            stored = await mget(
+                self.cache, [keys.result_key(deployment, items[i].cache_key) for i in pending]
+            )
         except REDIS_ERRORS:
             return False
         for index, raw in zip(pending, stored, strict=True):

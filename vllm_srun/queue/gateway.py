@@ -1,27 +1,18 @@
 """The result gateway: how every work item gets its result, interactive or bulk.
 
-In order: this process's local copy (`LocalResults`), the shared result cache (one MGET for
-all that the local copy lacks), an identical item already in flight in this process (wait for
-it rather than run it twice), then the misses run, and their results are written back to both
-caches. The one way in is `ResultGateway.resolve`; callers differ only in how misses run
-(`MissRunner`): the app enqueues them for a device worker, a bulk chunk submits them to the
-coalescer of its own worker.
-
-Results travel and are stored as `results.encode_result` bytes (binary float32); item errors
-are never cached. A runner whose misses ran in another process says so (`Ran.stored`): that
-process stored them with `write_back` before it acknowledged the job, so nothing is lost if
-the waiting side goes away.
-
-The shared cache is its own connection (`--cache-redis`; by default the main Redis): it holds
-result-cache entries only, so it may evict (`allkeys-lru`). Nothing here reads or writes
-queues, job state or job results, which stay in the main Redis that must not evict.
+`ResultGateway.resolve` gives items their cache keys, then looks in order at this process's
+copy, the shared cache (one MGET), identical items in flight here, and hands the misses to
+its caller's `MissRunner.run_misses`; results are written back to both caches. Results are
+`results.encode_result` bytes; item errors are never cached. The cache connection holds
+result-cache entries only (it may evict): queues and job state are never touched here.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 from arq.connections import ArqRedis
 from redis.asyncio.client import Pipeline
@@ -29,6 +20,7 @@ from redis.asyncio.client import Pipeline
 from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, Result, WorkItem
 from vllm_srun.queue import keys
+from vllm_srun.queue.planning import KeyIdentity, assign_keys
 from vllm_srun.queue.redis import REDIS_ERRORS, mget
 from vllm_srun.queue.results import LocalResults, cacheable, decode_result
 
@@ -60,8 +52,20 @@ class Ran:
     cached: list[bool] | None = None
 
 
-# Runs the given misses (distinct cache keys) and returns their results.
-MissRunner = Callable[[list[WorkItem]], Awaitable[Ran]]
+# Above this many items, cache keys are hashed off the event loop.
+KEYS_INLINE_ITEMS = 32
+
+Job = TypeVar("Job", contravariant=True)
+
+
+class MissRunner(Protocol[Job]):
+    """How a gateway's owner runs misses: the app's queue client enqueues them for a device
+    worker, a worker's chunk runner hands them to its coalescer. `job` is the caller's plain
+    record of what the misses belong to (passed through `resolve` untouched)."""
+
+    async def run_misses(self, deployment: str, misses: list[WorkItem], job: Job) -> Ran:
+        """Run `misses` (distinct cache keys): their encoded results, aligned with them."""
+        ...
 
 
 def write_back(
@@ -91,14 +95,18 @@ class ResultGateway:
         self,
         deployment: str,
         items: Sequence[WorkItem],
-        run: MissRunner,
+        runner: MissRunner[Job],
+        job: Job,
         *,
+        identity: KeyIdentity | None = None,
         timeout_s: float | None = None,
         runner_looks_up: bool = False,
     ) -> Submission:
-        """Results for `items` (each with its cache key): cached, in flight, or run by `run`.
+        """Results for `items`: cached, in flight, or run by `runner.run_misses(..., job)`.
 
-        With `runner_looks_up`, the shared cache is not read here: `run` gets every item that
+        With `identity`, each item is given its cache key here (`planning.assign_keys`);
+        without, the items carry theirs. With `runner_looks_up`, the shared cache is not read
+        here: the runner gets every item that
         this process neither holds nor has in flight, and looks each up itself (the app's
         get-or-enqueue script does both in one round trip), saying which it found (`Ran.cached`).
         An item waited for longer than `timeout_s` (None: no limit) is `deadline_exceeded`.
@@ -108,6 +116,11 @@ class ResultGateway:
         """
         if not items:
             return Submission([], 0, 0)
+        if identity is not None:
+            if len(items) > KEYS_INLINE_ITEMS:
+                await asyncio.to_thread(assign_keys, items, identity)
+            else:
+                assign_keys(items, identity)
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         found = self._local(deployment, items) if runner_looks_up else await self.cached(deployment, items)
@@ -128,7 +141,7 @@ class ResultGateway:
         found_keys: set[str] = set()
         if misses:
             try:
-                found_keys = await self._run(deployment, list(misses.values()), run, submission)
+                found_keys = await self._run(deployment, list(misses.values()), runner, job, submission)
             finally:
                 for cache_key in misses:
                     future = self._inflight.pop((deployment, cache_key), None)
@@ -144,7 +157,9 @@ class ResultGateway:
                 results[index] = _DEADLINE if result is _GAVE_UP else result
         if again:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            retried = await self.resolve(deployment, [items[i] for i in again], run, timeout_s=remaining)
+            retried = await self.resolve(
+                deployment, [items[i] for i in again], runner, job, timeout_s=remaining
+            )
             for index, result in zip(again, retried.results, strict=True):
                 results[index] = result
         if found_keys:  # found in the shared cache by the runner: hits, not misses
@@ -172,7 +187,9 @@ class ResultGateway:
         if not missing:
             return found
         try:
-            stored = await mget(self.cache, [keys.result_key(deployment, items[i].cache_key) for i in missing])
+            stored = await mget(
+                self.cache, [keys.result_key(deployment, items[i].cache_key) for i in missing]
+            )
         except REDIS_ERRORS as exc:
             raise Unavailable(f"Redis is unreachable: {exc}") from exc
         for index, raw in zip(missing, stored, strict=True):
@@ -183,10 +200,15 @@ class ResultGateway:
         return found
 
     async def _run(
-        self, deployment: str, misses: list[WorkItem], run: MissRunner, submission: Submission
+        self,
+        deployment: str,
+        misses: list[WorkItem],
+        runner: MissRunner[Job],
+        job: Job,
+        submission: Submission,
     ) -> set[str]:
         """Run the misses; returns the cache keys the runner found in the shared cache."""
-        ran = await run(misses)
+        ran = await runner.run_misses(deployment, misses, job)
         submission.queue_s, submission.forward_s = ran.queue_s, ran.forward_s
         if not ran.stored:
             done = [(item, raw) for item, raw in zip(misses, ran.results, strict=True) if raw is not None]

@@ -1,21 +1,10 @@
 """Every Redis key, channel and cache key the runtime uses, and nothing else.
 
-Keys are pure functions of their inputs so two replicas, or a restarted one, name the same
-thing the same way. Everything lives under one prefix per deployment so an operator can
-see, bound (`maxmemory-policy allkeys-lru`) or drop one deployment's state.
-
-**Hash tags** (Redis Cluster: only the part of a key between its first `{` and the next `}`
-chooses its slot). What one Lua script, transaction or multi-key command touches shares a slot:
-
-- one model's queues, leases, live workers and engine descriptions, and every arq key of its
-  jobs, carry the model's tag (`model_tag`): an arq job id starts with it (`arq_job_id`), so
-  arq's `arq:job:<id>`, `arq:in-progress:<id>` and `arq:retry:<id>` and our crash, withdrawn
-  and isolation keys of that job land in the model's slot;
-- bulk-job state (each job's records and the quotas' accounting across jobs) carries one tag,
-  `JOBS_TAG`: the chunk script updates a job's records and the global totals in one step;
-- result-cache entries carry none, so they spread over every slot.
-
-On a single Redis the braces are just characters. Slugs never contain braces.
+Keys are pure functions of their inputs, so two replicas, or a restarted one, name the same
+thing the same way; each deployment's keys share one prefix. Hash tags keep what one script,
+transaction or multi-key command touches in one Redis Cluster slot: a model's queues, leases,
+workers and arq job keys carry `model_tag`; bulk-job state carries `JOBS_TAG`; result-cache
+entries carry none, so they spread over every slot.
 """
 
 from __future__ import annotations
@@ -224,7 +213,7 @@ def withdrawn_key(job_id: str) -> str:
     return WITHDRAWN_PREFIX + job_id
 
 
-# Leases and crash recovery (queue/leases.py).
+# Leases and crash recovery (queue/worker/leases.py).
 
 
 def key_slot_tag(key: str) -> str:

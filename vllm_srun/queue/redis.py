@@ -1,18 +1,9 @@
 """Redis connections: one place that knows URLs, timeouts and the arq pool settings.
 
-Two roles (DESIGN.md, "Two Redis roles"): the main Redis holds queues, leases, job state and
-job results and must never evict; the result cache (`--cache-redis`, by default the main one)
-may. `EvictionPolicy` is what a start reads of the main Redis to say so.
-
-**Redis Cluster.** Either role may be a cluster: a URL naming any node of one is detected
-(`INFO cluster`: `cluster_enabled:1`, once per URL and process) and served by redis-py's cluster
-client, which routes each command to its slot's master and follows failovers. keys.py lays the
-keys out so no script or multi-key command crosses slots; what differs on a cluster is here:
-a "transaction" is a pipeline without MULTI (redis-py's cluster pipeline has none; what one
-touches shares a slot, so it goes to one master in order), scripts in a pipeline are sent whole
-(`run_script`: a cluster pipeline cannot load a missing one), a cache lookup over many slots is
-one MGET per master (`mget`), and a subscriber is a plain connection to one node, the next
-node when that one is lost (`pubsub_client`): PUBLISH reaches subscribers on every node.
+The main Redis holds queues, leases, job state and job results and must never evict; the
+result cache (`--cache-redis`, by default the main one) may (`EvictionPolicy`). A URL naming
+a Redis Cluster node gets redis-py's cluster client; what differs there (no MULTI, scripts
+sent whole in a pipeline, one MGET per master, subscriptions node by node) is handled here.
 """
 
 from __future__ import annotations
@@ -39,7 +30,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vllm_srun.errors import Unavailable
-from vllm_srun.queue import protocol
+from vllm_srun.queue import protocol, scripts
 
 # What a lost or unreachable Redis raises, wherever it is called (on a cluster also while a
 # failover is under way: its slots are down, or being moved).
@@ -148,7 +139,7 @@ _CONNECTION_OPTIONS: dict[str, Any] = {
 
 def _cluster(url: str, max_connections: int) -> ArqRedis:
     # The commands this package sends are common to both clients; arq's own transactions are
-    # replaced where they would run on it (arq_compat.DrivenWorker).
+    # replaced where they would run on it (worker.arq_worker.DrivenWorker).
     client = RedisCluster.from_url(
         url,
         **_CONNECTION_OPTIONS,
@@ -233,7 +224,7 @@ async def run_script(client: Any, script: str, keys: Sequence[str], args: Sequen
     return await client.register_script(script)(keys=list(keys), args=list(args), client=client)
 
 
-_PUBLISH = "return redis.call('PUBLISH', ARGV[1], ARGV[2])"
+_PUBLISH = scripts.load("publish_after")
 
 
 def publish(pipe: Any, channel: str, message: bytes, *, after: str) -> None:

@@ -1,22 +1,11 @@
 """The check an approximate model (bfloat16, int8) must pass before it serves: does it still
 give float32's answers?
 
-The model is compared with a float32 twin built from the same weights, on a fixed corpus,
-through its own surface, and held to the bounds of its kind of output (BOUNDS):
-
-- embedders: the cosine of each text's vector with the twin's (worst, and mean for int8), and
-  how far each text's 10 nearest neighbours among the others agree with the twin's (mean
-  overlap);
-- rerankers and cross-encoders: Kendall's tau-b of each query's document scores against the
-  twin's (the worst query);
-- sequence classifiers: label agreement (a multi-label head's: the same labels selected), and
-  the largest change of any label's probability;
-- token taggers: agreement of each token's label (the first piece of each word, as the
-  tagger reads it), and the largest change of a token's label probability.
-
-A model that misses a bound is refused with every figure; one whose surfaces have no check is
-refused too: nothing is served unchecked. `describe()` (what /v1/models shows) gives the
-figures beside the bounds they were held to.
+It is compared with a float32 twin built from the same weights, on a fixed corpus, through its
+own surface, and held to its output kind's bounds (BOUNDS): cosine and neighbour overlap for
+embedders, Kendall's tau-b for rerankers, label agreement and probability change for
+classifiers and taggers. A model that misses a bound, or has no check, is refused with every
+figure; `describe()` gives the figures beside their bounds.
 """
 
 from __future__ import annotations
@@ -28,9 +17,9 @@ import numpy as np
 
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.registry.corpus import corpus
 from vllm_srun.registry.golden import answer
 from vllm_srun.registry.loader import Prepared
-from vllm_srun.testing.corpus import corpus
 
 CHECK_TEXTS = 256
 BATCH = 32

@@ -1,22 +1,10 @@
 """From what `serve` was given to a model package on disk.
 
-A reference is, in this order:
-
-1. a local package directory;
-2. the bare name of a built-in model (a table entry): its pinned repository and revision,
-   read from the Hugging Face cache;
-3. a Hugging Face repository id `org/name`, optionally `org/name@REVISION` with a 40-hex
-   commit (or a ref name such as `main`), read from the local Hugging Face cache:
-   `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`, laid out as
-   `models--org--name/{refs/main, snapshots/<commit>/...}`.
-
-A resolved model is served under its `name` unless told otherwise: a local directory's folder
-name, a built-in model's own name, and a repository's id (`org/name`, as clients configured
-for Hugging Face name it).
-
-A repository missing from the cache is downloaded with `huggingface_hub.snapshot_download`
-only when the caller allows it and `HF_HUB_OFFLINE` is not set. A built-in model's pinned
-files are verified before anything else reads them.
+A reference is, in this order: a local package directory; a built-in model's name (its pinned
+repository and revision); a Hugging Face id `org/name[@REVISION]`, read from the local Hugging
+Face cache. It is served under its folder name, built-in name or repository id unless told
+otherwise. A missing repository is downloaded only when the caller allows it and
+`HF_HUB_OFFLINE` is unset; a built-in model's pinned files are verified before anything reads them.
 """
 
 from __future__ import annotations

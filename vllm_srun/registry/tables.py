@@ -1,15 +1,9 @@
 """Built-in model tables: well-known models a family serves by name, pinned and verified.
 
-A family names its table module in `ModelFamily.builtin_table`; the module's `MODELS` lists
-`BuiltinModel` entries. Rules, applied when the tables are loaded:
-
-- a table that fails to import (or whose entries are malformed) pins nothing; the reason is
-  logged and kept in `Tables.skipped`;
-- two entries pinning one repository (or taking one name), or a table listing a model of
-  another family, is a conflict: `Tables.check()` refuses every model of the process, naming
-  both, until the tables are fixed;
-- a built-in model's files are verified before load (`verify_files`): a missing file or one
-  whose SHA-256 differs from its pin refuses that model, naming the file.
+A family names its table module in `ModelFamily.builtin_table`; its `MODELS` lists
+`BuiltinModel`s. A table that fails to import pins nothing (`Tables.skipped`); two entries
+pinning one repository or name, or a model of another family, refuse every model of the
+process (`Tables.check()`); a built-in model's files are verified before load (`verify_files`).
 """
 
 from __future__ import annotations

@@ -14,25 +14,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_srun.testing.task_heads_fixtures import (
-    MAX_POSITIONS,
-    SEED,
-    _bytelevel_tokenizer,
-    _config,
-    _export_onnx,
-    _model,
-    _unigram_tokenizer,
-    _wordpiece_tokenizer,
-)
+from vllm_srun.testing.task_heads_fixtures import MAX_POSITIONS, SEED, _config, _export_onnx, _model
+from vllm_srun.testing.tokenizer_fixtures import bytelevel_tokenizer, unigram_tokenizer, wordpiece_tokenizer
 
 # variant -> (backbone, tokenizer builder, labels in class-index order)
 _VARIANTS: dict[str, tuple[str, Any, list[str]]] = {
     # The usual three-way NLI head (the MNLI order of many cross-encoders).
-    "bert": ("bert", _wordpiece_tokenizer, ["contradiction", "entailment", "neutral"]),
+    "bert": ("bert", wordpiece_tokenizer, ["contradiction", "entailment", "neutral"]),
     # Two-way, no neutral, labels capitalised: detection is case-insensitive and neutral optional.
-    "modernbert": ("modernbert", _bytelevel_tokenizer, ["Entailment", "Contradiction"]),
+    "modernbert": ("modernbert", bytelevel_tokenizer, ["Entailment", "Contradiction"]),
     # DeBERTa-v3 (the usual NLI cross-encoder today), in the order of its MNLI heads; no type ids.
-    "deberta-v3": ("deberta-v3", _unigram_tokenizer, ["entailment", "neutral", "contradiction"]),
+    "deberta-v3": ("deberta-v3", unigram_tokenizer, ["entailment", "neutral", "contradiction"]),
 }
 VARIANTS: tuple[str, ...] = tuple(_VARIANTS)
 

@@ -1,16 +1,9 @@
-"""Tiny, deterministic model packages for the `task_heads` family.
+"""Tiny, deterministic model packages for the `task_heads` family (tests and `vllm-srun fixture`).
 
-`write_fixture(out, variant=...)` writes a package the family loads like a real one: a
-config.json with labels, random weights saved as safetensors, a real `tokenizer.json` built
-with the `tokenizers` library, and for embedders the sentence-transformers `modules.json` and
-`1_Pooling/config.json`. With `onnx=True` it also exports `onnx/model.onnx`.
-
-With `weights=False` the package is written without torch: the same tokenizer and config.json,
-and a `model.safetensors` that holds no tensors. The family never reads weights, so such a
-package detects, verifies, loads and plans like the full one; an engine cannot run it.
-
-This is a development tool: it imports transformers for the configs, and torch for the weights
-(the family imports neither).
+`write_fixture(out, variant=...)` writes a package the family loads like a real one (config,
+random safetensors weights, a real tokenizer.json, sentence-transformers files for embedders;
+`onnx=True` adds onnx/model.onnx). With `weights=False` it needs no torch and holds no tensors:
+it detects, verifies, loads and plans, but cannot run. Imports transformers and torch.
 """
 
 from __future__ import annotations
@@ -20,20 +13,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-# A fixed English word list, so that test texts tokenize to whole known pieces.
-WORDS = (
-    "the a an is are was were be been of and or but to in on at by for with from as it this that "
-    "these those i you he she we they me my your his her our their what where who when why how "
-    "not no yes very good great bad terrible awful excellent love hate like movie film book food "
-    "service price product quality fast slow happy sad angry john mary smith alice bob paris "
-    "london berlin new york city france germany england europe google apple microsoft works "
-    "lives lived visited born company capital river house car dog cat today tomorrow yesterday "
-    "morning night day week year time people person world country street road school university "
-    "doctor teacher said says went go going come came see saw think know want need help thanks "
-    "please hello question answer query document relevant about which there here some all any "
-    "many much more most other such only also just than then so if because while over under "
-    "cafe resume naive"
-).split()
+from vllm_srun.testing.tokenizer_fixtures import TOKENIZERS
 
 LABELS = {
     "sequence": ["negative", "neutral", "positive"],
@@ -117,135 +97,6 @@ OUTPUT_VARIANTS: tuple[str, ...] = tuple(_output_variants())
 
 MAX_POSITIONS = 128
 SEED = 1234
-_PUNCT = list(".,!?;:'\"()-/&%$#@+*=<>[]{}_")
-_EXTRA_CHARS = list("éèàüöçñ中文日本語")
-
-
-def _wordpiece_tokenizer() -> Any:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    chars = [*"abcdefghijklmnopqrstuvwxyz0123456789", *_PUNCT, *_EXTRA_CHARS]
-    pieces = [
-        *specials,
-        *WORDS,
-        *chars,
-        *("##" + c for c in "abcdefghijklmnopqrstuvwxyz0123456789"),
-        *("##s", "##ed", "##ing", "##ly", "##er"),
-    ]
-    vocab = {piece: i for i, piece in enumerate(dict.fromkeys(pieces))}
-    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tok.decoder = decoders.WordPiece()
-    tok.add_special_tokens(specials)
-    ids = {name: vocab[name] for name in specials}
-    return tok, len(vocab), {"pad": ids["[PAD]"], "cls": ids["[CLS]"], "sep": ids["[SEP]"]}
-
-
-def _bytelevel_tokenizer() -> Any:
-    """Byte-level BPE; merges spell each word (and each word after a space) left to right.
-
-    The merges are written, not trained, so the file is byte-for-byte reproducible. Merges of
-    words after a space rank first, so those always come out whole; a text's first word may
-    split into pieces, as with any BPE.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab: dict[str, int] = {c: i for i, c in enumerate(alphabet)}
-    merges: list[tuple[str, str]] = []
-    for form in sorted(
-        {w for word in WORDS for w in (word, "Ġ" + word)}, key=lambda f: (f[0] != "Ġ", len(f), f)
-    ):
-        for i in range(1, len(form)):
-            left, right = form[:i], form[i]
-            if form[: i + 1] not in vocab:
-                vocab[form[: i + 1]] = len(vocab)
-                merges.append((left, right))
-    specials = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
-    for name in specials:
-        vocab[name] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(specials)
-    return tok, len(vocab), {"pad": vocab["[PAD]"], "cls": vocab["[CLS]"], "sep": vocab["[SEP]"]}
-
-
-def _bytelevel_eot_tokenizer() -> Any:
-    """The byte-level BPE as a decoder's tokenizer: no token in front, and `<|endoftext|>`
-    appended to each text, as Qwen3-Embedding's tokenizer.json post-processor does. Its pad
-    token is another one ([PAD]): a *ForSequenceClassification reference skips trailing pad
-    tokens, so an appended token that doubled as the pad would not be the one it scores."""
-    from tokenizers import processors
-
-    tok, _, ids = _bytelevel_tokenizer()
-    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    eot, eos = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    tok.post_processor = processors.TemplateProcessing(
-        single="$A <|endoftext|>",
-        pair="$A <|endoftext|> $B:1 <|endoftext|>:1",
-        special_tokens=[("<|endoftext|>", eot)],
-    )
-    return tok, tok.get_vocab_size(with_added_tokens=True), {"pad": ids["pad"], "cls": eot, "sep": eos}
-
-
-def _bytelevel_eot_pad_tokenizer() -> Any:
-    """`_bytelevel_eot_tokenizer` with Qwen's pad token: `<|endoftext|>`, the very token it
-    appends, so every text ends in the pad id (a *ForSequenceClassification reference scores
-    the token before it)."""
-    tok, vocab_size, ids = _bytelevel_eot_tokenizer()
-    return tok, vocab_size, {**ids, "pad": ids["cls"]}
-
-
-def _unigram_tokenizer() -> Any:
-    """A SentencePiece-style Unigram model (Metaspace, cased), like mmBERT's Gemma tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
-    pieces: list[tuple[str, float]] = [(s, 0.0) for s in specials]
-    seen = set(specials)
-    for word in WORDS:
-        for piece in ("▁" + word, "▁" + word.capitalize()):
-            if piece not in seen:
-                seen.add(piece)
-                pieces.append((piece, -4.0 - 0.01 * len(piece)))
-    for c in ["▁", *"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", *_PUNCT, *_EXTRA_CHARS]:
-        if c not in seen:
-            seen.add(c)
-            pieces.append((c, -10.0))
-    tok = Tokenizer(models.Unigram(pieces, unk_id=specials.index("<unk>"), byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.post_processor = processors.TemplateProcessing(
-        single="<bos> $A <eos>",
-        pair="<bos> $A <eos> $B <eos>",
-        special_tokens=[("<bos>", 2), ("<eos>", 1)],
-    )
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.add_special_tokens(specials)
-    return tok, len(pieces), {"pad": 0, "cls": 2, "sep": 1}
-
-
-# The tokenizer kinds a Fixture names, as (tokenizer, vocabulary size, special ids) builders.
-TOKENIZERS = {
-    "wordpiece": _wordpiece_tokenizer,
-    "bytelevel": _bytelevel_tokenizer,
-    "bytelevel_eot": _bytelevel_eot_tokenizer,
-    "bytelevel_eot_pad": _bytelevel_eot_pad_tokenizer,
-    "unigram": _unigram_tokenizer,
-}
-
 # The tiny sizes every fixture shares; a Fixture's settings add to or override them.
 TINY = {
     "hidden_size": 32,
@@ -550,105 +401,3 @@ def add_sparse_encoder(out: Path, *, max_seq_length: int | None = None, pooling_
     st = {"model_type": "SparseEncoder", "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "dot"}
     (out / "config_sentence_transformers.json").write_text(json.dumps(st, indent=2))
     return out
-
-
-# A Qwen3-Reranker-style chat template in the fixture vocabulary: the instruction is the system
-# message's content when a prompt is given (sentence-transformers sends it as one), else a
-# default; then the query, the document, and the assistant's empty thinking block, after which
-# the model's next token (yes or no) is scored.
-LOGIT_SCORE_TEMPLATE = """<|im_start|>system
-is the document relevant to the query ? answer yes or no<|im_end|>
-<|im_start|>user
-{% set ns = namespace(instruction="find the document that answers the query") %}
-{% for message in messages if message.role == "system" %}{% set ns.instruction = message.content %}{% endfor %}
-<Instruct>: {{ ns.instruction }}
-<Query>: {{ (messages | selectattr("role", "eq", "query") | first).content }}
-<Document>: {{ (messages | selectattr("role", "eq", "document") | first).content }}<|im_end|>
-<|im_start|>assistant
-<think>
-
-</think>
-
-"""
-# Room for the template and a pair of the tests' random texts.
-LOGIT_SCORE_POSITIONS = 256
-
-
-def write_logit_score_reranker(
-    out: Path,
-    *,
-    tied: bool = True,
-    false_token: str | None = "no",
-    prompts: dict[str, str] | None = None,
-    default_prompt_name: str | None = None,
-) -> Path:
-    """Write a tiny random Qwen3ForCausalLM as sentence-transformers 6 saves a yes/no-logit
-    CrossEncoder (Qwen3-Reranker's form): built with sentence-transformers itself from a
-    Transformer (transformer_task "text-generation") and a LogitScore module scoring the "yes"
-    token against `false_token` (None: the "yes" logit alone), with `LOGIT_SCORE_TEMPLATE` as
-    its chat template and `prompts`. `tied` shares the LM head with the input embeddings, as
-    Qwen3-0.6B does (no lm_head tensor is saved). Needs torch and sentence-transformers;
-    reads nothing from the network. Returns `out`."""
-    import tempfile
-
-    import torch
-    import transformers
-    from sentence_transformers import CrossEncoder
-    from sentence_transformers.base.modules import Transformer
-    from sentence_transformers.cross_encoder.modules import LogitScore
-
-    out = Path(out)
-    tok, vocab_size, ids = TOKENIZERS["bytelevel_eot"]()
-    config = _config("qwen3", vocab_size, ids)
-    config.architectures = ["Qwen3ForCausalLM"]
-    config.tie_word_embeddings = tied
-    config.max_position_embeddings = LOGIT_SCORE_POSITIONS
-    with tempfile.TemporaryDirectory() as scratch:
-        raw = Path(scratch)
-        torch.manual_seed(SEED)
-        transformers.Qwen3ForCausalLM(config).eval().save_pretrained(str(raw), safe_serialization=True)
-        tok.save(str(raw / "tokenizer.json"))
-        tokenizer_config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "model_max_length": LOGIT_SCORE_POSITIONS,
-            "pad_token": "[PAD]",
-            "eos_token": "<|im_end|>",
-            "chat_template": LOGIT_SCORE_TEMPLATE,
-        }
-        (raw / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
-        transformer = Transformer(str(raw), transformer_task="text-generation")
-        vocab = transformer.tokenizer.get_vocab()
-        score = LogitScore(
-            true_token_id=vocab["yes"], false_token_id=None if false_token is None else vocab[false_token]
-        )
-        model = CrossEncoder(
-            modules=[transformer, score],
-            prompts=prompts,
-            default_prompt_name=default_prompt_name,
-            device="cpu",
-        )
-        model.save(str(out))
-    return out
-
-
-def write_cross_encoder(
-    out: Path,
-    *,
-    variant: str = "bert-reranker",
-    prompts: dict[str, str] | None = None,
-    default_prompt_name: str | None = None,
-) -> Path:
-    """Write the reranker `variant` (a one-label *ForSequenceClassification fixture) as
-    sentence-transformers 6 saves a CrossEncoder of it with `prompts` and `default_prompt_name`:
-    built with sentence-transformers itself (modules.json, config_sentence_transformers.json,
-    the checkpoint and tokenizer as it saves them). Needs torch and sentence-transformers; reads
-    nothing from the network. Returns `out`."""
-    import tempfile
-
-    from sentence_transformers import CrossEncoder
-
-    with tempfile.TemporaryDirectory() as scratch:
-        raw = write_fixture(Path(scratch) / variant, variant=variant)
-        model = CrossEncoder(str(raw), prompts=prompts, default_prompt_name=default_prompt_name, device="cpu")
-        model.save(str(out))
-    return Path(out)

@@ -77,7 +77,7 @@ LONG = " ".join(["john smith lives in paris and works at google in new york city
 def random_texts(seed: int, count: int, max_words: int) -> list[str]:
     """Texts the tests did not choose: 1..max_words fixture words drawn by a seeded RNG, some
     capitalised, some ending in punctuation."""
-    from vllm_srun.testing.task_heads_fixtures import WORDS
+    from vllm_srun.testing.tokenizer_fixtures import WORDS
 
     rng = np.random.default_rng(seed)
     texts = []

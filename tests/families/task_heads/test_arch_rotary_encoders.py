@@ -25,7 +25,8 @@ import pytest
 from families.task_heads.harness import ATOL, Harness, rows_of, softmax
 
 from vllm_srun.plugins.surfaces import ClassifyRequest, EmbeddingsRequest, TextPair
-from vllm_srun.testing.task_heads_fixtures import MAX_POSITIONS, WORDS
+from vllm_srun.testing.task_heads_fixtures import MAX_POSITIONS
+from vllm_srun.testing.tokenizer_fixtures import WORDS
 
 COSINE = 0.99999
 EMBEDDERS = {"nomic-bert-embedding": "mean", "gte-embedding": "cls"}

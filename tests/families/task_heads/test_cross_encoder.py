@@ -27,7 +27,8 @@ import pytest
 from families.task_heads.harness import cross_encoder_predict, random_texts, rerank_over_http
 from helpers import Server, serve_named
 
-from vllm_srun.testing.task_heads_fixtures import write_cross_encoder, write_fixture
+from vllm_srun.testing.reranker_fixtures import write_cross_encoder
+from vllm_srun.testing.task_heads_fixtures import write_fixture
 
 pytestmark = pytest.mark.torch
 

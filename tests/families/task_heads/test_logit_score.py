@@ -34,7 +34,8 @@ from families.task_heads.harness import cross_encoder_predict, random_texts, rer
 from helpers import Server, serve_named
 
 from vllm_srun.plugins.bodies import UnsupportedOption
-from vllm_srun.testing.task_heads_fixtures import write_fixture, write_logit_score_reranker
+from vllm_srun.testing.reranker_fixtures import write_logit_score_reranker
+from vllm_srun.testing.task_heads_fixtures import write_fixture
 
 pytestmark = pytest.mark.torch
 

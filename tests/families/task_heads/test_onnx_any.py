@@ -31,7 +31,7 @@ LABELS = ["negative", "neutral", "positive"]
 
 
 def texts(seed: int, count: int = 5) -> list[str]:
-    from vllm_srun.testing.task_heads_fixtures import WORDS
+    from vllm_srun.testing.tokenizer_fixtures import WORDS
 
     rng = np.random.default_rng(seed)
     return [" ".join(rng.choice(WORDS, size=int(n))) for n in rng.integers(1, 25, size=count)]
@@ -43,8 +43,9 @@ def package(out: Path, *, head: str, type_vocab_size: int) -> tuple[Path, Any]:
     import transformers
 
     from vllm_srun.testing import task_heads_fixtures as fx
+    from vllm_srun.testing.tokenizer_fixtures import bytelevel_tokenizer
 
-    tok, vocab, ids = fx._bytelevel_tokenizer()
+    tok, vocab, ids = bytelevel_tokenizer()
     out.mkdir(parents=True)
     tok.save(str(out / "tokenizer.json"))
     config = transformers.RobertaPreLayerNormConfig(

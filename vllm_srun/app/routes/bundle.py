@@ -1,14 +1,8 @@
-"""POST /v1/bundle: the work of several surfaces, for one model or several, in one call (the
-upstream runtime's contract, 2.3.0).
-
-Each task holds one surface's request body and is served exactly as that surface's own route
-serves it: decoded by its descriptor, then through `serve_surface`. The tasks run at once, so
-the items of tasks for the same model reach its queue together and share its batches, as
-concurrent requests do. Each task is answered with the status and body it would have had alone
-(a failing task fails alone); only the bundle's own faults (too many tasks, a task with no or
-two surfaces, a repeated id, more inputs in all than one request may carry) refuse the whole
-bundle. A bundle is one request to the server's bounds: its tasks' inputs count together
-against `--max-inputs`, and it holds one of the `--max-concurrent-requests` slots.
+"""POST /v1/bundle (the upstream runtime's contract, 2.3.0): the work of several surfaces, for one
+model or several, in one call. Each task is decoded by its surface's descriptor and served as
+that surface's own route serves it, all at once, so tasks for one model share its batches; each
+is answered with the status and body it would have had alone. Only the bundle's own faults
+refuse it whole; its tasks' inputs count together against `--max-inputs`, and it holds one slot.
 """
 
 from __future__ import annotations
@@ -25,12 +19,12 @@ from litestar.datastructures import State
 from litestar.params import JSONBody
 
 from vllm_srun.app.errors import ErrorBody, error_type, upstream_code
+from vllm_srun.app.peers.failures import no_null_vectors
 from vllm_srun.app.responses import client_closed, encoded, timing_of, unless_disconnected
-from vllm_srun.app.routes.embeddings import no_null_vectors
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.serving import Timing, request_slot, serve_surface
 from vllm_srun.errors import InvalidRequest, RequestTooLarge, SrunError, model_failure
-from vllm_srun.plugins.decision_surface import DecisionResponse
+from vllm_srun.plugins.decision_bodies import DecisionResponse
 from vllm_srun.plugins.surfaces import (
     REGISTRY,
     ClassifyResponse,

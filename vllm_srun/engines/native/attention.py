@@ -1,32 +1,10 @@
 """Self-attention over packed rows: each row attends only to itself.
 
-The projections and the MLP run on the packed tokens (no padding compute where nearly all the
-FLOPs are). Attention alone regroups rows: sorted by length, split into a few groups (see
-`partition`), each gathered into a padded block for one SDPA call with a key-padding (and, for
-sliding layers, band) mask. Results go back to each row's packed positions, so callers never
-see the grouping; only float rounding inside SDPA can vary with the padded width (~1e-7).
-
-Why groups: attending row by row issues a few small ops per row and layer, each a parallel
-region whose barriers dominate when several threads share a busy machine; one padded block over
-the whole batch wastes compute on padding; a block-diagonal mask over all tokens is quadratic in
-the batch's tokens; nested (jagged) tensors were slower than padded calls. A few padded groups
-keep the op count low with little padding (bench/native_forward.py times the forward).
-
-The small-batch path (`Block`) lays a few rows out as one right-padded [rows, width] block
-instead, flattened to [rows * width] tokens, and attends with one SDPA call per layer: the same
-layers run on either layout, since they only call `layout.attend(...)` and read
-`layout.positions`. Attention takes fused or separate q/k/v, fewer key/value heads than query
-heads (grouped), a causal flag, a sliding window, an additive position bias computed per
-padded block (`PositionBias`: DeBERTa's disentangled terms, MPNet's relative buckets) and an
-explicit softmax scale.
-
-A row may also hold tokens that are queries but not keys (`key_lengths`: each row's first so
-many tokens are keys, the rest attend but are attended by none), as ColBERT's query expansion
-runs its [MASK] tokens: both layouts fold it into the key-padding mask they already build, so a
-batch without it costs nothing more.
-
-An accelerator may offer its own attention kernel (`Accelerator.kernels()`, name
-`scaled_dot_product_attention`): it is called in place of torch's on each padded group.
+Projections and the MLP run on the packed tokens; attention regroups rows by length into a few
+padded groups (`partition`), one SDPA call each, and scatters results back, so callers never
+see the grouping. The small-batch path (`Block`) uses one right-padded block. Both take fused or
+separate q/k/v, grouped key/value heads, causal and sliding-window masks, an additive
+`PositionBias`, query-only tokens (`key_lengths`) and an accelerator's own SDPA kernel.
 """
 
 from __future__ import annotations

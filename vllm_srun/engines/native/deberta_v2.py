@@ -1,21 +1,10 @@
 """DeBERTa-v2 and DeBERTa-v3 (model_type "deberta-v2") over packed rows.
 
-BERT-shaped post-LayerNorm layers whose attention is disentangled (He et al., "DeBERTa:
-Decoding-enhanced BERT with Disentangled Attention", §3.1): besides content-to-content
-q·k, each score gets a content-to-position term q_i·Kr[δ(i, j)] ("c2p") and a
-position-to-content term k_j·Qr[δ(j, i)] ("p2c"), where Kr and Qr project one shared table of
-relative-position embeddings (`encoder.rel_embeddings`, optionally normalised by
-`encoder.LayerNorm`) with the layer's own key/query projections (`share_att_key`) or with
-`pos_key_proj`/`pos_query_proj`. δ is the relative distance i - j, log-bucketed beyond
-position_buckets/2 (DeBERTa-v3) and clamped to the table. All three terms share the scale
-1/sqrt(head_dim * (1 + number of relative terms)).
-
-The relative terms enter attention as a `PositionBias`: attention blocks always start at
-position 0 in every row, so the bucket index of a block of width w is the top-left w x w of
-one table built per batch for its widest row; only the table rows that index reaches are
-projected. DeBERTa-v2 adds learned absolute positions to the input (position_biased_input),
-v3 does not and has no token types (type_vocab_size 0). `embedding_size` below the hidden size
-goes through `embed_proj`. Attribute names follow the checkpoint (`deberta.encoder.layer.N...`).
+BERT-shaped post-LayerNorm layers with disentangled attention (He et al., §3.1): content-to-
+position and position-to-content terms over a shared relative-position table, log-bucketed
+(v3) and clamped, entering attention as a `PositionBias`. v2 adds absolute positions, v3 has
+none and no token types; `embedding_size` below the hidden size goes through `embed_proj`.
+Attribute names follow the checkpoint (`deberta.encoder.layer.N...`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The one base class of every native architecture: forward, layers, early exits, weights.
 
-An architecture module supplies a `Backbone` (its embeddings, its layers, an optional
-per-batch context such as rotary tables or a relative-position bias, and its final step) and
-one `EncoderModel` subclass naming the backbone's checkpoint prefix; the head (a sequence
-classifier, a token tagger, or none) is composed from `heads.py` by name, as the architecture
-table (`vllm_srun.plugins.architectures`) declares it per class. Everything else — the forward
-over packed rows or a small padded block, `num_layers`, `hidden_at` for early exits, loading
-weights by checkpoint name — is written here once.
+An architecture module supplies a `Backbone` (embeddings, layers, an optional per-batch
+context, a final step) and one `EncoderModel` subclass naming its checkpoint prefix; the head
+is composed from `heads.py` by the name the architecture table declares. The forward over
+packed rows or a small padded block, `num_layers`, `hidden_at` and weight loading by
+checkpoint name are written here once.
 """
 
 from __future__ import annotations

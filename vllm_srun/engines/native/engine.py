@@ -1,13 +1,10 @@
-"""The native engine: PyTorch modules from the architecture registry, run on packed batches.
+"""The native engine (longer than 500 lines: load, probes and forward paths share one class's state).
 
-This module imports without torch: torch is imported inside the methods that need it, so the
-app (which never runs a forward) and `supports()` work where torch is not installed.
-
-Every architecture is an `EncoderModel` (encoder.py), so every one has early exits and the
-small-batch path its table row declares (`fast_paths`): a row whose output is
-`"<kind>@<layer>"` ("mean@3", "hidden@3") gets that output from the hidden states after encoder
-layer `layer` (1-based) instead of the last, for the pooled kinds and "hidden"; a batch with
-such rows runs on the packed path, through its deepest exit only.
+PyTorch modules from the architecture registry, run on packed batches. Imports without torch
+(torch is imported inside the methods that need it), so the app and `supports()` work where
+torch is not installed. A row whose output is `"<kind>@<layer>"` gets that output from the
+hidden states after encoder layer `layer` (1-based); a batch with such rows runs on the packed
+path, through its deepest exit only.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Where the small-batch ONNX graphs live between processes: exported once per model, reused by
 every later start of the same model with the same code.
 
-A graph is a function of the weights, the configuration that built the module, the code of its
-forward and the exporter, so its key is a digest over all four (`graph_key`); a start that
-finds its key opens the graph as it is, with no export. The engine's probe still compares
-every graph with the torch forward before serving it, so an entry that does not reproduce it
-is dropped and exported afresh, never served.
-
-The folder is `$VLLM_SRUN_CACHE_DIR/small-batch-onnx` (else `$XDG_CACHE_HOME/vllm-srun/…`, else
-`~/.cache/vllm-srun/…`), private to its user (0700). `VLLM_SRUN_CACHE_DIR=off` turns it off, and
-an unwritable folder is the same as none: the graph is then exported into a temporary folder
-kept for the model's life, as without a cache. Each store removes the entries no start has
-opened for UNUSED_S (a model upgraded or the runtime updated would leave its graphs there for
-good), and the staging folders of exports that a killed process left behind.
+The key digests the weights, the module's configuration, its forward's code and the exporter
+(`graph_key`); the engine's probe still compares a cached graph with the torch forward before
+serving it. The folder is `$VLLM_SRUN_CACHE_DIR/small-batch-onnx` (else the XDG cache), 0700;
+`VLLM_SRUN_CACHE_DIR=off` turns it off. Entries unused for UNUSED_S are removed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """MPNet over packed rows: post-LayerNorm layers with a shared relative-position bias.
 
-As Transformers' `modeling_mpnet.py` computes it: absolute positions start after padding
-index 1 (fixed there, whatever `pad_token_id` says), and every layer adds the same learned
-bias, `encoder.relative_attention_bias`, looked up by T5-style bidirectional log buckets of
-the key-minus-query distance. The reference buckets distances from `arange(width)` (not from
-position ids): for a right-padded batch that is each row's distance from its own start, which
-is what `PositionBias` sees on every padded block (rows start at 0). Query/key/value fill one
-fused `attn.qkv` projection; every other name follows the checkpoint.
+As Transformers' `modeling_mpnet.py` computes it: positions start after padding index 1, and
+every layer adds one learned bias (`encoder.relative_attention_bias`) by T5-style
+bidirectional log buckets of each row's own distances. Query/key/value fill one fused
+`attn.qkv` projection; every other name follows the checkpoint.
 """
 
 from __future__ import annotations

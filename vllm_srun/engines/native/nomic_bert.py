@@ -1,14 +1,9 @@
 """NomicBERT (nomic-embed-text) over packed rows, as Transformers' `NomicBertModel` computes it.
 
-Embeddings are words plus token types, normalised (`emb_ln`); no absolute positions: every
-layer rotates its queries and keys by the token's position in its row (rotate-half rotary
-over the whole head, theta from `rope_parameters`, 1000 by default). Post-LayerNorm layers
-(`norm1` after attention, `norm2` after the MLP), no biases in the projections, a SwiGLU MLP
-(`fc12` gates `fc11`). Attribute names follow the checkpoint as Transformers saves it (the
-Hub's own names: `encoder.layers.N.attn.Wqkv`, `mlp.fc11`, ...), except `fc11`/`fc12`, which
-fill one fused `fc1` projection: one matmul instead of two.
-
-The rotary helpers here (`rope_theta`, `rotary_tables`) are GTE's too (gte.py).
+Words plus token types, normalised; rotary positions over the whole head (theta from
+`rope_parameters`); post-LayerNorm layers without projection biases; a SwiGLU MLP whose
+`fc11`/`fc12` fill one fused `fc1`. Other attribute names follow the checkpoint. The rotary
+helpers here (`rope_theta`, `rotary_tables`) are GTE's too.
 """
 
 from __future__ import annotations

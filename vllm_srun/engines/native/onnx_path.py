@@ -1,15 +1,9 @@
 """The small-batch path on onnxruntime: the dense forward exported once at load, run by ORT.
 
-For one row or a few rows of similar length, onnxruntime's CPU kernels run the same BERT
-forward faster than eager PyTorch (fewer dispatches, fused elementwise work around the
-matmuls); for large mixed batches the packed path wins (bench/single_forward.py measures
-both). The graph is exported from the loaded module itself (its forward on a padded `Block`,
-so the numbers are the native ones up to float rounding) into the graph cache (graph_cache: a
-later start of the same model opens it with no export) or, where there is none, a private
-temporary folder kept for the model's life, and opened once, on the forward threads' intra-op
-thread count; nothing the package ships is run. onnxruntime holds its own copy of the weights,
-the one extra copy the engine allows itself for this path, and says what it added
-(`memory_bytes`).
+The graph is exported from the loaded module itself (so its numbers are the native ones up to
+float rounding) into the graph cache or a private temporary folder, and opened once on the
+forward threads' thread count; nothing the package ships is run. onnxruntime holds one extra
+copy of the weights and reports it (`memory_bytes`).
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """Output heads: per-token readouts that give sparse and multi-vector embeddings.
 
-A sequence or token head (heads.py) is the one a Transformers class carries; an output head is
-one more readout a package ships beside it, named by the family in `ModelSpec.extra["outputs"]`
-and installed on the model before its weights load, at the checkpoint names its tensors have:
-
-- `bert_mlm`, `distilbert_mlm`: the masked-LM head of *ForMaskedLM (the transform — dense,
-  activation, LayerNorm — then the decoder tied to the word embeddings, plus its bias), read
-  as SPLADE reads it: per vocabulary id, the maximum over the row's tokens of
-  log(1 + relu(logit)). The row's output ("splade") is its non-zero entries as [k, 2] float32
-  (id, weight): ids below 2**24 are exact in float32, and a row costs 8 bytes per active id
-  instead of 4 per vocabulary entry.
-- `sparse_linear`: bge-m3's Linear(hidden, 1); the output ("lexical") is relu of it per token,
-  [T]. Which ids to keep, and the max per id, are the family's (it knows the tokenizer).
-- `colbert_linear`: bge-m3's Linear(hidden, dim); the output ("colbert") is it per token,
-  [T, dim]. The family drops the first token and normalises, as FlagEmbedding does.
-- `pylate_dense`: a PyLate ColBERT package's Dense modules (each `<path>/model.safetensors`, a
-  Linear with or without bias and no activation), applied in order to every token; its output
-  is "colbert" too, [T, dim]. The family picks the vectors a query or document keeps.
-
-bge-m3 ships two as PyTorch state dicts (`sparse_linear.pt`, `colbert_linear.pt`):
-`read_state_dicts` reads them with `torch.load(weights_only=True)`, which unpickles tensors and
-plain containers only, never arbitrary objects; a `.safetensors` file it reads as safetensors.
+Named by the family in `ModelSpec.extra["outputs"]` and installed before the weights load, at
+their checkpoint names: `bert_mlm`/`distilbert_mlm` (SPLADE: "splade" rows of [k, 2] (id,
+weight)), `sparse_linear` (bge-m3 "lexical", [T]), `colbert_linear` and `pylate_dense`
+("colbert", [T, dim]). bge-m3's `.pt` state dicts are read with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
 """Linears on the CPU on oneDNN's own linear ops, with their weights laid out once at load.
 
-`nn.functional.linear` in bfloat16 on the CPU first copies the broadcast bias into the output
-and then multiplies onto it, and lays the weight out again on every call. oneDNN's linear
-(`torch.ops.mkldnn._linear_pointwise`, what torch.compile's CPU backend calls for a linear)
-takes a weight reordered once at load (`_reorder_linear_weight`) and adds the bias to the
-float32 accumulator before rounding to bfloat16: no pass over the [tokens, out] output
-besides the GEMM's own, and the same accumulation in float32 as before.
-
-Used where the module is bfloat16 on a CPU with bfloat16 instructions (the engine refuses
-bfloat16 elsewhere): every linear inside the encoder layers, and the bfloat16 linears that
-int8 keeps (quantize.Bfloat16Linear). A torch without the op keeps `nn.Linear`.
-
-int8 (quantize.Int8Linear): oneDNN's int8 linear (`torch.ops.onednn.qlinear_pointwise`, what
-torch's x86 int8 quantization lowers to) on a weight reordered once, with the per-channel
-weight scale applied inside and a float32 result, instead of `torch._int_mm`, which lays the
-weight out on every call and returns int32 that is converted and scaled in passes of its own.
-The activation scale it takes is one per tensor, so it is given 1 and the per-token scales are
-applied after, with the bias, in one pass; the activations go in as uint8 (`ZERO_POINT`).
+bfloat16: `PackedLinear` on `torch.ops.mkldnn._linear_pointwise` (weight reordered once, bias
+added to the float32 accumulator), for every linear inside bfloat16 encoder layers; a torch or
+CPU without the op keeps `nn.Linear`. int8: `int8_linear` on oneDNN's `qlinear_pointwise`, the
+per-channel scale applied inside, activations as uint8 (`ZERO_POINT`), float32 out.
 """
 
 from __future__ import annotations
@@ -25,6 +12,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+from vllm_srun.engines.native.modules import linears, replace
 
 
 def _has(namespace: object, *ops: str) -> bool:
@@ -108,8 +97,6 @@ class PackedLinear(nn.Module):
 def pack_linears(blocks: Sequence[nn.Module]) -> int:
     """Replace every `nn.Linear` inside the bfloat16 encoder layers `blocks` by a
     `PackedLinear`, in place; returns how many (0 where this torch lacks the op)."""
-    from vllm_srun.engines.native.quantize import linears, replace  # quantize imports this module
-
     if not available():
         return 0
     count = 0

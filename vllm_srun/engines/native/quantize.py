@@ -1,37 +1,22 @@
 """int8 linears for the native engine: per-output-channel int8 weights, int32 accumulation.
 
-Weights are quantized symmetrically per output channel (one scale per row of the weight, so a
-fused q/k/v projection keeps its three parts apart). Activations are quantized at run time:
-
-- "per_token" (the default): one symmetric scale per token, int8 x int8 with int32 accumulation
-  on oneDNN's int8 linear (packed.py; `torch._int_mm` where torch lacks it), then the per-token
-  and per-channel scales and the bias applied to the result. A token's outlier dimension costs
-  only that token's precision.
-- "per_tensor": fbgemm's dynamic linear (`torch.ops.quantized.linear_dynamic`), one affine
-  uint8 scale for the whole batch. Faster, but one outlier token coarsens every other token of
-  the batch, and the result then depends on what else is in the batch (kept for the per-layer
-  tool, bench/int8_layers.py, which measured it against per-token).
-
-Which linears stay in floating point is decided by measurement, not guessed: bench/int8_layers.py
-quantizes one linear at a time and reports the cosine drop each causes on a corpus (the table is
-in docs/performance.md). On all-MiniLM-L6-v2 the query/key/value projections moved the
-embedding most, then the FFN output projection; the attention output projection least. So
-`int8_model` quantizes the attention output and FFN intermediate projections inside the
-encoder layers, and keeps q/k/v and the FFN output projection in bfloat16 where the CPU has it
-(float32 otherwise); embedding projections, the pooler and every head stay float32 (a sliver
-of the FLOPs, where an error is not averaged away). The twin check still decides per model:
-a model this rule leaves outside its bounds is refused.
+Activations are quantized at run time: "per_token" (the default; one scale per token, on
+oneDNN's int8 linear where torch has it) or "per_tensor" (fbgemm's dynamic linear; kept for
+bench/int8_layers.py). `int8_model` quantizes the attention output and FFN intermediate
+projections and keeps q/k/v and the FFN output projection in bfloat16 (float32 without it);
+embeddings, pooler and heads stay float32. The twin check still decides per model.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from vllm_srun.engines.native import packed
+from vllm_srun.engines.native.modules import linears, replace
 
 SCHEMES = ("per_token", "per_tensor")
 # The projections that make queries, keys and values, as each architecture names them (BERT's
@@ -111,22 +96,6 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme}"
-
-
-def linears(module: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """Every `nn.Linear` of `module` by its dotted name."""
-    for name, child in module.named_modules():
-        if isinstance(child, nn.Linear):
-            yield name, child
-
-
-def replace(module: nn.Module, name: str, new: nn.Module) -> nn.Module:
-    """Put `new` at dotted `name` in `module`; return what was there."""
-    parent_name, _, leaf = name.rpartition(".")
-    parent = module.get_submodule(parent_name) if parent_name else module
-    old = getattr(parent, leaf)
-    setattr(parent, leaf, new)
-    return old  # type: ignore[no-any-return]
 
 
 class Bfloat16Linear(nn.Module):

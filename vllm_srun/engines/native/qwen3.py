@@ -1,20 +1,10 @@
 """Qwen3 decoders (Qwen3-Embedding, Qwen3 rerankers as one-label classifiers or as causal LMs
 scored by two vocabulary logits) over packed rows.
 
-A decoder served as an encoder: every row attends causally to its own earlier tokens only
-(`layout.attend(..., causal=True)`), so a packed row computes exactly what a batch of one
-does. Pre-RMSNorm layers; grouped key/value heads (`num_key_value_heads` of them, each shared
-by `num_attention_heads // num_key_value_heads` query heads) with an RMSNorm over each head's
-`head_dim` on queries and keys before the rotary positions; a SwiGLU MLP; a final `norm`.
-`head_dim` comes from the config: in Qwen3, heads x head_dim need not equal hidden_size.
-
-Only the default rotary (`rope_theta`, no scaling) and full attention are implemented; any
-other rope type or a sliding-window layer is refused by name rather than run approximately.
-Attribute names follow the checkpoint (`embed_tokens`, `layers.N.self_attn.q_proj`, `norm`):
-`Qwen3Model` saves them bare, `Qwen3ForSequenceClassification` and
-`Qwen3ForTokenClassification` under `model.` beside `score`,
-`Qwen3ForCausalLM` under `model.` beside `lm_head` (absent where tied to `embed_tokens`), which
-only the LogitScore head reads (heads.LogitScoreHead).
+Each row attends causally to its own earlier tokens, so a packed row equals a batch of one.
+Pre-RMSNorm layers, grouped key/value heads with per-head q/k RMSNorm before rotary, a SwiGLU
+MLP, a final `norm`; `head_dim` comes from the config. Only default rotary and full attention
+are implemented: anything else is refused by name. Attribute names follow the checkpoint.
 """
 
 from __future__ import annotations

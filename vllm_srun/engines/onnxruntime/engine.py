@@ -1,15 +1,9 @@
 """`OnnxRuntimeEngine`: runs a package's ONNX graph with onnxruntime on the CPU.
 
-onnxruntime is imported when a model is loaded, so this module (and `supports`, which names
-the missing package) works without it. One `InferenceSession` per model is shared by every
-thread that calls `encode`: onnxruntime's `run` is thread-safe.
-
-The graph may return a last hidden state [B, T, H], sequence logits [B, L] or token logits
-[B, T, L]; each row of a batch gets the output kind it asks for, pooled on the host from the
-hidden state where needed (mean over the row's tokens, first token, last token; never
-normalised: that is the family's job). The output heads a package declares (SPLADE, bge-m3's
-lexical and ColBERT) run on the host too, from the graph's masked-LM logits or hidden state
-(outputs.py); `output_refusal` says at load which outputs this graph cannot give.
+onnxruntime is imported when a model loads, so this module (and `supports`) works without it.
+One thread-safe `InferenceSession` per model. Rows get the output kind they ask for, pooled on
+the host from the hidden state where needed (never normalised: the family's job); the output
+heads a package declares run on the host too (outputs.py).
 """
 
 from __future__ import annotations

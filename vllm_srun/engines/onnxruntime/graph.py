@@ -1,15 +1,9 @@
 """What an ONNX graph may contain before the engine runs it, and what its outputs mean.
 
-The runtime never runs code from a model package, so a graph is refused when it uses an
-operator outside the standard ONNX domain ("" / "ai.onnx") and onnxruntime's built-in contrib
-domain ("com.microsoft", where optimised exports put Attention, SkipLayerNormalization...).
-Operators of a model-local function are allowed when the function's own body passes. The
-check needs the `onnx` package; without it onnxruntime itself refuses unregistered domains,
-since the engine registers no custom-operator library.
-
-External data is refused too, wherever a tensor sits (initializers, sparse initializers, and
-constants in node attributes): the family hashes one graph file, weights in a side file would
-be loaded without being verified, and a path in a graph could name any file the server reads.
+A graph is refused when it uses an operator outside the standard ONNX domain and onnxruntime's
+"com.microsoft" domain (a model-local function is allowed when its body passes; the check needs
+the `onnx` package), and when any tensor is external data: the family hashes one graph file,
+and a path in a graph could name any file the server reads.
 """
 
 from __future__ import annotations

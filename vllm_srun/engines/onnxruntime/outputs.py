@@ -1,20 +1,9 @@
 """The output heads the onnxruntime engine computes on the host, from what the graph gives.
 
-The native engine's output heads (engines/native/outputs.py) read the last hidden state inside
-its forward. A graph gives only what it was exported with, so here each head reads one of the
-graph's outputs and applies the native head's formula in numpy, on the row's real tokens:
-
-- `splade` (a SPLADE package's masked-LM head): needs the masked-LM logits per token, an output
-  named like logits of shape [batch, sequence, vocab] (a *ForMaskedLM exported as it is); per
-  vocabulary id the maximum over the row's tokens of log(1 + relu(logit)), as the native head's
-  [k, 2] (id, weight) rows.
-- `lexical` and `colbert` (bge-m3's `sparse_linear.pt`, `colbert_linear.pt`): need the last
-  hidden state, and the state dicts, which the native engine's `read_state_dicts` reads with
-  torch.load(weights_only=True) (so reading them needs torch): relu of the sparse linear per
-  token [T], and the ColBERT linear per token [T, dim].
-
-A head the graph or the installation cannot give is refused when the model loads, with the
-reason, so the family leaves its kind out of what the model serves.
+Each head reads one graph output and applies the native head's formula (engines/native/
+outputs.py) in numpy on the row's real tokens: `splade` from masked-LM logits; `lexical` and
+`colbert` from the last hidden state and bge-m3's state dicts (read with torch). A head the
+graph or installation cannot give is refused at load, with the reason.
 """
 
 from __future__ import annotations

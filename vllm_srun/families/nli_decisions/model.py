@@ -18,7 +18,7 @@ from vllm_srun.errors import InvalidRequest, PackageError
 from vllm_srun.families.nli_decisions import templates
 from vllm_srun.families.nli_decisions.presets import PRESETS
 from vllm_srun.plugins.base import EngineModel, ModelInfo, WorkItem
-from vllm_srun.plugins.decision_surface import QUESTION_TYPES, DecisionState, Question
+from vllm_srun.plugins.decision_bodies import QUESTION_TYPES, DecisionState, Question
 from vllm_srun.plugins.decisions import DecisionModel, QuestionError
 from vllm_srun.plugins.surfaces import Options
 

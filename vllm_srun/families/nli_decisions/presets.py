@@ -2,12 +2,8 @@
 
 Each is a raw question, read exactly as the same question written out in a request would be,
 so a preset's answer equals the explicit question's. A request may add only `threshold` (set
-presets) and `over` to one (see `decision_surface.expand_preset`).
-
-- `domain` (choice): which field a request belongs to;
-- `needs_reasoning` (noul): whether answering needs several steps of reasoning;
-- `difficulty` (score): how hard the request is, from trivial (level 0) to expert (level 4);
-- `topics` (set): which of a few common topics a request touches (several may hold).
+presets) and `over` to one. Presets: `domain` (choice), `needs_reasoning` (noul), `difficulty`
+(score, level 0 trivial to 4 expert), `topics` (set).
 """
 
 from __future__ import annotations

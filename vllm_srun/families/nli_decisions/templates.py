@@ -1,29 +1,11 @@
 """How a question becomes NLI hypotheses, and how entailment scores become probabilities.
 
-Every pair is (premise, hypothesis) with the premise the state's text (`DecisionState.text`)
-and the hypothesis one of the templates below, filled with the question's instructions and
-one option's description:
-
-- choice: one hypothesis per option, `OPTION_TEMPLATE`;
-- score: one hypothesis per level, `OPTION_TEMPLATE` with the level's description;
-- noul: one hypothesis for "true" (`OPTION_TEMPLATE` with the "true" description, or
-  `NOUL_TRUE` when the request gives none), and one for "false" only when the request
-  describes the false side;
-- set: one hypothesis per label, `OPTION_TEMPLATE` with the label's description: the very
-  hypothesis of a noul question with the same instructions and that description as "true".
-
-Scores. For each pair the model gives logits over its labels; the family reads the log-odds
-of entailment against contradiction, `s = logit[entailment] - logit[contradiction]`, and
-ignores neutral. Taking the difference, rather than the entailment logit alone, cancels the
-per-pair offset every logit shares, so options of different lengths compare fairly.
-
-- choice and score: probabilities = softmax(s over the options / levels);
-- noul with only a true hypothesis: P(true) = sigmoid(s_true), i.e. entailment normalised
-  against contradiction; with both sides described: P(true) = sigmoid(s_true - s_false);
-- set: P(label holds) = sigmoid(s_label) for each label on its own, so a set's label answers
-  equal the noul answers of its labels asked one by one.
-
-A template is a plain `str.format` string, so a subclass may override any of them.
+Each pair is (the state's text, a hypothesis from the templates below, filled with the
+question's instructions and one option's description). A pair's score is
+`s = logit[entailment] - logit[contradiction]`: choice and score take softmax(s) over their
+options; noul sigmoid(s_true) (or sigmoid(s_true - s_false) with a false side described); a
+set sigmoid(s_label) per label, equal to asking each label as a noul. Templates are plain
+`str.format` strings, so a subclass may override any of them.
 """
 
 from __future__ import annotations
@@ -32,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from vllm_srun.plugins.decision_surface import Question
+from vllm_srun.plugins.decision_bodies import Question
 from vllm_srun.plugins.vectors import sigmoid, softmax
 
 # "{instructions}" is the question as asked; "{description}" is one option's description.

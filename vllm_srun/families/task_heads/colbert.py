@@ -1,25 +1,11 @@
 """ColBERT packages in PyLate's form, read the way `pylate.models.ColBERT` reads them.
 
-Such a package is a sentence-transformers package whose modules.json names the Transformer,
-then PyLate Dense modules (a linear projection of every token, usually to 128 dimensions, no
-bias) and no Pooling; config_sentence_transformers.json holds PyLate's settings, each with
-PyLate's default where it is absent:
-
-- `query_prefix` ("[Q] ") and `document_prefix` ("[D] "): tokens of the tokenizer, inserted
-  after the first (cls) token; "" inserts none. A prefix the tokenizer lacks is refused: PyLate
-  would add it and grow the word embeddings with new rows that no file holds.
-- `query_length` (32) and `document_length` (180): a row's length with its prefix; the text is
-  truncated (or refused, by `options.overflow`) to fit.
-- `do_query_expansion` (true): a query is padded with the mask token up to `query_length`;
-  with `attend_to_expansion_tokens` (false) those tokens are not attention keys: they attend to
-  the query and give vectors, but no token attends to them (`WorkItem.key_tokens`). Without
-  expansion a query is its own tokens and the flag does nothing.
-- `skiplist_words` (string.punctuation): a document's vectors leave out those tokens (each word
-  by its token id, the unknown token's where the vocabulary lacks it, as Transformers'
-  convert_tokens_to_ids reads it). A query keeps every vector.
-
-Every vector is L2-normalised. The engine returns the projected vectors of every position
-("colbert"), so the cache holds those and the rest is done here.
+A sentence-transformers package with PyLate Dense modules and no Pooling; PyLate's settings
+(prefixes, `query_length`/`document_length`, query expansion, `attend_to_expansion_tokens`,
+`skiplist_words`) come from config_sentence_transformers.json with PyLate's defaults. A prefix
+the tokenizer lacks is refused. The engine returns every position's projected vector
+("colbert"), so the cache holds those; the prefix, expansion, skiplist and L2 normalisation
+are applied here.
 """
 
 from __future__ import annotations

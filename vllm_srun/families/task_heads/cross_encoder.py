@@ -1,18 +1,10 @@
-"""Prompts of pair scorers (cross-encoders), applied as sentence-transformers' `CrossEncoder.predict`
-applies them.
+"""Prompts of pair scorers (cross-encoders), applied as sentence-transformers'
+`CrossEncoder.predict` applies them.
 
-`CrossEncoder(path)` reads `prompts` and `default_prompt_name` from
-config_sentence_transformers.json only where the package has modules.json and that file's
-`model_type` is "CrossEncoder"; any other package it builds afresh, with no prompts.
-`predict(pairs, prompt=..., prompt_name=...)` takes a raw prompt as given, else the named one,
-else the default's, and prepends it to the first text of each input: the query of a (query,
-document) pair, which the tokenizer then reads as the pair (prompt + query, document)
-(sentence_transformers.base.modality, `prepend_prompt_to_texts`). So a raw prompt applies to
-every cross-encoder, a name only to one whose package has it.
-
-A LogitScore reranker (logit_score.py) resolves its prompt the same way (`resolve`) and renders
-it through its chat template instead. A bi-encoder's rerank embeds the query and the documents
-apart: no pair prompt applies to it (`refuse_prompt`).
+Prompts are read only where `CrossEncoder(path)` reads them (modules.json and a
+config_sentence_transformers.json of `model_type` "CrossEncoder"). A raw prompt applies to any
+cross-encoder, a prompt name only to one that has it; the prompt goes before the first text of
+each pair. A bi-encoder's rerank takes no pair prompt (`refuse_prompt`).
 """
 
 from __future__ import annotations

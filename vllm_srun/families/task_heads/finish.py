@@ -4,11 +4,12 @@ is answered with that error in its own `error` field; its siblings are answered 
 from __future__ import annotations
 
 import base64
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vllm_srun.families.task_heads import heads, outputs
+from vllm_srun.families.task_heads.base import TaskHeadsBase
+from vllm_srun.families.task_heads.plan_state import PlannedInput, PlanState
 from vllm_srun.families.task_heads.spans import token_readout
 from vllm_srun.plugins.base import ItemError
 from vllm_srun.plugins.bodies import Representation, ResponseMeta, item_error_code, served_profile
@@ -25,9 +26,6 @@ from vllm_srun.plugins.surfaces import (
     SparseEmbedding,
     Usage,
 )
-
-if TYPE_CHECKING:
-    from vllm_srun.families.task_heads.model import PlannedInput, PlanState, TaskHeadsModel
 
 Rows = list[np.ndarray] | ItemError
 
@@ -48,7 +46,7 @@ def _tokens(inputs: list[PlannedInput]) -> int:
     return sum(p.split.info.processed_tokens for p in inputs)
 
 
-def _meta(model: TaskHeadsModel, state: PlanState) -> ResponseMeta | None:
+def _meta(model: TaskHeadsBase, state: PlanState) -> ResponseMeta | None:
     if not state.options.return_meta:
         return None
     info = model.info
@@ -83,7 +81,7 @@ def _windows(head: str, planned: PlannedInput, rows: list[np.ndarray], labels: i
     return out
 
 
-def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> ClassifyResponse:
+def classify(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> ClassifyResponse:
     head, options, labels = state.head, state.options, model.labels
     results: list[ClassifyResult] = []
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
@@ -136,7 +134,7 @@ def classify(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> C
 
 
 def _other_output(
-    model: TaskHeadsModel, state: PlanState, item: Embedding, planned: PlannedInput, rows: list[np.ndarray]
+    model: TaskHeadsBase, state: PlanState, item: Embedding, planned: PlannedInput, rows: list[np.ndarray]
 ) -> None:
     """A non-dense embedding (outputs.py) of one input read as one piece, in its own field."""
     kind = state.extra.get("output", outputs.DENSE)
@@ -145,10 +143,10 @@ def _other_output(
         indices, values = outputs.sparse(model.outputs, row, planned.enc.ids[planned.split.pieces[0]])
         item.sparse_embedding = SparseEmbedding(indices=indices, values=values)
     else:
-        item.token_embeddings = model.late_vectors(kind, planned, row).tolist()
+        item.token_embeddings = late_vectors(model, kind, planned, row).tolist()
 
 
-def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
+def embeddings(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
     if state.extra.get("output", outputs.DENSE) != outputs.DENSE:
         return _other_embeddings(model, state, all_rows)
     dimensions: int | None = state.extra.get("dimensions")
@@ -161,7 +159,7 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
         if isinstance(rows, ItemError):
             _fail(item, rows)
         else:
-            vectors = model.embedding_rows(state, planned, rows, normalize=normalize)
+            vectors = embedding_rows(model, state, planned, rows, normalize=normalize)
             vector = heads.pooled(vectors, normalize=normalize, dimensions=dimensions)
             dimension = int(vector.shape[0])
             # OpenAI's base64 format: the float32 little-endian bytes of the vector.
@@ -187,7 +185,7 @@ def embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) ->
     return response
 
 
-def _other_embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
+def _other_embeddings(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:
     data: list[Embedding] = []
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         item = Embedding(index=index, object="embedding", input=planned.split.info)
@@ -204,21 +202,21 @@ def _other_embeddings(model: TaskHeadsModel, state: PlanState, all_rows: list[Ro
 
 
 def rerank(
-    model: TaskHeadsModel, state: PlanState, all_rows: list[Rows], query: Rows | None
+    model: TaskHeadsBase, state: PlanState, all_rows: list[Rows], query: Rows | None
 ) -> RerankResponse:
     scored: list[tuple[float, RerankResult]] = []
     failed: list[RerankResult] = []
     query_vector = None
     late = state.extra.get("output") == outputs.MULTI_VECTOR
     query_vectors = (
-        model.late_vectors(outputs.MULTI_VECTOR, state.query, query[0])
+        late_vectors(model, outputs.MULTI_VECTOR, state.query, query[0])
         if late and isinstance(query, list) and state.query is not None
         else None
     )
     if isinstance(query, list) and not late:
         # Cosine of the embeddings, whatever the model's own normalisation.
         assert state.query is not None
-        vectors = model.embedding_rows(state, state.query, query)
+        vectors = embedding_rows(model, state, state.query, query)
         query_vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
     for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
         result = RerankResult(index=index, input=planned.split.info)
@@ -231,10 +229,10 @@ def rerank(
             continue
         assert isinstance(rows, list)
         if query_vectors is not None:
-            vectors = model.late_vectors(outputs.MULTI_VECTOR, planned, rows[0])
-            result.relevance_score = result.logit = outputs.maxsim(query_vectors, vectors)
+            document_vectors = late_vectors(model, outputs.MULTI_VECTOR, planned, rows[0])
+            result.relevance_score = result.logit = outputs.maxsim(query_vectors, document_vectors)
         elif query_vector is not None:
-            vectors = model.embedding_rows(state, planned, rows)
+            vectors = embedding_rows(model, state, planned, rows)
             vector = _unit(heads.pooled(vectors, normalize=True, dimensions=None))
             # A bi-encoder's logit is the score it ranks by: the cosine.
             result.relevance_score = result.logit = float(np.dot(query_vector, vector))
@@ -250,6 +248,29 @@ def rerank(
     tokens = _tokens(state.inputs + ([state.query] if state.query is not None else []))
     usage = Usage(input_tokens=tokens, output_tokens=0, prompt_tokens=tokens, total_tokens=tokens)
     return RerankResponse(model=model.info.name, results=ordered, usage=usage, meta=_meta(model, state))
+
+
+def embedding_rows(
+    model: TaskHeadsBase, state: PlanState, planned: PlannedInput, rows: list[np.ndarray], *, normalize: bool = True
+) -> list[np.ndarray]:
+    """One input's vectors, one per piece, as sentence-transformers' modules leave them:
+    pooled (here, from token states, when a prompt is left out of pooling), then Dense and
+    Normalize in the package's order."""
+    if state.output == "hidden":
+        rows = [
+            heads.pool_tokens(row, piece >= state.skip, model.pooling or "mean")
+            for row, piece in zip(rows, planned.split.pieces, strict=True)
+        ]
+    return [model.post_pooling(row, final_normalize=normalize) for row in rows]
+
+
+def late_vectors(model: TaskHeadsBase, kind: str, planned: PlannedInput, row: np.ndarray) -> np.ndarray:
+    """One input's multi-vector (or token) embedding from its one row: PyLate's for a
+    ColBERT package's query or document, else as outputs.multi_vectors reads it."""
+    if planned.role is not None and model.colbert is not None:
+        ids = planned.enc.ids[planned.split.pieces[0]].tolist()
+        return model.colbert.vectors(row, ids, planned.role)
+    return outputs.multi_vectors(model.outputs, kind, row)
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

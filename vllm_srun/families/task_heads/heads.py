@@ -1,16 +1,10 @@
 """Heads: what a model offers on each surface, and how raw engine outputs become answers.
 
-Engines return raw rows (logits, token logits, pooled vectors that are not normalised); the
-results are cached that way and every request-specific option (threshold, dimensions,
-top_n...) is applied here, in finish.
-
-Windows are combined per head:
-- sequence / scores: the per-label maximum of the logits across windows, then softmax or
-  sigmoid, so a label any window finds strongly wins and softmax probabilities still sum to 1;
-- relevance: the window with the highest relevance;
-- pooled: the mean of the window embeddings (each normalised first when the model normalises),
-  normalised again. It approximates, and does not equal, an embedding of the whole text;
-- token: the union of the windows' spans (see `spans.py`).
+Engines return raw rows (logits, token logits, unnormalised pooled vectors); they are cached
+that way and every request option (threshold, dimensions, top_n...) is applied in finish.
+Windows combine per head: sequence/scores take each label's maximum logit, relevance the best
+window, pooled the mean of the window vectors (an approximation of the whole text's), token
+the union of the windows' spans (spans.py).
 """
 
 from __future__ import annotations

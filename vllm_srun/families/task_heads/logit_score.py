@@ -1,26 +1,10 @@
-"""Causal-LM rerankers as sentence-transformers packages them: a CrossEncoder whose modules are a
-Transformer with `transformer_task` "text-generation" and a LogitScore module, the form
-Qwen3-Reranker serves in as shipped.
+"""Causal-LM rerankers as sentence-transformers packages them (CrossEncoder with a
+"text-generation" Transformer and a LogitScore module): the form Qwen3-Reranker ships in.
 
-sentence-transformers turns a (query, document) pair into one chat: a message of role "query"
-and one of role "document" (a prompt, when one applies, goes first as a "system" message),
-renders it with the package's chat template and tokenizes the text with no special tokens
-added; the score is logit[true_token_id] - logit[false_token_id] (or logit[true_token_id]) of
-the last token, which the engine reads as a one-label head (engines/native/heads.py,
-LogitScoreHead). This module does the same formatting from the package's files:
-
-- modules.json, `1_LogitScore/config.json` (the token ids), sentence_bert_config.json (the
-  task, the message format, `processing_kwargs`), config_sentence_transformers.json (prompts);
-- the template from chat_template.jinja, else tokenizer_config.json's `chat_template`, and the
-  named special tokens there (templates read `eos_token` and the like), rendered in jinja2's
-  immutable sandbox with the helpers Transformers gives a template (`raise_exception`,
-  `tojson`, `namespace`, `dict`). Nothing else of the package runs. A template that reads the
-  clock (`strftime_now`) is refused: its text, and so the score, would change by the day;
-
-- over-long pairs are cut as sentence-transformers cuts them: the rendered tokens to the
-  budget, then the template's tail (the tokens after the document, found as it finds them:
-  the common end of two renders with different contents) written back over the last kept
-  tokens. Here those tail positions are marked as special tokens, which truncation keeps.
+Each (query, document) pair is rendered through the package's chat template (jinja2's
+immutable sandbox; a template that reads the clock is refused) and tokenized with no special
+tokens added; the engine scores the last token as a one-label head. Over-long pairs are cut as
+sentence-transformers cuts them, keeping the template's tail.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Output kinds of the embeddings surface (`options.output`) and how raw rows become them.
 
-- `dense`: one pooled vector (sentence-transformers' modules; see model.py and finish.py).
-- `sparse`: `{indices, values}` over the vocabulary. A SPLADE package (a *ForMaskedLM
-  checkpoint) has the engine's "splade" rows, already max-pooled; bge-m3 has its "lexical"
-  per-token weights, and here, as FlagEmbedding's BGEM3 does, each token id keeps the maximum
-  weight of its occurrences, with the cls, eos, pad and unk ids and zero weights left out.
-- `multi_vector`: one vector per token for late interaction. With bge-m3's `colbert_linear.pt`
-  the engine's "colbert" rows without the first (cls) token, each L2-normalised, as BGEM3
-  does; with a PyLate ColBERT package's Dense modules, the query's or the document's vectors
-  as PyLate keeps them (colbert.py: its only kind besides `tokens`); without a projection,
-  every token's last hidden state.
-- `tokens`: every token's last hidden state as the model leaves it (TEI's /embed_all).
-
-The engine output each kind needs is part of the work item's cache key (`task_heads/<output>`),
-so kinds never share an entry unless they are the same numbers ("hidden"). A model with an engine
-serves only the kinds whose engine output that engine gives (`on_engine`: an ONNX graph without
-masked-LM logits gives no SPLADE); an app replica, which has none, serves the package's kinds.
+`dense` (one pooled vector), `sparse` ({indices, values}: SPLADE rows or bge-m3's lexical
+weights), `multi_vector` (per-token vectors: bge-m3's ColBERT, PyLate's, or hidden states) and
+`tokens` (every token's last hidden state). Each kind's engine output is part of the cache key
+(`task_heads/<output>`). A model with an engine serves only the kinds that engine gives
+(`on_engine`); an app replica serves the package's kinds.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """What a sentence-transformers package says, read the way `SentenceTransformer` reads it.
 
-- `sentence_bert_config.json`: `max_seq_length` is the model's token limit (sentence-transformers
-  truncates there, whatever the checkpoint's positions allow) and `do_lower_case` lowercases
-  the text before tokenising (sentence-transformers prepends a Lowercase normaliser).
-- `config_sentence_transformers.json`: `prompts` by name, `default_prompt_name` (used when a
-  request names none), `similarity_fn_name` (cosine when unstated).
-- `modules.json`, in order: the Transformer, one Pooling (its mode and `include_prompt`), then
-  any Dense (a linear layer and an activation, from `<path>/config.json` and its safetensors)
-  and Normalize modules. The modules after pooling run here, in numpy, on the pooled vector the
-  engine returns, so the cache holds the pooled vector and the modules cost nothing on a hit.
-
-Only files are read here, never code: an activation is one of a few named torch classes.
+`sentence_bert_config.json` (the token limit, lowercasing), `config_sentence_transformers.json`
+(prompts, the default prompt, the similarity function) and `modules.json` (Transformer, Pooling,
+then Dense and Normalize). The modules after pooling run here in numpy on the pooled vector, so
+the cache holds the pooled vector. Only files are read, never code: an activation is one of a
+few named torch classes.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Token classification: per-token logits to labelled spans of the input text.
 
-Labels are read per *word* (the tokenizer's word ids): a word takes the label of its first
-token, the convention token classifiers are trained with, so a span never ends inside a word.
-Tags may be BIO/BIOES (`B-PER`, `I-PER`, `E-PER`, `S-PER`, `O`) or plain (`PER`, `O`); plain
-tags join consecutive words with the same tag.
-
-Offsets are code points into the input text (what `tokenizers` reports on a Python str), end
-exclusive, with surrounding whitespace trimmed (byte-level and SentencePiece tokens carry the
-space before a word). A span's probability is the mean, over its words, of each word's first-token
-probability. With windows, spans are found per window and then united: spans of one label
-that overlap are merged into one covering both, keeping the higher probability.
+A word takes the label of its first token, so a span never ends inside a word; tags may be
+BIO/BIOES or plain. Offsets are code points into the input text, end exclusive, whitespace
+trimmed. A span's probability is the mean of its words' first-token probabilities. With
+windows, overlapping spans of one label are merged, keeping the higher probability.
 """
 
 from __future__ import annotations

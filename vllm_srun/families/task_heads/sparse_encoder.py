@@ -1,15 +1,10 @@
-"""sentence-transformers SparseEncoder packages: SPLADE as naver/splade-v3, naver/splade_v2_max
-or rasyosef/splade-* ship it, read the way `SparseEncoder` reads it.
+"""sentence-transformers SparseEncoder packages (SPLADE, as naver/splade-v3 ships it), read the
+way `SparseEncoder` reads them.
 
-`modules.json` holds two modules: the masked-LM transformer (`MLMTransformer`, or a
-`Transformer` whose `sentence_bert_config.json` says `transformer_task: "fill-mask"`) and
-`SpladePooling`, whose config must say `pooling_strategy: "max"` and `activation_function:
-"relu"` (SPLADE v2 and later: per vocabulary id, the maximum over tokens of
-log(1 + relu(logit)), what the engine's masked-LM output head computes); another setting is
-refused, naming it. `sentence_bert_config.json`'s `max_seq_length` is the model's token limit
-and `do_lower_case` lowercases texts, as for a dense sentence-transformers package; a
-`default_prompt_name` in `config_sentence_transformers.json` is refused (texts are encoded as
-given, never with a prompt the request did not see).
+modules.json must hold the masked-LM transformer and a `SpladePooling` with max pooling and relu
+(what the engine's masked-LM output head computes); another setting is refused, naming it.
+`max_seq_length` and `do_lower_case` apply as for a dense package; a `default_prompt_name` is
+refused (texts are encoded as given).
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """Long inputs: reject, truncate or window. Nothing is cut without the result saying so.
 
-An input is split into *pieces*, each an array of positions into its `Encoded`, so every
-piece keeps its special tokens and every token keeps its offsets into the original text:
-
-- `reject`: an input over the limit gets the item error `max_length_exceeded`; its siblings
-  are answered. It is what a request that names no policy gets, except on embeddings, where
-  the model refuses the whole request instead (OpenAI's contract; see `model.py`).
-- `truncate`: tokens are dropped from the end of the text (from its start with
-  `truncation_direction` "left"); for a pair, from the longer of the two texts first
-  (Transformers' "longest_first"). Special tokens always stay.
-- `window`: the text (for a pair, the second text: the document of a rerank) is cut into
-  windows of `window.tokens` tokens per forward, special tokens and the first text included,
-  consecutive windows sharing `window.overlap` tokens of the windowed text. Without window
-  options a window is as long as the per-input budget (`options.max_tokens`, else the model's
-  limit) and windows share an eighth of that. An input that needs more than `MAX_WINDOWS`
-  windows is past its scan budget: it answers `scan_budget_exceeded`, nothing of it read.
-
-Before any of that, an input's characters are bounded (`bound_chars`), so that a text a
-client sends is never tokenized whole just to learn it is too long: tokenizing costs memory
-and time in proportion to the text, whatever the policy does with the tokens afterwards. Under `reject` an input past the bound is tokenized only
-up to it and answered `max_length_exceeded` as any overlong input is (its `tokens` a lower
-bound, `tokens_lower_bound` true); under `truncate` and `window`, whose bound is far larger,
-the request is refused (413) naming the field.
-
-How window results are combined is the head's business (see `heads.py` and `spans.py`).
+An input is split into pieces (positions into its `Encoded`), each keeping its special tokens.
+`reject`: an over-long input gets `max_length_exceeded`, its siblings are answered. `truncate`:
+tokens are dropped from the end (or start), longest text first for a pair. `window`: the
+(second) text is cut into overlapping windows; past `MAX_WINDOWS` it answers
+`scan_budget_exceeded`. Characters are bounded before tokenizing (`bound_chars`).
 """
 
 from __future__ import annotations

@@ -1,0 +1,211 @@
+"""`vllm-srun serve`: the HTTP server, with its own Redis and device worker unless --redis.
+
+Exit 0 on SIGTERM, 130 on SIGINT, 2 on a configuration error (a --config check included);
+the embedded Redis and the --uds socket are gone once it has exited.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from vllm_srun import defaults
+from vllm_srun.cli.lifecycle import GRACEFUL_STOP_S, listening, stopped, stopping_server
+from vllm_srun.cli.managed import file_mode, remove_socket
+from vllm_srun.cli.options import (
+    NON_NEGATIVE,
+    PORT,
+    POSITIVE,
+    SECONDS,
+    Given,
+    add_connection_options,
+    add_model_options,
+    add_redis_roles,
+    connection_limits,
+    redis_url,
+    setting,
+)
+from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV
+from vllm_srun.cli.startup import check_redis, shared_settings
+
+
+def add_parsers(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run the HTTP server (with its own Redis and worker unless --redis)")
+    add_model_options(serve)
+    add = serve.add_argument
+    add("--redis", type=redis_url, default=None, help="Redis URL; makes this process an app replica only")
+    add_redis_roles(serve)
+    from_defaults = partial(setting, serve)
+    from_defaults("--host", str, f"address to bind (default {defaults.HOST})")
+    from_defaults("--port", PORT, "port to bind (with --uds, only when given)", action=Given)
+    add(
+        "--uds",
+        type=Path,
+        default=None,
+        help="serve HTTP on this unix socket too (alone unless --port is given)",
+    )
+    add(
+        "--uds-mode",
+        type=file_mode,
+        default=None,
+        help="the socket's permissions in octal (default 600: its owner only)",
+    )
+    from_defaults("--max-request-bytes", POSITIVE, "largest request body")
+    from_defaults("--max-inputs", POSITIVE, "most inputs in one request")
+    from_defaults("--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
+    from_defaults(
+        "--max-concurrent-requests",
+        POSITIVE,
+        "surface requests served at once by this replica; past it, 429 with Retry-After (TEI's flag)",
+    )
+    from_defaults(
+        "--local-cache-mb",
+        NON_NEGATIVE,
+        "recent results kept in this process in front of the Redis cache (0: none)",
+    )
+    from_defaults("--max-queued-items", POSITIVE, "bound on queued items per model")
+    from_defaults("--max-queued-tokens", POSITIVE, "bound on queued tokens per model")
+    from_defaults("--request-timeout-s", SECONDS, "longest wait for a result")
+    from_defaults("--max-job-requests", POSITIVE, "most requests in one bulk job")
+    from_defaults("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
+    add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
+    add(
+        "--api-key-file",
+        type=Path,
+        default=os.environ.get(API_KEY_FILE_ENV),
+        help=f"take every key in this file, one per line, each a caller of its own (or ${API_KEY_FILE_ENV})",
+    )
+    add(
+        "--shared-cache",
+        action="store_true",
+        help="with several API keys, share cached results between them (default: each key's apart)",
+    )
+    from_defaults(
+        "--max-event-streams", POSITIVE, "job event streams open at once on this replica (429 past it)"
+    )
+    from_defaults("--max-event-streams-per-caller", POSITIVE, "job event streams one caller may hold open")
+    from_defaults("--event-stream-connections", POSITIVE, "Redis connections the event streams share")
+    from_defaults("--event-batch-bytes", POSITIVE, "bytes of results one read of an event stream holds")
+    add_connection_options(serve)
+    add(
+        "--allowed-hosts",
+        default=None,
+        help="Host names served, comma-separated; * for any (default: with no API key, the bind "
+        "address and localhost)",
+    )
+    add("--max-queued-job-items", type=POSITIVE, default=None, help="items of all jobs not yet run, at most")
+    add("--max-job-result-bytes", type=POSITIVE, default=None, help="result bytes one job may store")
+    add("--max-stored-result-bytes", type=POSITIVE, default=None, help="result bytes all jobs may store")
+    add(
+        "--auto-truncate",
+        action="store_true",
+        help="truncate over-long inputs of requests that set no options.overflow (TEI's flag)",
+    )
+
+
+def _bulk_quotas(args: argparse.Namespace) -> Any:
+    """What bulk jobs may hold in the state Redis; an option not given keeps BulkQuotas' default."""
+    from vllm_srun.queue.jobs import BulkQuotas
+
+    given = {
+        "max_queued_items": args.max_queued_job_items,
+        "max_job_result_bytes": args.max_job_result_bytes,
+        "max_stored_result_bytes": args.max_stored_result_bytes,
+    }
+    return BulkQuotas(**{k: v for k, v in given.items() if v is not None})
+
+
+def _server_settings(args: argparse.Namespace, shared: dict[str, Any], **given: Any) -> Any:
+    """The app's ServerSettings: `shared` (as the worker's), this command's options, `given`."""
+    from vllm_srun.app.settings import ServerSettings
+    from vllm_srun.app.tenants import read_key_file
+
+    return ServerSettings(
+        **shared,
+        **given,
+        max_request_bytes=args.max_request_bytes,
+        max_inputs=args.max_inputs,
+        max_bundle_tasks=args.max_bundle_tasks,
+        max_concurrent_requests=args.max_concurrent_requests,
+        local_cache_mb=args.local_cache_mb,
+        max_queued_items=args.max_queued_items,
+        max_queued_tokens=args.max_queued_tokens,
+        request_timeout_s=args.request_timeout_s,
+        api_key=args.api_key,
+        api_keys=tuple(read_key_file(args.api_key_file)) if args.api_key_file else (),
+        shared_cache=args.shared_cache,
+        max_event_streams=args.max_event_streams,
+        max_event_streams_per_caller=args.max_event_streams_per_caller,
+        event_stream_connections=args.event_stream_connections,
+        event_batch_bytes=args.event_batch_bytes,
+        max_job_requests=args.max_job_requests,
+        max_job_bytes=args.max_job_bytes,
+        bulk_quotas=_bulk_quotas(args),
+        auto_truncate=args.auto_truncate,
+        cache_redis_url=args.cache_redis,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vllm_srun.app.guard import BrowserGuard, default_hosts, parse_hosts
+    from vllm_srun.app.main import create_app, stop_serving
+    from vllm_srun.cli.embedded_redis import EmbeddedRedis
+    from vllm_srun.errors import ConfigError
+
+    shared = shared_settings(args)
+    stopped_by: list[str] = []
+
+    def stop_on(message: str) -> None:
+        # A loaded model that fails a --config check stops the start, as a bad flag does.
+        stopped_by.append(message)
+        server.should_exit = True
+
+    embedded_redis = EmbeddedRedis() if args.redis is None else None
+    url = embedded_redis.start() if embedded_redis else args.redis
+    try:
+        if embedded_redis is None:
+            check_redis(url, strict=args.strict_redis)
+        if args.cache_redis:
+            check_redis(args.cache_redis, flag="--cache-redis")
+        settings = _server_settings(
+            args, shared, redis_url=url, embedded=embedded_redis is not None, on_config_error=stop_on
+        )
+        app = create_app(settings)
+        hosts = default_hosts(args.host, api_key=args.api_key or next(iter(settings.api_keys), None))
+        if args.allowed_hosts is not None:
+            hosts = parse_hosts(args.allowed_hosts)
+        config = uvicorn.Config(
+            BrowserGuard(app, allowed_hosts=hosts),
+            host=args.host,
+            port=args.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
+            **connection_limits(args).uvicorn_options(),
+        )
+        sockets = listening(args)
+        # uvicorn shuts down on SIGTERM or SIGINT, then raises the signal again under the handler
+        # found at start. The default SIGTERM one would end the process before Redis is stopped;
+        # the default SIGINT one is asyncio's, which cancels a task, and a cancellation caught on
+        # the way out left the process exiting 0 instead of 130.
+        signal.signal(signal.SIGTERM, partial(stopped, embedded_redis, args.uds, 0))
+        signal.signal(signal.SIGINT, partial(stopped, embedded_redis, args.uds, 130))
+        server = stopping_server(config, partial(stop_serving, app))
+        server.run(sockets=sockets)
+        if stopped_by:
+            raise ConfigError(stopped_by[0])
+        return 0
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
+        return 130
+    finally:
+        if embedded_redis is not None:
+            embedded_redis.stop()
+        if args.uds is not None:
+            remove_socket(args.uds)
