@@ -55,12 +55,13 @@ def test_quickstart_as_written(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    port = re.search(r"--port (\d+)", serve).group(1)  # the README's own port
     try:
         deadline = time.monotonic() + 60
         while True:
             assert server.poll() is None, (tmp_path / "serve.log").read_text()
             try:
-                if httpx.get("http://127.0.0.1:8100/health", timeout=1).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
