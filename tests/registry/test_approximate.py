@@ -32,7 +32,7 @@ def _lacks(dtype: str) -> str | None:
 
 
 # The twin check runs the model in the reduced precision: where this CPU lacks the instructions,
-# torch emulates it, minutes per check on a 2-core AVX2 machine, and the server refuses it.
+# torch emulates it, far slower than float32, and the server refuses it.
 needs_int8 = pytest.mark.skipif(bool(_lacks("int8")), reason=f"int8 refused here: {_lacks('int8')}")
 needs_bfloat16 = pytest.mark.skipif(
     bool(_lacks("bfloat16")), reason=f"bfloat16 refused here: {_lacks('bfloat16')}"
