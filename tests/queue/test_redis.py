@@ -38,6 +38,25 @@ def test_a_transport_closed_under_a_command_is_a_lost_connection() -> None:
     assert not lost_connection(ValueError("handler is closed"))
 
 
+async def test_a_stream_closed_under_a_command_inside_redis_py_is_a_lost_connection() -> None:
+    """redis-py's cluster client closes every connection of a node it gave up on, those another
+    task is using too: that task's command meets a stream that is None, an AttributeError raised
+    in redis-py's connection module. That counts as Redis lost; the same error from elsewhere
+    is a bug."""
+    from redis.asyncio.connection import Connection
+
+    from vllm_srun.queue.redis import lost_connection
+
+    closed = Connection(host="127.0.0.1", port=1)  # never connected: its stream is None
+    with pytest.raises(AttributeError) as raised:
+        await closed._send_packed_command([b"*1\r\n$4\r\nPING\r\n"])
+    assert lost_connection(raised.value)
+    try:
+        None.writelines([])  # type: ignore[attr-defined]
+    except AttributeError as ours:
+        assert not lost_connection(ours)
+
+
 async def test_a_chunk_whose_redis_closed_under_it_runs_again() -> None:
     """A worker's job that fails on a transport closed under it is run again once Redis is back,
     not finished as failed (which left a bulk job's lines of that chunk unstored for good)."""
@@ -50,7 +69,9 @@ async def test_a_chunk_whose_redis_closed_under_it_runs_again() -> None:
     async def attempt() -> int:
         calls.append(1)
         if len(calls) == 1:
-            raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+            raise RuntimeError(
+                "unable to perform operation on <TCPTransport closed=True>; the handler is closed"
+            )
         return 7
 
     worker = SimpleNamespace(_closing=False)

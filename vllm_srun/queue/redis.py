@@ -12,11 +12,13 @@ import itertools
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import redis as sync_redis
 from arq.connections import ArqRedis, RedisSettings
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
+from redis.asyncio import connection as redis_connection
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.asyncio.connection import parse_url
@@ -45,13 +47,34 @@ REDIS_ERRORS = (
 
 
 def lost_connection(exc: BaseException) -> bool:
-    """Whether `exc` is Redis lost under a command: one of REDIS_ERRORS, or the RuntimeError
-    uvloop raises when redis-py writes to a transport that closed under it ("the handler is
-    closed"), which redis-py passes on as it is. Seen when a cluster's master is killed mid-job:
-    a chunk that failed on it was finished as failed, and its lines never stored."""
+    """Whether `exc` is Redis lost under a command: one of REDIS_ERRORS; the RuntimeError uvloop
+    raises when redis-py writes to a transport that closed under it ("the handler is closed");
+    or the AttributeError redis-py raises inside its connection module when its cluster client
+    closed every connection of a failed node, those in use by other tasks too (their stream is
+    None mid-command). Both are passed on as they are; both were seen when a cluster's master
+    was killed mid-job, and each, taken for a bug, finished a chunk as failed and left its
+    lines unstored."""
     if isinstance(exc, REDIS_ERRORS):
         return True
-    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+    if isinstance(exc, RuntimeError):
+        return "handler is closed" in str(exc)
+    return (
+        isinstance(exc, AttributeError) and "'NoneType'" in str(exc) and _raised_in(exc, _CONNECTION_MODULE)
+    )
+
+
+# redis-py's asyncio connection module, where a stream closed under a command is met.
+_CONNECTION_MODULE = Path(redis_connection.__file__).resolve()
+
+
+def _raised_in(exc: BaseException, module: Path) -> bool:
+    """Whether the innermost frame of `exc`'s traceback is in `module`."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return Path(tb.tb_frame.f_code.co_filename).resolve() == module
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -94,7 +117,9 @@ def cluster_nodes(url: str) -> list[tuple[str, int]]:
         if url in _SINGLE:
             return []
         try:
-            client = sync_redis.Redis.from_url(url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S)
+            client = sync_redis.Redis.from_url(
+                url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
+            )
             with client:
                 if not int(cast(dict[str, Any], client.info("cluster")).get("cluster_enabled", 0)):
                     _SINGLE.add(url)

@@ -174,3 +174,69 @@ async def test_a_job_that_sends_its_own_finish_is_acknowledged_with_its_writes(r
         arq.constants.retry_key_prefix,
     ):
         assert not await redis.exists(prefix + job_id), prefix
+
+
+class _FlakyFinish(DrivenWorker):
+    """A worker whose first `failures` finishes meet `error` (a failed-over master's), as the
+    cluster client raised them mid-finish."""
+
+    def __init__(self, *args: Any, failures: int, error: Exception, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+        self.error = error
+        self.finishes = 0
+
+    async def finish_job(self, job_id: str, finish: bool, *args: Any) -> None:
+        self.finishes += 1
+        if self.finishes <= self.failures:
+            raise self.error
+        await super().finish_job(job_id, finish, *args)
+
+
+def _flaky(redis: ArqRedis, failures: int, error: Exception) -> _FlakyFinish:
+    return _FlakyFinish(
+        functions=[func(_echo, name="echo")],
+        queue_name=QUEUE,
+        redis_pool=redis,
+        handle_signals=False,
+        keep_result=0,
+        job_serializer=protocol.serialize,
+        job_deserializer=protocol.deserialize,
+        failures=failures,
+        error=error,
+    )
+
+
+async def test_a_finish_that_meets_a_lost_redis_lands_once_it_is_back(redis: ArqRedis) -> None:
+    """Until its finish lands the job is held (its lease renewed), so Redis never keeps a job
+    claimed with no lease: no worker would put that one back until its in-progress key expired."""
+    worker = _flaky(redis, 2, ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused."))
+    async with redis.pipeline(transaction=True) as pipe:
+        job_id = add_job(pipe, queue=QUEUE, function="echo", payload=b"x", expires_s=60)
+        await pipe.execute()
+    await worker.poll()
+    for _ in range(100):
+        if worker.finishes:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.held() == [job_id], "a job whose finish waits for Redis must keep its lease"
+    assert worker.released() == []
+    await asyncio.gather(*worker.running())
+    assert worker.finishes == 3 and worker.released() == [job_id]
+    assert await redis.zscore(QUEUE, job_id) is None
+    assert not await redis.exists(arq.constants.in_progress_key_prefix + job_id)
+
+
+async def test_a_job_whose_end_never_reached_redis_is_put_back_when_its_lease_lapses(redis: ArqRedis) -> None:
+    worker = _flaky(redis, 1, ValueError("a bug in finishing"))
+    async with redis.pipeline(transaction=True) as pipe:
+        job_id = add_job(pipe, queue=QUEUE, function="echo", payload=b"x", expires_s=60)
+        await pipe.execute()
+    await worker.poll()
+    ended = await asyncio.gather(*worker.running(), return_exceptions=True)
+    assert [type(e) for e in ended] == [ValueError]
+    assert worker.released() == [], "its lease was dropped: the job would stay claimed with no lease"
+    assert await redis.zscore(worker.lease_key, job_id) is not None
+    back = await arq_worker.requeue_lapsed(redis, queue=QUEUE, wake_channel="", now_ms=2**50)
+    assert back == [job_id.encode()]
+    assert not await redis.exists(arq.constants.in_progress_key_prefix + job_id)

@@ -22,7 +22,7 @@ from redis.asyncio.client import Pipeline
 
 from vllm_srun import defaults
 from vllm_srun.queue import keys, scripts
-from vllm_srun.queue.redis import pipeline, publish, run_script
+from vllm_srun.queue.redis import lost_connection, pipeline, publish, run_script
 
 log = logging.getLogger("arq.worker")  # where arq's own run_job reports a job that fails
 
@@ -123,6 +123,9 @@ class Finish:
 
 # The key of a job's `Finish` in the ctx its function is called with.
 FINISH = "finish"
+# A job's finish that met a lost Redis is sent again after this, doubling up to the maximum.
+FINISH_RETRY_S = 0.1
+FINISH_RETRY_MAX_S = 2.0
 # The key of the request ids withdrawn from a job before it was claimed, in the same ctx.
 WITHDRAWN = "withdrawn"
 
@@ -246,8 +249,22 @@ class DrivenWorker(Worker):
         else:
             if finish.sent:
                 return None
-        await asyncio.shield(self.finish_job(job_id, done, None, None, False, None, None))
+        await asyncio.shield(self._finish(job_id, done))
         return None
+
+    async def _finish(self, job_id: str, done: bool) -> None:
+        """`finish_job`, tried again while Redis is lost (a failover): until it lands the job is
+        still held, its lease renewed, so a job never stays claimed in Redis with no lease."""
+        delay_s = FINISH_RETRY_S
+        while True:
+            try:
+                return await self.finish_job(job_id, done, None, None, False, None, None)
+            except Exception as exc:
+                if not lost_connection(exc):
+                    raise
+                log.warning("job %s: finishing waits for Redis: %r", job_id, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, FINISH_RETRY_MAX_S)
 
     async def finish_job(
         self,
@@ -276,7 +293,9 @@ class DrivenWorker(Worker):
         """arq's finish_failed_job without its `arq:abort` set and kept result (see finish_job)."""
         await self.finish_job(job_id, True, None, None, False, None, None)
 
-    def _done(self, job_id: str, _: asyncio.Task[Any]) -> None:
+    def _done(self, job_id: str, task: asyncio.Task[Any]) -> None:
         self._release_sem_dec_counter_on_complete()
         self.crashes.pop(job_id, None)
-        self._finished.append(job_id)
+        if task.cancelled() or task.exception() is None:
+            self._finished.append(job_id)
+        # Else its end never reached Redis: its lease is left to lapse, and the job to be put back.
