@@ -1,4 +1,6 @@
-// Starts Redoc on the site's copy of the OpenAPI document (docs/openapi.json), with the Redoc the
-// server vendors (vllm_srun/app/static/redoc): the page loads nothing from another host.
+// Starts Redoc on the copy of the OpenAPI document the page carries (docs/hooks/openapi.py embeds
+// docs/openapi.json), with the Redoc the server vendors (vllm_srun/app/static/redoc): the page
+// loads nothing from another host and fetches nothing, so it renders from file:// too.
 var container = document.getElementById("redoc-container");
-Redoc.init(container.dataset.spec, {}, container);
+var spec = JSON.parse(document.getElementById("openapi-document").textContent);
+Redoc.init(spec, { sideNavStyle: "path-only" }, container);
