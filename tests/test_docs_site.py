@@ -116,7 +116,7 @@ def test_the_openapi_reference_is_the_vendored_redoc_on_the_embedded_document(si
     page = (site / "api" / "reference.html").read_text()
     scripts = [s for s in LOADS.findall(page) if "redoc" in s or "openapi" in s]
     assert scripts == ["../assets/redoc/redoc.standalone.js", "../assets/openapi-site.js"]
-    vendored = REPO / "vllm_srun" / "app" / "static" / "redoc" / "redoc.standalone.js"
+    vendored = REPO / "vllm_srun" / "app" / "vendored" / "redoc" / "redoc.standalone.js"
     assert (site / "assets" / "redoc" / "redoc.standalone.js").read_bytes() == vendored.read_bytes()
     # The document is in the page (a browser fetches no file from file://), and still beside it.
     block = re.search(r'<script type="application/json" id="openapi-document">(.*?)</script>', page, re.S)

@@ -1,7 +1,8 @@
 """Issue 22, L3: the documentation pages render with no network. Their scripts and styles come
-from the package (vllm_srun/app/static), under a content-security policy that allows this
+from the package (vllm_srun/app/vendored), under a content-security policy that allows this
 server's origin alone; a real headless Chromium, with its background networking off and no
-internet on the machine, renders the operations of the document."""
+internet on the machine, renders the operations of the document. /docs (the reference) and
+/docs/swagger (to try a request) link each other, and list each route once, under its tag."""
 
 from __future__ import annotations
 
@@ -32,11 +33,19 @@ def test_pages_load_nothing_from_another_origin(server: Server, page: str) -> No
     assert answer.status_code == 200
     assert answer.headers["content-security-policy"] == CSP
     assert "script-src 'self'" in CSP and "unsafe-inline" not in CSP.split("script-src")[1].split(";")[0]
-    sources = re.findall(r'(?:src|href)="([^"]+)"', answer.text)
+    sources = re.findall(r'<(?:script|link)\b[^>]*?(?:src|href)="([^"]+)"', answer.text)
     assert sources and all(s.startswith("/docs/static/") for s in sources), sources
     assert "<script>" not in answer.text  # no inline script: the policy would refuse it
-    for source in sources:
+    links = re.findall(r'<a href="([^"]+)"', answer.text)
+    assert links and all(link.startswith("/") for link in links), links
+    for source in sources + links:
         assert server.get(source).status_code == 200, source
+
+
+def test_the_reference_and_swagger_ui_link_each_other(server: Server) -> None:
+    assert '<a href="/docs/swagger">' in server.get("/docs").text
+    assert '<a href="/docs/swagger">' in server.get("/docs/redoc").text
+    assert '<a href="/docs">' in server.get("/docs/swagger").text
 
 
 def test_pages_without_a_pinned_build_are_not_served(server: Server) -> None:
@@ -67,11 +76,18 @@ def render(url: str, profile: Path) -> str:
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
 def test_a_browser_renders_the_operations(server: Server, tmp_path: Path) -> None:
     document = httpx.get(server.url + "/openapi.json", timeout=30).json()
-    operation_ids = [op["operationId"] for item in document["paths"].values() for op in item.values()]
-    assert len(operation_ids) > 10
-    swagger = render(server.url + "/docs/swagger", tmp_path / "swagger")
-    shown = set(re.findall(r'id="operations-(?!tag-)[^"-]+-([^"]+)"', swagger))
-    assert shown == set(operation_ids), set(operation_ids) ^ shown
+    operations = [(m, p, op) for p, item in document["paths"].items() for m, op in item.items()]
+    tag_of = {op["operationId"]: op["tags"][0] for _, _, op in operations}
+    assert len(tag_of) == len(operations) > 10
+    # Deep-linked to one operation, which Swagger UI opens ready to send (an Execute button).
+    swagger = render(server.url + "/docs/swagger#/Surfaces/V1ClassifyClassify", tmp_path / "swagger")
+    shown = re.findall(r'id="operations-(?!tag-)([^"-]+)-([^"]+)"', swagger)
+    assert sorted(shown) == sorted((tag.replace(" ", "_"), op) for op, tag in tag_of.items())
+    assert swagger.count('class="btn execute') == 1
+    # Redoc's sidebar: each operation once, under its tag, named by its method and path.
     redoc = render(server.url + "/docs", tmp_path / "redoc")
-    shown = set(re.findall(r'operation/([A-Za-z0-9_]+)"', redoc))
-    assert shown == set(operation_ids), set(operation_ids) ^ shown
+    items = re.findall(r'data-item-id="tag/([^/"]+)/operation/([^"]+)"[^>]*aria-label="([^"]+)"', redoc)
+    assert sorted((op, tag) for tag, op, _ in items) == sorted(
+        (op, t.replace(" ", "-")) for op, t in tag_of.items()
+    )
+    assert sorted(label for _, _, label in items) == sorted(p for _, p, _ in operations)

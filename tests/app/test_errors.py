@@ -10,6 +10,8 @@ import httpx
 import pytest
 from helpers import RedisProcess, Server, write_keywords
 
+import vllm_srun
+
 
 @pytest.fixture(scope="module")
 def server(module_server: Callable[..., Server], tmp_path_factory: pytest.TempPathFactory) -> Server:
@@ -159,6 +161,12 @@ def test_item_error_in_place_never_fails_siblings(server: Server) -> None:
 def test_401_api_key(start_server: Callable[..., Server], keywords: Path) -> None:
     server = start_server(str(keywords), "--api-key", "s3cret")
     assert server.get("/health").status_code == 200
+    # GET / is open like /health, and tells the version only to a caller with a key.
+    index = server.get("/")
+    assert index.status_code == 200 and index.json()["version"] is None
+    assert index.json()["links"]["docs"] == "/docs"
+    keyed = server.get("/", headers={"authorization": "Bearer s3cret"}).json()
+    assert keyed["version"] == vllm_srun.__version__
     assert error_of(server.get("/v1/models"), 401)["code"] == "unauthorized"
     assert error_of(server.post("/v1/classify", {"input": "x"}), 401)["code"] == "unauthorized"
     assert server.get("/v1/models", headers={"authorization": "Bearer s3cret"}).status_code == 200
@@ -172,6 +180,9 @@ def test_503_not_ready_without_a_worker(
     health = server.get("/health")
     assert health.status_code == 503 and health.json()["states"] == {"keywords": "no_worker"}
     assert health.json()["models"]["keywords"]["status"] == "degraded"
+    # GET / (TEI's Inference API health route too) has /health's status.
+    index = server.get("/")
+    assert index.status_code == 503 and index.json()["status"] == "degraded"
     assert error_of(server.post("/v1/classify", {"input": "refund"}), 503)["code"] == "not_ready"
 
 

@@ -105,3 +105,51 @@ def test_document_states_what_the_routes_check_themselves() -> None:
     assert {"minLength": 1, "type": "string"} in embed and any(s.get("minItems") == 1 for s in embed)
     events = doc["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
     assert list(events) == ["text/event-stream"]
+
+
+def test_every_operation_is_listed_once_under_its_tag() -> None:
+    """The reference groups operations by tag: ours by what they serve, a peer's compatibility
+    routes under the peer's name, each operation under one tag, in the document's tag order."""
+    import json
+
+    import pytest
+    from litestar import get
+
+    from vllm_srun.app import docs
+    from vllm_srun.app.routes import TAGS, tag_of
+
+    doc = json.loads(document_text())
+    assert [tag["name"] for tag in doc["tags"]] == list(TAGS)
+    assert all(tag["description"] for tag in doc["tags"])
+    tags = {(method, path): op["tags"] for path, item in doc["paths"].items() for method, op in item.items()}
+    assert all(len(listed) == 1 and listed[0] in TAGS for listed in tags.values()), tags
+    assert set(TAGS) == {listed[0] for listed in tags.values()}, "a tag with no operation"
+    expected = {
+        ("post", "/classify"): "vLLM",
+        ("post", "/vllm/classify"): "vLLM",
+        ("get", "/vllm/models"): "vLLM",
+        ("get", "/vllm/v1/models/{model_id}"): "vLLM",
+        ("post", "/v1/score"): "vLLM",
+        ("post", "/rerank"): "TEI",
+        ("post", "/"): "TEI",
+        ("get", "/ping"): "TEI",
+        ("post", "/infinity/rerank"): "Infinity",
+        ("post", "/v2/embed"): "Cohere",
+        ("post", "/embeddings"): "OpenAI",
+        ("post", "/v1/embeddings"): "Surfaces",
+        ("get", "/v1/models"): "Models",
+        ("post", "/v1/jobs"): "Bulk jobs",
+        ("get", "/"): "Service",
+        ("get", "/health"): "Service",
+    }
+    assert {key: tags[key][0] for key in expected} == expected
+
+    # A route of this app from a module no tag names fails (here a function of docs.py's);
+    # a caller's own route keeps the tags it was declared with.
+    with pytest.raises(ValueError, match="in no OpenAPI tag"):
+        tag_of(get("/untagged")(docs.render_plugins))
+
+    @get("/elsewhere")
+    async def elsewhere() -> None: ...
+
+    assert tag_of(elsewhere) is None

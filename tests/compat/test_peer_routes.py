@@ -109,10 +109,13 @@ def test_root_embeddings_and_invocations_answer_as_their_routes(minilm: Server) 
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "input", refused.text
 
 
-def test_health_routes_answer_empty_200s(minilm: Server) -> None:
-    for path in ("/", "/ping"):
-        response = minilm.get(path)
-        assert response.status_code == 200 and response.content == b""
+def test_health_routes_answer_200s(minilm: Server) -> None:
+    response = minilm.get("/ping")
+    assert response.status_code == 200 and response.content == b""
+    # GET /, the Inference API's health route, is 200 too, with the server's index.
+    index = minilm.get("/")
+    assert index.status_code == 200 and index.json()["status"] == "ready"
+    assert index.json()["name"] == "vllm-srun" and index.json()["links"]["models"] == "/v1/models"
     # OPTIONS names both of the root's methods (Litestar alone would name POST only).
     allowed = httpx.options(minilm.url + "/", timeout=10).headers["allow"]
     assert set(allowed.split(", ")) == {"GET", "OPTIONS", "POST"}

@@ -1,6 +1,6 @@
-"""The documentation pages, served whole from the package: /docs (Redoc) and /docs/swagger
-(Swagger UI), their scripts and styles under /docs/static (vendored, pinned: `static/README.md`),
-never from a CDN. Every response under /docs carries `CSP`: scripts only from this server and
+"""The documentation pages, served whole from the package: /docs (Redoc, the reference) and
+/docs/swagger (Swagger UI, to try a request), each linking the other, their scripts and styles
+under /docs/static (vendored, pinned: `vendored/README.md`), never from a CDN. Every response under /docs carries `CSP`: scripts only from this server and
 none inline, no other origin for anything. Also the OpenAPI config, and `operation_ids` for a
 controller mounted at several paths.
 """
@@ -21,7 +21,7 @@ from litestar.openapi.plugins import (
     SwaggerRenderPlugin,
     YamlRenderPlugin,
 )
-from litestar.openapi.spec import Info, OpenAPI
+from litestar.openapi.spec import Info, OpenAPI, Tag
 from litestar.static_files import create_static_files_router
 from litestar.types.callable_types import OperationIDCreator
 
@@ -30,7 +30,7 @@ from litestar.types.callable_types import OperationIDCreator
 # contract's, and our own name and version go in info.description and `x-vllm-srun`.
 ROUTER_TITLE = "vLLM Semantic Router Model Runtime"
 RUNTIME_FIELD = "x-vllm-srun"
-STATIC_DIR = Path(__file__).parent / "static"
+VENDORED_DIR = Path(__file__).parent / "vendored"
 STATIC_PATH = "/docs/static"
 SWAGGER_UI_VERSION = "5.18.2"
 REDOC_VERSION = "2.5.0"
@@ -50,11 +50,28 @@ CSP = "; ".join(
 )
 
 
+# A line above each page naming both and linking the other (an inline style: the policy allows
+# those, and this one needs no stylesheet of its own).
+_NAV_STYLE = "padding:6px 16px;font:14px sans-serif;background:#f4f4f4;border-bottom:1px solid #ddd"
+_NAV_LINKS = (
+    ("/docs", "Reference (Redoc)"),
+    ("/docs/swagger", "Try a request (Swagger UI)"),
+    ("/openapi.json", "openapi.json"),
+)
+
+
+def _nav(here: str) -> str:
+    items = (
+        f"<b>{label}</b>" if path == here else f'<a href="{path}">{label}</a>' for path, label in _NAV_LINKS
+    )
+    return f'<nav id="docs-nav" style="{_NAV_STYLE}">{" &middot; ".join(items)}</nav>'
+
+
 def _page(title: str, head: str, body: str) -> bytes:
     return (
         "<!DOCTYPE html><html><head>"
         f'<meta charset="utf-8"/><meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>{title}</title>{head}</head><body>{body}</body></html>"
+        f'<title>{title}</title>{head}</head><body style="margin:0">{body}</body></html>'
     ).encode()
 
 
@@ -69,7 +86,7 @@ class OfflineSwagger(SwaggerRenderPlugin):
         return _page(
             f"{openapi_schema['info']['title']} - Swagger UI",
             f'<link rel="stylesheet" href="{base}/swagger-ui.css">',
-            f'<div id="swagger-ui"></div><script src="{base}/swagger-ui-bundle.js"></script>'
+            f'{_nav("/docs/swagger")}<div id="swagger-ui"></div><script src="{base}/swagger-ui-bundle.js"></script>'
             f'<script src="{base}/init.js"></script>',
         )
 
@@ -85,7 +102,7 @@ class OfflineRedoc(RedocRenderPlugin):
         return _page(
             openapi_schema["info"]["title"],
             "",
-            f'<div id="redoc-container"></div><script src="{base}/redoc.standalone.js"></script>'
+            f'{_nav("/docs")}<div id="redoc-container"></div><script src="{base}/redoc.standalone.js"></script>'
             f'<script src="{base}/init.js"></script>',
         )
 
@@ -114,11 +131,12 @@ class RuntimeOpenAPIConfig(OpenAPIConfig):
         return schema
 
 
-def openapi_config(name: str, version: str, *, api_version: str) -> OpenAPIConfig:
+def openapi_config(name: str, version: str, *, api_version: str, tags: dict[str, str]) -> OpenAPIConfig:
     """The app's OpenAPI config: the document (titled and versioned as the router's contract,
-    `name` and `version` in its description and `x-vllm-srun`) and the pages above under /docs,
-    every response there with the content-security policy."""
-    static = create_static_files_router(path="/static", directories=[STATIC_DIR], include_in_schema=False)
+    `name` and `version` in its description and `x-vllm-srun`, `tags` its operations' groups in
+    order, each name with its description) and the pages above under /docs, every response there
+    with the content-security policy."""
+    static = create_static_files_router(path="/static", directories=[VENDORED_DIR], include_in_schema=False)
     router = Router(
         path="/docs",
         route_handlers=[static],
@@ -133,6 +151,7 @@ def openapi_config(name: str, version: str, *, api_version: str) -> OpenAPIConfi
             f"{api_version}, and the routes this runtime adds to it."
         ),
         runtime={"name": name, "version": version, "api_version": api_version},
+        tags=[Tag(name=tag, description=description) for tag, description in tags.items()],
         render_plugins=render_plugins(),
         openapi_router=router,
     )

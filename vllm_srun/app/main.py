@@ -26,10 +26,11 @@ from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.peers.router import openapi_yaml
 from vllm_srun.app.peers.tei.errors import TEI_RESPONSES, TeiError
 from vllm_srun.app.responses import TIMING_KEY
-from vllm_srun.app.routes import BUNDLE_ROUTES, PEER_ROUTES, SURFACE_ROUTES, surface_paths
+from vllm_srun.app.routes import BUNDLE_ROUTES, PEER_ROUTES, SURFACE_ROUTES, TAGS, surface_paths, tagged
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.schemas import StrictStructSchemaPlugin
 from vllm_srun.app.service.health import health, live
+from vllm_srun.app.service.index import NAME, index
 from vllm_srun.app.service.jobs import job_routes
 from vllm_srun.app.service.metrics import metrics
 from vllm_srun.app.service.model_cards import ROUTES_KEY, list_models, retrieve_model
@@ -199,10 +200,11 @@ def create_app(
         *SERVICE_ROUTES,
         *BUNDLE_ROUTES["bundle"],
         *PEER_ROUTES,
+        index,  # after the peers': OPTIONS / must be registered first (tei_root.root_options)
         *job_routes(max_job_bytes),
     ]
     return Litestar(
-        route_handlers=[*documented(handlers), openapi_document, openapi_yaml],
+        route_handlers=[*documented(tagged(handlers)), openapi_document, openapi_yaml],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_of_path)],
@@ -210,7 +212,7 @@ def create_app(
         before_request=strict_body,
         state=State({ROUTES_KEY: surface_paths(routes)}),
         request_max_body_size=settings.max_request_bytes if settings else defaults.MAX_REQUEST_BYTES,
-        openapi_config=openapi_config("vllm-srun", __version__, api_version=defaults.API_VERSION),
+        openapi_config=openapi_config(NAME, __version__, api_version=defaults.API_VERSION, tags=TAGS),
         plugins=[StrictStructSchemaPlugin()],
         logging_config=None,
         debug=False,

@@ -1,6 +1,7 @@
 """The app's route table: each surface's routes, its own first (`surfaces`), then the peers'
 adapters onto it (`vllm_srun.app.peers`), and the routes that reach no one surface. The app
-mounts them from here and labels each request on a surface route with its surface's name.
+mounts them from here, labels each request on a surface route with its surface's name, and
+groups every route in the OpenAPI reference under one tag (`TAGS`, `tagged`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from vllm_srun.app.peers.tei import rerank as tei_rerank
 from vllm_srun.app.peers.tei import root as tei_root
 from vllm_srun.app.peers.vllm import classify as vllm_classify
 from vllm_srun.app.peers.vllm import embeddings as vllm_embeddings
+from vllm_srun.app.peers.vllm import models as vllm_models
 from vllm_srun.app.peers.vllm import rerank as vllm_rerank
 from vllm_srun.app.peers.vllm import score as vllm_score
 from vllm_srun.app.routes import bundle, surfaces
@@ -53,7 +55,7 @@ SURFACE_ROUTES: dict[str, tuple[HTTPRouteHandler, ...]] = {
 BUNDLE_ROUTES = {"bundle": (bundle.bundle,)}
 
 # text-embeddings-inference's routes that reach no one surface: its model's facts and
-# tokenizer, its model route (by the model's kind) and its health routes; and Infinity's.
+# tokenizer, its model route (by the model's kind) and its health route; Infinity's; vLLM's.
 PEER_ROUTES: tuple[HTTPRouteHandler, ...] = (
     tei_info.info,
     tei_info.tokenize,
@@ -61,11 +63,40 @@ PEER_ROUTES: tuple[HTTPRouteHandler, ...] = (
     tei_root.root_options,  # first: see its docstring
     tei_root.root,
     tei_root.invocations,
-    tei_root.root_health,
     tei_root.ping,
     infinity.infinity_models,
     infinity.infinity_health,
+    vllm_models.list_models,
+    vllm_models.retrieve_model,
 )
+
+# The OpenAPI reference's groups, in its order: this runtime's own routes by what they serve,
+# then each peer's adapters under the peer's name, so that a compatibility route is listed once,
+# beside its peer's others.
+TAGS: dict[str, str] = {
+    "Surfaces": "This runtime's own routes onto its surfaces (classify, embeddings, rerank, decisions), "
+    "and a bundle of surface requests in one call.",
+    "Models": "The served models: ids, aliases, surfaces, numerics and limits.",
+    "Bulk jobs": "Many requests as one job: create it, follow its progress, read its results in input order.",
+    "Service": "Where this server's docs are, its health and its metrics.",
+    "OpenAI": "OpenAI's embeddings route at the root, as TEI and Infinity serve it.",
+    "TEI": "text-embeddings-inference's routes, its SageMaker and Inference API routes among them.",
+    "vLLM": "vLLM's pooling server's routes, at the root and under /vllm (and /vllm/v1), its base URLs here.",
+    "Infinity": "Infinity's routes, under /infinity.",
+    "Cohere": "Cohere's embed (v1, v2) and rerank (v2) routes.",
+}
+# A handler's tag, by the package or module it is declared in (the longest that names it).
+_TAG_OF_MODULE = {
+    "vllm_srun.app.routes": "Surfaces",
+    "vllm_srun.app.service": "Service",
+    "vllm_srun.app.service.model_cards": "Models",
+    "vllm_srun.app.service.jobs": "Bulk jobs",
+    "vllm_srun.app.peers.openai": "OpenAI",
+    "vllm_srun.app.peers.tei": "TEI",
+    "vllm_srun.app.peers.vllm": "vLLM",
+    "vllm_srun.app.peers.infinity": "Infinity",
+    "vllm_srun.app.peers.cohere": "Cohere",
+}
 
 
 def surface_paths(routes: dict[str, tuple[HTTPRouteHandler, ...]]) -> dict[str, str]:
@@ -79,3 +110,25 @@ def surface_paths(routes: dict[str, tuple[HTTPRouteHandler, ...]]) -> dict[str, 
                     raise ValueError(f"{path} is listed under {out[path]!r} and {name!r}")
                 out[path] = name
     return out
+
+
+def tag_of(handler: HTTPRouteHandler) -> str | None:
+    """`handler`'s tag in TAGS, by its module (`_TAG_OF_MODULE`): a ValueError for a module of
+    this app none names, so that no route of ours goes untagged; None for a handler from
+    elsewhere (a caller's own route table), which keeps the tags it was declared with."""
+    module = handler.fn.__module__
+    names = [name for name in _TAG_OF_MODULE if module == name or module.startswith(name + ".")]
+    if names:
+        return _TAG_OF_MODULE[max(names, key=len)]
+    if module.startswith("vllm_srun.app."):
+        raise ValueError(f"{handler} ({module}) is in no OpenAPI tag: add its module to _TAG_OF_MODULE")
+    return None
+
+
+def tagged(handlers: list[HTTPRouteHandler]) -> list[HTTPRouteHandler]:
+    """`handlers`, each of ours tagged with `tag_of` alone."""
+    for handler in handlers:
+        tag = tag_of(handler)
+        if tag is not None:
+            handler.tags = [tag]
+    return handlers

@@ -333,9 +333,9 @@ def card(
     )
 
 
-# vLLM's server lists its models at /v1/models too: a vLLM client given this server's /vllm
-# (or /vllm/v1) base URL lists them there, with the same answer.
-@get(["/v1/models", "/vllm/v1/models", "/vllm/models"], summary="Served models and installed plugins")
+# vLLM's server lists its models at /v1/models too; `peers/vllm/models.py` mounts these two
+# under /vllm and /vllm/v1, its base URLs here.
+@get("/v1/models", summary="Served models and installed plugins")
 async def list_models(state: State) -> ModelList:
     runtime: Runtime = state.runtime
     states = await model_states(runtime)
@@ -355,7 +355,7 @@ async def list_models(state: State) -> ModelList:
 
 
 @get(
-    ["/v1/models/{model_id:path}", "/vllm/v1/models/{model_id:path}", "/vllm/models/{model_id:path}"],
+    "/v1/models/{model_id:path}",
     summary="One served model, by its id or an alias",
 )
 async def retrieve_model(state: State, model_id: str) -> ModelCard:

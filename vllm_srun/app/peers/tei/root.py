@@ -2,7 +2,8 @@
 routes it by the model's kind (an embedding model embeds, or scores `{inputs: {source_sentence,
 sentences}}`; a reranker reranks a body with `query`; anything else predicts). A body with
 `parameters` is the Inference API's text-classification task (`huggingface_hub.InferenceClient`).
-GET / and GET /ping are TEI's health routes: an empty 200 once every model is ready, else 503.
+GET /ping is TEI's SageMaker health route: an empty 200 once every model is ready, else 503;
+GET /, the Inference API's, is this server's index with the same statuses (`service/index.py`).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ async def _health(state: State) -> Response[str]:
     return Response("", status_code=200, media_type=MediaType.TEXT)
 
 
-# One controller at each pair of TEI's paths; each path keeps its own summary and operationId.
+# One controller at both of TEI's model paths; each path keeps its own summary and operationId.
 root = post(
     "/",
     status_code=200,
@@ -109,14 +110,6 @@ invocations = post(
     operation_id="InvocationsInvocations",
     exception_handlers=TEI_ERRORS,
 )(_dispatch)
-root_health = get(
-    "/",
-    summary="Health (TEI's Inference API route): an empty 200 once every model is ready",
-    operation_id="RootHealth",
-    opt={"public": True},
-    exception_handlers=TEI_ERRORS,
-    media_type=MediaType.TEXT,
-)(_health)
 ping = get(
     "/ping",
     summary="Health (TEI's SageMaker route): an empty 200 once every model is ready",
