@@ -1,8 +1,8 @@
 """The documentation pages, served whole from the package: /docs (Redoc, the reference) and
 /docs/swagger (Swagger UI, to try a request), each linking the other, their scripts and styles
-under /docs/static (vendored, pinned: `vendored/README.md`), never from a CDN. Every response under /docs carries `CSP`: scripts only from this server and
-none inline, no other origin for anything. Also the OpenAPI config, and `operation_ids` for a
-controller mounted at several paths.
+under /docs/static (vendored, pinned: `vendored/README.md`), never from a CDN. Every response
+under /docs carries `CSP`: scripts only from this server and none inline, no other origin for
+anything. Also the OpenAPI config, and `operation_ids` for a controller mounted at several paths.
 """
 
 from __future__ import annotations
