@@ -31,11 +31,8 @@ def plan_embeddings(model: TaskHeadsBase, request: EmbeddingsRequest) -> Plan:
         if request.late_chunked():
             field = "options.output" if request.options.output else "late_chunking"
             refusal = InvalidRequest if request.options.output else UnsupportedOption
-            raise refusal(
-                f"{field}: late chunking pools dense vectors; model {model.info.name!r} answers "
-                f"{kind!r} here" + (" (its default)" if not request.options.output else ""),
-                param=field,
-            )
+            whose = "asked for" if request.options.output else f"model {model.info.name!r} gives by default"
+            raise refusal(f"{field}: late chunking pools dense vectors, not the {kind!r} {whose}", param=field)
         return _plan_other_output(model, request, head, inputs, kind)
     dimension = model.info.embedding.dimension if model.info.embedding else 0
     if request.dimensions is not None and request.dimensions > dimension:
