@@ -10,6 +10,7 @@ architecture's random-weight fixture (ModernBERT, NomicBERT, GTE, XLM-RoBERTa) a
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,21 @@ def test_refusals_name_the_field(server: Server) -> None:
     assert sparse["param"] == "late_chunking", sparse
     output = {"model": model, "input": ["a"], "late_chunking": True, "options": {"output": "tokens"}}
     assert error_of(server, output)["param"] == "options.output"
+
+
+def test_a_bulk_job_answers_as_the_route_does(server: Server) -> None:
+    line = {"model": "nomic-bert-embedding", "input": random_texts(seed=9, count=3, max_words=8)}
+    line["late_chunking"] = True
+    interactive = ok(server, "/v1/embeddings", line)
+    job = server.post("/v1/jobs", {"surface": "embeddings", "model": line["model"], "requests": [line]})
+    assert job.status_code == 202, job.text
+    deadline = time.monotonic() + 30
+    while (status := server.get(f"/v1/jobs/{job.json()['id']}").json())["status"] not in (
+        "completed",
+        "failed",
+    ):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.05)
+    assert status["status"] == "completed", status
+    (result,) = server.get(f"/v1/jobs/{status['id']}/results").json()["data"]
+    assert result["response"]["data"] == interactive["data"]

@@ -147,9 +147,11 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     lists of token ids, never a mix; and at most one of `prompt`, `prompt_name` and
     `input_type` is given (null counts as not given).
 
-    `late_chunking` (Jina's field; `options.late_chunking` is its alias) makes the texts the
-    chunks of one document, in order: the document is encoded once and each chunk's vector is
-    pooled from its own tokens' states in it (docs/api: late chunking).
+    `late_chunking` (Jina's field; `options.late_chunking` is its alias, and both given must
+    agree) makes the texts the chunks of one document, in order: the document is encoded once
+    and each chunk's vector is pooled from its own tokens' states in it (docs/api: late
+    chunking). Its chunks are texts, none without tokens, the whole document within the
+    model's token limit, read whole (not `options.overflow: "window"`) into dense vectors.
     """
 
     schema_properties: ClassVar[dict[str, Any]] = {
