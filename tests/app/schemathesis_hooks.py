@@ -72,6 +72,22 @@ RULES: list[tuple[str, str, re.Pattern[str]]] = [
             r"^(prompt|prompt_name|input_type): a prompt applies to texts; token ids are taken as given$"
         ),
     ),
+    # Late chunking's document: its chunks are texts, none without tokens, the whole within the
+    # token budget, read whole (no windows) and pooled dense; late_chunking and its alias
+    # options.late_chunking agree. Lengths in tokens and one field's meaning for another's form,
+    # which the document says in words (EmbeddingsRequest) and no schema can state.
+    (
+        EMBEDDINGS,
+        "invalid_request",
+        re.compile(
+            r"^(input: the document \(its \d+ chunks joined[^)]*\) has \d+ (characters|tokens)"
+            r"|input: late chunking takes the chunks as texts, not token ids$"
+            r"|input(\[\d+\])?: a chunk without tokens has no vector to pool$"
+            r"|options\.overflow: late chunking encodes the document whole"
+            r"|options\.output: late chunking pools dense vectors"
+            r"|late_chunking: (true|false) differs from options\.late_chunking (true|false); give one of them$)"
+        ),
+    ),
     # Windows with multi_vector rerank: options.overflow against options.output, likewise.
     (
         "POST /v1/rerank",

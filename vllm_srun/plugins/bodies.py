@@ -53,6 +53,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     `quantize_embeddings` does (plugins/quantization.py): `int8` and `uint8` on the model's
     calibration ranges (/v1/models shows them), `binary` and `ubinary` as packed sign bits;
     with `encoding_format: base64` the value is base64 of its bytes.
+    `late_chunking` (embeddings) is the request's top-level field of that name, as an option.
     """
 
     return_meta: bool = False
@@ -69,6 +70,7 @@ class Options(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     profile: Annotated[str, msgspec.Meta(pattern="^[a-z][a-z0-9_]*$")] | None = None
     output: OutputKind | None = None
     embedding_type: EmbeddingType | None = None
+    late_chunking: bool | None = None
 
     @property
     def overflow_mode(self) -> Overflow:

@@ -29,7 +29,7 @@ from vllm_srun.plugins.bodies import (
 _COMMON_OPTIONS = frozenset({"return_meta", "deadline_ms", "profile"})
 _INPUT_OPTIONS = _COMMON_OPTIONS | {"overflow", "truncation_direction", "window", "max_tokens", "head"}
 CLASSIFY_OPTIONS = _INPUT_OPTIONS | {"threshold", "return_tokens", "return_logits"}
-EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize", "output", "embedding_type"}
+EMBEDDINGS_OPTIONS = _INPUT_OPTIONS | {"normalize", "output", "embedding_type", "late_chunking"}
 RERANK_OPTIONS = _INPUT_OPTIONS | {"output"}
 
 if TYPE_CHECKING:
@@ -146,6 +146,12 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     `inputs` refuses the rest): `input` is one of a text, texts and text parts, token ids, or
     lists of token ids, never a mix; and at most one of `prompt`, `prompt_name` and
     `input_type` is given (null counts as not given).
+
+    `late_chunking` (Jina's field; `options.late_chunking` is its alias, and both given must
+    agree) makes the texts the chunks of one document, in order: the document is encoded once
+    and each chunk's vector is pooled from its own tokens' states in it (docs/api: late
+    chunking). Its chunks are texts, none without tokens, the whole document within the
+    model's token limit, read whole (not `options.overflow: "window"`) into dense vectors.
     """
 
     schema_properties: ClassVar[dict[str, Any]] = {
@@ -177,7 +183,20 @@ class EmbeddingsRequest(msgspec.Struct, forbid_unknown_fields=True):
     prompt_name: str | None = None
     input_type: Literal["query", "document"] | None = None
     prompt: str | None = None
+    late_chunking: bool | None = None
     options: EmbeddingsOptions = msgspec.field(default_factory=EmbeddingsOptions)
+
+    def late_chunked(self) -> bool:
+        """Whether `late_chunking` or its alias `options.late_chunking` asks for late chunking;
+        both given, and different, is a 400."""
+        top, option = self.late_chunking, self.options.late_chunking
+        if top is not None and option is not None and top != option:
+            raise InvalidRequest(
+                f"late_chunking: {str(top).lower()} differs from options.late_chunking "
+                f"{str(option).lower()}; give one of them",
+                param="late_chunking",
+            )
+        return bool(top if top is not None else option)
 
     def inputs(self) -> list[str | list[int]]:
         """Each input: a text or a list of token ids (a flat list of ids is one input). A list

@@ -7,7 +7,7 @@ import base64
 
 import numpy as np
 
-from vllm_srun.families.task_heads import heads, outputs
+from vllm_srun.families.task_heads import heads, late_chunking, outputs
 from vllm_srun.families.task_heads.base import TaskHeadsBase
 from vllm_srun.families.task_heads.plan_state import PlannedInput, PlanState
 from vllm_srun.families.task_heads.spans import token_readout
@@ -21,6 +21,7 @@ from vllm_srun.plugins.surfaces import (
     Embedding,
     EmbeddingsResponse,
     EmbeddingsUsage,
+    InputUsage,
     RerankResponse,
     RerankResult,
     SparseEmbedding,
@@ -154,13 +155,12 @@ def embeddings(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> 
     data: list[Embedding] = []
     dimension = model.info.embedding.dimension if model.info.embedding else 0
     normalize = model.normalize if state.options.normalize is None else state.options.normalize
-    for index, (planned, rows) in enumerate(zip(state.inputs, all_rows, strict=True)):
-        item = Embedding(index=index, object="embedding", input=planned.split.info)
+    for index, (info, rows) in enumerate(_dense_inputs(model, state, all_rows, normalize=normalize)):
+        item = Embedding(index=index, object="embedding", input=info)
         if isinstance(rows, ItemError):
             _fail(item, rows)
         else:
-            vectors = embedding_rows(model, state, planned, rows, normalize=normalize)
-            vector = heads.pooled(vectors, normalize=normalize, dimensions=dimensions)
+            vector = heads.pooled(rows, normalize=normalize, dimensions=dimensions)
             dimension = int(vector.shape[0])
             # OpenAI's base64 format: the float32 little-endian bytes of the vector.
             item.embedding = (
@@ -183,6 +183,26 @@ def embeddings(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> 
         )
         response.meta = meta
     return response
+
+
+def _dense_inputs(
+    model: TaskHeadsBase, state: PlanState, all_rows: list[Rows], *, normalize: bool
+) -> list[tuple[InputUsage, Rows]]:
+    """Each answer's input usage and vectors (one per piece), or its error: one answer per
+    input, or under late chunking one per chunk of the one document."""
+    if state.chunks is not None:
+        (rows,) = all_rows
+        usage = late_chunking.chunk_usage(state.chunks)
+        if isinstance(rows, ItemError):
+            return [(info, rows) for info in usage]
+        vectors = late_chunking.chunk_vectors(model, state.chunks, rows[0], normalize=normalize)
+        return [(info, [vector]) for info, vector in zip(usage, vectors, strict=True)]
+    answers: list[tuple[InputUsage, Rows]] = []
+    for planned, rows in zip(state.inputs, all_rows, strict=True):
+        if not isinstance(rows, ItemError):
+            rows = embedding_rows(model, state, planned, rows, normalize=normalize)
+        answers.append((planned.split.info, rows))
+    return answers
 
 
 def _other_embeddings(model: TaskHeadsBase, state: PlanState, all_rows: list[Rows]) -> EmbeddingsResponse:

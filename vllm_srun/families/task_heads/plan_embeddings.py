@@ -9,7 +9,7 @@ import msgspec
 
 from vllm_srun.errors import InvalidRequest
 from vllm_srun.families.task_heads import colbert as pylate
-from vllm_srun.families.task_heads import outputs
+from vllm_srun.families.task_heads import late_chunking, outputs
 from vllm_srun.families.task_heads.base import TaskHeadsBase
 from vllm_srun.families.task_heads.plan_state import PlanState, SurfaceOptions
 from vllm_srun.families.task_heads.sentence import at_layer, exit_layer, prompt_length, select_prompt
@@ -28,6 +28,11 @@ def plan_embeddings(model: TaskHeadsBase, request: EmbeddingsRequest) -> Plan:
     kind = request.options.output or model.outputs.default
     model.outputs.check(kind, model=model.info.name)
     if kind != outputs.DENSE:
+        if request.late_chunked():
+            field = "options.output" if request.options.output else "late_chunking"
+            refusal = InvalidRequest if request.options.output else UnsupportedOption
+            whose = "asked for" if request.options.output else f"model {model.info.name!r} gives by default"
+            raise refusal(f"{field}: late chunking pools dense vectors, not the {kind!r} {whose}", param=field)
         return _plan_other_output(model, request, head, inputs, kind)
     dimension = model.info.embedding.dimension if model.info.embedding else 0
     if request.dimensions is not None and request.dimensions > dimension:
@@ -37,6 +42,23 @@ def plan_embeddings(model: TaskHeadsBase, request: EmbeddingsRequest) -> Plan:
         )
     layers = model.info.embedding.layers if model.info.embedding else []
     layer = exit_layer(request.layer, layers, model=model.info.name)
+    plan = (
+        late_chunking.plan(model, request, head, inputs)
+        if request.late_chunked()
+        else _plan_dense(model, request, head, inputs)
+    )
+    if layer is not None:
+        at_layer(plan.items, layer)
+    plan.state.extra = SurfaceOptions(
+        dimensions=request.dimensions, encoding_format=request.encoding_format, layer=layer
+    )
+    return plan
+
+
+def _plan_dense(
+    model: TaskHeadsBase, request: EmbeddingsRequest, head: HeadInfo, inputs: list[str | list[int]]
+) -> Plan:
+    """One pooled vector per input (several windows' under the window policy)."""
     single, prompt, encs = _embedding_inputs(model, request, inputs)
     names = [i if isinstance(i, str) else "" for i in inputs]
     skip = 0
@@ -44,13 +66,8 @@ def plan_embeddings(model: TaskHeadsBase, request: EmbeddingsRequest) -> Plan:
         ids = model.encoder.tokenizer.encode(prompt, add_special_tokens=True).ids
         skip = prompt_length(ids, model.encoder.special_ids)
     plan = model.plan_encoded("embeddings", head, request.options, names, encs, skip=skip)
-    if layer is not None:
-        at_layer(plan.items, layer)
     if request.options.overflow is None:
         _refuse_overlong(model, plan.state, single=single)
-    plan.state.extra = SurfaceOptions(
-        dimensions=request.dimensions, encoding_format=request.encoding_format, layer=layer
-    )
     return plan
 
 

@@ -51,3 +51,6 @@ class PlanState:
     # Leading positions that pooling leaves out: a prompt, under a Pooling with include_prompt
     # false. The engine then returns token states ("hidden") and finish pools them.
     skip: int = 0
+    # Late chunking (late_chunking.py): the one input is the document, whose token states are
+    # its row; each chunk's [start, end) positions in it, one answer per chunk.
+    chunks: list[tuple[int, int]] | None = None

@@ -137,3 +137,11 @@ class TextEncoder:
         batch: list[str | tuple[str, str]] = [t if p is None else (t, p) for t, p in inputs]
         encodings = self.tokenizer.encode_batch(batch, add_special_tokens=True)
         return [_encoded(e, p is not None) for e, (_, p) in zip(encodings, inputs, strict=True)]
+
+    def encode_joined(self, texts: Sequence[str]) -> tuple[Encoded, list[int]]:
+        """`texts` as one text: each tokenized alone without special tokens, their tokens
+        concatenated in order, then the special tokens the post-processor puts around a single
+        text. Returns the encoding and each text's token count (its tokens are consecutive)."""
+        parts = self.tokenizer.encode_batch(list(texts), add_special_tokens=False)
+        whole = self.tokenizer.post_process(Encoding.merge(parts, growing_offsets=True))
+        return _encoded(whole, False), [len(p.ids) for p in parts]
