@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,17 @@ import structlog
 
 from vllm_srun.app.embedding_types import Calibration
 from vllm_srun.app.settings import ModelSettings, ServerSettings
-from vllm_srun.errors import ConfigError, SrunError, model_failure
+from vllm_srun.errors import ConfigError, PackageError, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins
+from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 from vllm_srun.registry.approximate import check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
 from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
+from vllm_srun.registry.names import own_name
 from vllm_srun.registry.tables import load_tables
 from vllm_srun.tuning import set_forward_threads, start_forward_thread
 
@@ -78,11 +80,31 @@ class ServedModel:
 
 def name_of(options: ModelOptions) -> str:
     """The name of a model that could not be resolved: the one it was given, else what its
-    reference would have been named (a directory's folder name, a repository's id)."""
+    reference would have been named (a directory's model's own name or folder name, a
+    repository's id)."""
     if options.name:
         return options.name
     path = Path(options.ref).expanduser()
-    return path.name if path.is_dir() else options.ref.partition("@")[0] or options.ref
+    if not path.is_dir():
+        return options.ref.partition("@")[0] or options.ref
+    try:
+        return own_name(ModelPackage(path)) or path.name
+    except PackageError:
+        return path.name
+
+
+def unclaimed_aliases(prepared: list[Prepared], claimed: Sequence[str]) -> list[Prepared]:
+    """`prepared`, each keeping the default aliases (a folder's name) that no other model
+    claims: two packages in folders of one name leave it to neither, instead of refusing."""
+    counts: dict[str, int] = {}
+    for p in prepared:
+        for alias in p.default_aliases:
+            counts[alias] = counts.get(alias, 0) + 1
+    taken = set(claimed) | {p.name for p in prepared} | {a for p in prepared for a in p.options.aliases}
+    return [
+        replace(p, default_aliases=tuple(a for a in p.default_aliases if counts[a] == 1 and a not in taken))
+        for p in prepared
+    ]
 
 
 def check_names(models: Sequence[tuple[str, tuple[str, ...]]]) -> None:
@@ -132,8 +154,11 @@ def prepare_all(
             failed.append((name_of(model_settings.options), model_settings, reason))
     if not prepared:
         raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
+    claimed = [label for name, s, _ in failed for label in (name, *s.options.aliases)]
+    kept = unclaimed_aliases([p for p, _ in prepared], claimed)
+    prepared = list(zip(kept, (s for _, s in prepared), strict=True))
     check_names(
-        [(p.name, p.options.aliases) for p, _ in prepared]
+        [(p.name, p.aliases) for p, _ in prepared]
         + [(name, s.options.aliases) for name, s, _ in failed]
     )
     return prepared, failed
@@ -243,7 +268,7 @@ class Serving:
             models[p.name] = ServedModel(
                 p.name,
                 model_settings.limits,
-                p.options.aliases,
+                p.aliases,
                 placement=p.placement,
                 family=p.family.name,
                 repository=p.resolved.repository,

@@ -28,8 +28,9 @@ DTYPES = ("auto", "float32", "bfloat16", "int8")
 class ModelOptions:
     """How one model is to be served.
 
-    `name` is its id (by default the resolved reference's name: a directory's folder name, a
-    built-in's name, a repository's `org/name`); requests may also name it by any of `aliases`.
+    `name` is its id (by default the resolved reference's name: the name a directory's package
+    gives its model, else its folder name; a built-in's name; a repository's `org/name`);
+    requests may also name it by any of `aliases`.
     """
 
     ref: str
@@ -217,6 +218,13 @@ class Prepared:
     placement: Placement
     engine: Engine | None = None
     device: Device | None = None
+    # Names requests may use besides `options.aliases` when no name was given: a folder's
+    # name (see registry.names). Dropped, not refused, where another model claims one.
+    default_aliases: tuple[str, ...] = ()
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return (*self.options.aliases, *self.default_aliases)
 
 
 def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_engine: bool) -> Prepared:
@@ -229,6 +237,7 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     family = detect_family(plugins, resolved.package, family_name)
     spec = family.describe(resolved.package)
     name = options.name or resolved.name
+    aliases = () if options.name else tuple(a for a in resolved.aliases if a not in options.aliases)
     if not with_engine:
         dtype = options.dtype
         if options.max_speed and dtype == "auto":
@@ -238,14 +247,14 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
             except ConfigError:
                 pass  # numerics_of says "max_speed": the workers refuse such jobs, naming both
         placement = Placement(engine=options.engine, device=options.device, dtype=dtype)
-        return Prepared(options, resolved, family, spec, name, placement)
+        return Prepared(options, resolved, family, spec, name, placement, default_aliases=aliases)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
     dtype = resolve_dtype(engine, options.dtype, device, max_speed=options.max_speed)
     placement = Placement(
         engine=engine.name, device=str(device), dtype=dtype, dtypes=runnable_dtypes(engine, device)
     )
-    return Prepared(options, resolved, family, spec, name, placement, engine, device)
+    return Prepared(options, resolved, family, spec, name, placement, engine, device, aliases)
 
 
 def load_prepared(prepared: Prepared) -> LoadedModel:
