@@ -42,15 +42,20 @@ def package(tmp_path: Path, files: dict[str, str], folder: str = "model") -> Mod
             {"modules.json": "[]", "README.md": CARD, "config.json": '{"_name_or_path": "org/base"}'},
             "all-MiniLM-L6-v2",
         ),
-        ({"modules.json": "[]", "README.md": "# sentence-transformers/all-mpnet-base-v2\n"}, "all-mpnet-base-v2"),
+        (
+            {"modules.json": "[]", "README.md": "# sentence-transformers/all-mpnet-base-v2\n"},
+            "all-mpnet-base-v2",
+        ),
         # sentence-transformers' title for a model it has no name for is several words.
         ({"modules.json": "[]", "README.md": "---\nx: 1\n---\n# Cross Encoder model\n"}, None),
         # A code block's comment is not a title.
         ({"modules.json": "[]", "README.md": "```\n# install\n```\n# late-title\n"}, None),
         ({"modules.json": "[]"}, None),
         # Any other package: config.json's _name_or_path basename, when it is a Hub id.
-        ({"config.json": json.dumps({"_name_or_path": "protectai/deberta-v3-base-prompt-injection-v2"})},
-         "deberta-v3-base-prompt-injection-v2"),
+        (
+            {"config.json": json.dumps({"_name_or_path": "protectai/deberta-v3-base-prompt-injection-v2"})},
+            "deberta-v3-base-prompt-injection-v2",
+        ),
         ({"config.json": json.dumps({"_name_or_path": "bert-base-uncased"})}, "bert-base-uncased"),
         ({"config.json": json.dumps({"_name_or_path": "/home/me/runs/out"})}, None),
         ({"config.json": json.dumps({"_name_or_path": ""})}, None),

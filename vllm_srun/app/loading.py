@@ -158,8 +158,7 @@ def prepare_all(
     kept = unclaimed_aliases([p for p, _ in prepared], claimed)
     prepared = list(zip(kept, (s for _, s in prepared), strict=True))
     check_names(
-        [(p.name, p.aliases) for p, _ in prepared]
-        + [(name, s.options.aliases) for name, s, _ in failed]
+        [(p.name, p.aliases) for p, _ in prepared] + [(name, s.options.aliases) for name, s, _ in failed]
     )
     return prepared, failed
 

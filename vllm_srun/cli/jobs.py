@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from vllm_srun.cli.parsing import Parser
 from vllm_srun.plugins.surfaces import REGISTRY
 
 URL_ENV = "VLLM_SRUN_URL"
@@ -77,7 +78,7 @@ class ProgressBar:
 
 def add_jobs_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `jobs` and its subcommands on an argparse subparsers object."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument(
         "--url",
         default=os.environ.get(URL_ENV, DEFAULT_URL),
@@ -242,7 +243,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`vllm-srun jobs ...` on its own, for scripts and tests."""
-    parser = argparse.ArgumentParser(prog="vllm-srun", description="Bulk jobs on a vllm-srun server.")
+    parser = Parser(prog="vllm-srun", description="Bulk jobs on a vllm-srun server.")
     add_jobs_parser(parser.add_subparsers(dest="command", required=True))
     return cmd_jobs(parser.parse_args(argv))
 
