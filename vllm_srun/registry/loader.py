@@ -12,6 +12,7 @@ import structlog
 
 from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
+from vllm_srun.plugins import bodies
 from vllm_srun.plugins.architectures import converts, refusal, served_kind
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
@@ -21,7 +22,7 @@ from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
-DTYPES = ("auto", "float32", "bfloat16", "int8")
+DTYPES = bodies.DTYPES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,9 +76,12 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
         return plugins.family(name)
     matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
     if not matches:
-        known = ", ".join(sorted(plugins.of("families"))) or "none"
+        known = "; ".join(
+            f"{name} looks for {entry.plugin.looks_for or 'files it does not name'}"
+            for name, entry in sorted(plugins.of("families").items())
+        )
         raise ConfigError(
-            f"no installed family recognises {str(package.root)!r} (families: {known})"
+            f"no installed family recognises {str(package.root)!r} ({known or 'no family is installed'})"
             + _config_problem(package)
         )
     top = max(m.specificity for m in matches)
