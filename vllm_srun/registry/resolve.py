@@ -144,11 +144,17 @@ def resolve_repository(
         else:
             looked = where / "refs" / (revision or "main")
         if not allow_download or hub_offline():
+            fetch = f"hf download {repository}" + (f" --revision {revision}" if revision else "")
+            # `hf` is huggingface_hub's command since 0.34 (huggingface-cli before it).
+            how = f"fetch it with `{fetch}` (`pip install huggingface_hub`), " + (
+                "or unset HF_HUB_OFFLINE to let --allow-download fetch it"
+                if allow_download
+                else "or start with --allow-download to fetch it as the server starts"
+            )
             why = "HF_HUB_OFFLINE is set" if allow_download else "downloads are not allowed"
             raise ConfigError(
                 f"model {wanted!r} is not in the Hugging Face cache (looked for {str(looked)!r}; "
-                f"cache {str(cache)!r} from HF_HUB_CACHE / HF_HOME) and {why}: fetch it with "
-                f"`huggingface-cli download {repository}`" + (f" --revision {revision}" if revision else "")
+                f"cache {str(cache)!r} from HF_HUB_CACHE / HF_HOME) and {why}: {how}"
             )
         found = _download(repository, revision, cache)
     commit = found.name
