@@ -110,7 +110,7 @@ def test_an_uncached_repository_names_what_was_looked_for(
     with pytest.raises(ConfigError, match="`hf download acme/absent --revision v2`"):
         resolve("acme/absent@v2", tables=NO_TABLES)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set: .*or unset HF_HUB_OFFLINE"):
+    with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set: .*or unset HF_HUB_OFFLINE"):
         resolve("acme/absent", tables=NO_TABLES, allow_download=True)
 
 

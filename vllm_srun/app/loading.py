@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -166,24 +166,36 @@ def prepare_all(
 async def bring_up(
     served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
 ) -> None:
-    """loading -> warming -> ready (then `on_ready`), or failed with the reason."""
+    """loading -> warming -> ready (then `on_ready`), or failed with the reason; each step logged
+    as it starts and with its duration as it ends."""
+    started = time.perf_counter()
+    step = partial(_step, served.name, prepared.placement.dtype)
     try:
-        served.model = await asyncio.to_thread(load_prepared, prepared)
+        async with step("loading"):
+            served.model = await asyncio.to_thread(load_prepared, prepared)
         served.state = "warming"
         device_class = device_class_of(prepared.placement.device)
         records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
-        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
+        async with step("warming: golden answers" if records else "warming: determinism check"):
+            result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
         served.golden, served.golden_reference = result.status, result.reason
         if result.status == "verified":  # every record ran and matched
             served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
         if result.status == "failed":
             raise ConfigError(f"golden check failed: {result.reason}")
         if served.model.info.numerics != "float32" and served.model.engine_model is not None:
-            check = await asyncio.to_thread(check_approximation, prepared, served.model)
+            async with step("warming: comparing with a float32 twin"):
+                check = await asyncio.to_thread(check_approximation, prepared, served.model)
             served.approximation = check.describe()
         await on_ready(served)
         served.state = "ready"
-        log.info("model_ready", model=served.name, golden=result.status)
+        log.info(
+            "model_ready",
+            model=served.name,
+            dtype=prepared.placement.dtype,
+            golden=result.status,
+            s=round(time.perf_counter() - started, 3),
+        )
     except SrunError as exc:
         served.state, served.reason = "failed", exc.message
         log.error("model_failed", model=served.name, reason=exc.message)
@@ -192,6 +204,18 @@ async def bring_up(
             raise
         served.state, served.reason = "failed", f"{type(exc).__name__}: {exc}"
         log.exception("model_failed", model=served.name)
+
+
+@contextlib.asynccontextmanager
+async def _step(model: str, dtype: str, step: str) -> AsyncIterator[None]:
+    """Log `step` of bringing `model` up as it starts and, with its seconds, as it ends (a
+    warm-up of several seconds is otherwise a silent /health 503)."""
+    log.info("model_step", model=model, dtype=dtype, step=step)
+    started = time.perf_counter()
+    yield
+    log.info(
+        "model_step_done", model=model, dtype=dtype, step=step, s=round(time.perf_counter() - started, 3)
+    )
 
 
 class Executors:

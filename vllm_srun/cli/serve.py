@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vllm_srun.cli.lifecycle import GRACEFUL_STOP_S, listening, stopped, stopping_server
+from vllm_srun.cli.lifecycle import GRACEFUL_STOP_S, announce, listening, stopped, stopping_server
 from vllm_srun.cli.managed import file_mode, remove_socket
 from vllm_srun.cli.options import (
     GROUPS,
@@ -180,6 +180,15 @@ def _server_settings(args: argparse.Namespace, shared: dict[str, Any], **given: 
     )
 
 
+async def _announce(app: Any, args: argparse.Namespace, sockets: list[Any], server: Any) -> None:
+    """Say where the server listens once its models are loaded (each ready or failed), unless
+    it is stopping by then (a --config check refused a model)."""
+    serving = app.state.runtime.serving
+    await serving.loaded()
+    if not server.should_exit:
+        announce(args, sockets, {name: served.state for name, served in serving.models.items()})
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -227,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # the way out left the process exiting 0 instead of 130.
         signal.signal(signal.SIGTERM, partial(stopped, embedded_redis, args.uds, 0))
         signal.signal(signal.SIGINT, partial(stopped, embedded_redis, args.uds, 130))
-        server = stopping_server(config, partial(stop_serving, app))
+        server = stopping_server(config, partial(stop_serving, app), partial(_announce, app, args, sockets))
         server.run(sockets=sockets)
         if stopped_by:
             raise ConfigError(stopped_by[0])
