@@ -117,6 +117,17 @@ def test_serve_help_is_grouped_with_defaults_and_variables(
         ), line
 
 
+def test_no_help_prints_a_secret_from_the_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_SRUN_API_KEY", "secret-key-never-shown")
+    monkeypatch.setenv("VLLM_SRUN_URL", "http://elsewhere:1")
+    for command in (["serve"], ["check-config"], ["jobs", "submit"], ["jobs", "status"]):
+        text = flat(help_text(capsys, *command))
+        assert "secret-key-never-shown" not in text and "[env: VLLM_SRUN_API_KEY]" in text, command
+    assert "[env: VLLM_SRUN_URL]" in flat(help_text(capsys, "jobs", "results"))
+
+
 def test_dtype_and_max_speed_say_what_models_will_report(capsys: pytest.CaptureFixture[str]) -> None:
     shown = flat(help_text(capsys, "serve"))
     assert "--dtype {auto,float32,bfloat16,int8}" in shown

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
-from vllm_srun.cli.parsing import Parser
+from vllm_srun.cli.parsing import Parser, reads
 from vllm_srun.plugins.surfaces import REGISTRY
 
 URL_ENV = "VLLM_SRUN_URL"
@@ -79,15 +79,17 @@ class ProgressBar:
 def add_jobs_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `jobs` and its subcommands on an argparse subparsers object."""
     common = Parser(add_help=False)
-    common.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV, DEFAULT_URL),
-        help=f"server URL (default ${URL_ENV} or {DEFAULT_URL})",
+    reads(
+        common.add_argument(
+            "--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=f"server URL [default: {DEFAULT_URL}]"
+        ),
+        URL_ENV,
     )
-    common.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"API key sent as a bearer token (${API_KEY_ENV})",
+    reads(
+        common.add_argument(
+            "--api-key", default=os.environ.get(API_KEY_ENV), help="API key sent as a bearer token"
+        ),
+        API_KEY_ENV,
     )
     common.add_argument("--timeout-s", type=float, default=60.0, help="timeout of each HTTP request")
 

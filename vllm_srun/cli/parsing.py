@@ -27,8 +27,11 @@ class HelpFormatter(argparse.HelpFormatter):
             shown = shown()
         if env is not None:  # its default is the variable's value: a secret is never printed
             return f"{text} [env: {env}]"
+        # A key given by other means than an environment variable is not printed either.
+        secret = bool({"key", "password", "token", "secret"} & set(action.dest.split("_")))
         if (
             action.option_strings
+            and not secret
             and shown not in (None, False, argparse.SUPPRESS)
             and "%(default)" not in text
         ):
