@@ -12,6 +12,7 @@ import structlog
 
 from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
+from vllm_srun.plugins import bodies
 from vllm_srun.plugins.architectures import converts, refusal, served_kind
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
@@ -21,15 +22,16 @@ from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
-DTYPES = ("auto", "float32", "bfloat16", "int8")
+DTYPES = bodies.DTYPES
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
     """How one model is to be served.
 
-    `name` is its id (by default the resolved reference's name: a directory's folder name, a
-    built-in's name, a repository's `org/name`); requests may also name it by any of `aliases`.
+    `name` is its id (by default the resolved reference's name: the name a directory's package
+    gives its model, else its folder name; a built-in's name; a repository's `org/name`);
+    requests may also name it by any of `aliases`.
     """
 
     ref: str
@@ -74,9 +76,12 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
         return plugins.family(name)
     matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
     if not matches:
-        known = ", ".join(sorted(plugins.of("families"))) or "none"
+        known = "; ".join(
+            f"{name} looks for {entry.plugin.looks_for or 'files it does not name'}"
+            for name, entry in sorted(plugins.of("families").items())
+        )
         raise ConfigError(
-            f"no installed family recognises {str(package.root)!r} (families: {known})"
+            f"no installed family recognises {str(package.root)!r} ({known or 'no family is installed'})"
             + _config_problem(package)
         )
     top = max(m.specificity for m in matches)
@@ -217,6 +222,13 @@ class Prepared:
     placement: Placement
     engine: Engine | None = None
     device: Device | None = None
+    # Names requests may use besides `options.aliases` when no name was given: a folder's
+    # name (see registry.names). Dropped, not refused, where another model claims one.
+    default_aliases: tuple[str, ...] = ()
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return (*self.options.aliases, *self.default_aliases)
 
 
 def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_engine: bool) -> Prepared:
@@ -229,6 +241,7 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     family = detect_family(plugins, resolved.package, family_name)
     spec = family.describe(resolved.package)
     name = options.name or resolved.name
+    aliases = () if options.name else tuple(a for a in resolved.aliases if a not in options.aliases)
     if not with_engine:
         dtype = options.dtype
         if options.max_speed and dtype == "auto":
@@ -238,14 +251,14 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
             except ConfigError:
                 pass  # numerics_of says "max_speed": the workers refuse such jobs, naming both
         placement = Placement(engine=options.engine, device=options.device, dtype=dtype)
-        return Prepared(options, resolved, family, spec, name, placement)
+        return Prepared(options, resolved, family, spec, name, placement, default_aliases=aliases)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
     dtype = resolve_dtype(engine, options.dtype, device, max_speed=options.max_speed)
     placement = Placement(
         engine=engine.name, device=str(device), dtype=dtype, dtypes=runnable_dtypes(engine, device)
     )
-    return Prepared(options, resolved, family, spec, name, placement, engine, device)
+    return Prepared(options, resolved, family, spec, name, placement, engine, device, aliases)
 
 
 def load_prepared(prepared: Prepared) -> LoadedModel:

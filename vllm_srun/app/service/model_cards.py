@@ -19,7 +19,7 @@ from vllm_srun.app.loading import ServedModel
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.service.health import ModelState, Status, model_states
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
-from vllm_srun.plugins.bodies import served_profile
+from vllm_srun.plugins.bodies import NUMERICS, served_profile
 from vllm_srun.plugins.decision_bodies import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
 from vllm_srun.plugins.decisions import DecisionModel
 
@@ -177,9 +177,11 @@ def profile_of(numerics: str) -> ProfileInfo:
     """A numerics setting as upstream's profile: float32 is the exact reference, any other
     (bfloat16, float16) an approximation of it named after itself."""
     name = served_profile(numerics)  # the name options.profile must give, and meta.profile says
-    if numerics == "float32":
-        return ProfileInfo(name=name, numerics="exact")
-    return ProfileInfo(name=name, numerics="approximate", description=f"{numerics} numerics")
+    # In `serve --help`'s words for --dtype.
+    description = NUMERICS.get(numerics, f"{numerics} numerics")
+    return ProfileInfo(
+        name=name, numerics="exact" if numerics == "float32" else "approximate", description=description
+    )
 
 
 def golden_of(served: ServedModel) -> GoldenStatus:
