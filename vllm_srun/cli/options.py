@@ -77,6 +77,16 @@ def redis_url(url: str) -> str:
     return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc}").geturl()
 
 
+def bound(text: str) -> tuple[str, float]:
+    """An argparse type: `NAME=VALUE`, a twin-check bound (vllm_srun.registry.bounds)."""
+    from vllm_srun.registry.bounds import parse_bound
+
+    try:
+        return parse_bound(text)
+    except SrunError as exc:  # argparse names the option: "argument --bound: ..."
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """What to serve and how to batch it: `serve` and `worker` alike."""
     add = parser.add_argument
@@ -103,7 +113,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     from_defaults("--engine", str, "engine plugin name, or auto (by auto_priority)")
     from_defaults("--device", str, "device such as cpu, cuda:0, or auto")
-    from_defaults("--dtype", str, "auto (float32 on CPU), float32, bfloat16")
+    from_defaults(
+        "--dtype", str, "auto (float32 on CPU), float32, bfloat16, or int8 (int8 linears; cpu only)"
+    )
     add("--family", default=None, help="model family, when several recognise the package")
     add(
         "--served-model-name",
@@ -117,7 +129,18 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-speed",
         action="store_true",
-        help="opt-in approximate numerics (int8 linears on cpu), refused unless they match float32",
+        help="opt-in approximate numerics: the fastest dtype the device runs natively that passes "
+        "its twin check against float32 (bfloat16, else int8, else float32)",
+    )
+    add(
+        "--bound",
+        dest="bounds",
+        action="append",
+        type=bound,
+        metavar="NAME=VALUE",
+        default=None,
+        help="set a bound of the twin check approximate numerics must pass, by the name "
+        "/v1/models reports (e.g. min_cosine=0.995); repeatable",
     )
     add(
         "--allow-download",
