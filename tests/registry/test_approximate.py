@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server, run_cli, serve_named, write_keywords
+from helpers import Server, run_cli, write_keywords
 
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
@@ -262,23 +262,41 @@ def test_a_deliberately_broken_quantization_is_refused_with_its_figure(
 
 @needs_bfloat16
 def test_the_figures_of_a_bfloat16_model_are_on_its_card(
-    fixtures: dict[str, Path], start_server: Callable[..., Server]
+    fixtures: dict[str, Path], start_server: Callable[..., Server], tmp_path: Path
 ) -> None:
-    """Over HTTP: each model served at bfloat16 shows what it traded, beside its bounds, on
-    /v1/models and on its own card."""
-    server = start_server(
-        *serve_named({"embed": fixtures["bert-embedding"], "seq": fixtures["bert-sequence"]}),
-        "--dtype",
-        "bfloat16",
+    """Over HTTP: each model served at bfloat16 shows what it traded, beside the bounds in
+    force, on /v1/models and on its own card; one the operator loosened says so, there and in
+    its log line."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  - {{model: '{fixtures['bert-embedding']}', name: embed, dtype: bfloat16,"
+        " bounds: {min_cosine: 0.999, mean_cosine: 0.9995}}\n"
+        f"  - {{model: '{fixtures['bert-sequence']}', name: seq, dtype: bfloat16}}\n"
     )
+    server = start_server("--models", str(models))
     cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
     embed, seq = cards["embed"]["approximation"], cards["seq"]["approximation"]
     assert cards["embed"]["dtype"] == "bfloat16" and cards["embed"]["numerics"] == "bfloat16"
+    assert cards["embed"]["dtype_reason"] == "--dtype bfloat16"
     assert embed["check"] == "embeddings" and embed["dtype"] == "bfloat16" and embed["texts"] == 256
     assert embed["min_cosine"] >= 0.9995 and embed["mean_cosine"] >= embed["min_cosine"]
     assert embed["neighbour_overlap"] >= 0.95
-    assert embed["required"] == {"min_cosine": ">= 0.9995", "neighbour_overlap": ">= 0.95"}
+    assert embed["required"] == {
+        "min_cosine": ">= 0.999",
+        "neighbour_overlap": ">= 0.95",
+        "mean_cosine": ">= 0.9995",
+    }
+    assert embed["figures"]["min_cosine"] == {
+        "value": embed["min_cosine"],
+        "bound": ">= 0.999",
+        "set_by": "operator",
+        "default": ">= 0.9995",
+    }
+    assert embed["loosened"] == {"min_cosine": ">= 0.999"}  # mean_cosine's is a new bound: tighter
+    ready = [line for line in server.log().splitlines() if "model_ready" in line and "embed" in line]
+    assert ready and "loosened_bounds" in ready[-1] and "min_cosine" in ready[-1], ready
     assert seq["check"] == "classify" and seq["label_agreement"] >= 0.995
     assert 0 <= seq["max_probability_delta"] <= 0.02
     assert seq["required"] == {"label_agreement": ">= 0.995", "max_probability_delta": "<= 0.02"}
+    assert "loosened" not in seq and seq["figures"]["label_agreement"]["bound"] == ">= 0.995"
     assert server.get("/v1/models/seq").json()["approximation"] == seq
