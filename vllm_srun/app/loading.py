@@ -29,9 +29,9 @@ from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
-from vllm_srun.registry.approximate import check_approximation
+from vllm_srun.registry.approximate import Refused, check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
-from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
+from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, fall_back, load_prepared, prepare
 from vllm_srun.registry.names import own_name
 from vllm_srun.registry.tables import load_tables
 from vllm_srun.tuning import set_forward_threads, start_forward_thread
@@ -163,37 +163,63 @@ def prepare_all(
     return prepared, failed
 
 
+def _dtype_of(prepared: Prepared) -> dict[str, str]:
+    return {"dtype": prepared.placement.dtype, "dtype_reason": prepared.placement.reason}
+
+
+async def _load_checked(served: ServedModel, prepared: Prepared) -> str:
+    """Load, warm on the golden check, and hold approximate numerics to their twin check
+    (Refused where they miss a bound), each step logged as it starts and with its duration as
+    it ends. The golden check's status."""
+    step = partial(_step, served.name, prepared.placement.dtype)
+    async with step("loading"):
+        served.model = await asyncio.to_thread(load_prepared, prepared)
+    served.state = "warming"
+    device_class = device_class_of(prepared.placement.device)
+    records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
+    async with step("warming: golden answers" if records else "warming: determinism check"):
+        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
+    served.golden, served.golden_reference = result.status, result.reason
+    if result.status == "verified":  # every record ran and matched
+        served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
+    if result.status == "failed":
+        raise ConfigError(f"golden check failed: {result.reason}")
+    if served.model.info.numerics != "float32" and served.model.engine_model is not None:
+        async with step("warming: comparing with a float32 twin"):
+            check = await asyncio.to_thread(check_approximation, prepared, served.model)
+        served.approximation = check.describe()
+    return result.status
+
+
 async def bring_up(
     served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
 ) -> None:
-    """loading -> warming -> ready (then `on_ready`), or failed with the reason; each step logged
-    as it starts and with its duration as it ends."""
+    """loading -> warming -> ready (then `on_ready`), or failed with the reason. A --max-speed
+    model whose twin check refuses its dtype goes on to the next it may fall back to."""
     started = time.perf_counter()
-    step = partial(_step, served.name, prepared.placement.dtype)
     try:
-        async with step("loading"):
-            served.model = await asyncio.to_thread(load_prepared, prepared)
-        served.state = "warming"
-        device_class = device_class_of(prepared.placement.device)
-        records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
-        async with step("warming: golden answers" if records else "warming: determinism check"):
-            result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
-        served.golden, served.golden_reference = result.status, result.reason
-        if result.status == "verified":  # every record ran and matched
-            served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
-        if result.status == "failed":
-            raise ConfigError(f"golden check failed: {result.reason}")
-        if served.model.info.numerics != "float32" and served.model.engine_model is not None:
-            async with step("warming: comparing with a float32 twin"):
-                check = await asyncio.to_thread(check_approximation, prepared, served.model)
-            served.approximation = check.describe()
+        while True:
+            try:
+                golden = await _load_checked(served, prepared)
+                break
+            except Refused as exc:
+                following = fall_back(prepared, exc.short)
+                if following is None:
+                    raise
+                log.warning(
+                    "max_speed_fallback", model=served.name, refused=exc.short, **_dtype_of(following)
+                )
+                served.model, served.state = None, "loading"
+                prepared, served.placement = following, following.placement
         await on_ready(served)
         served.state = "ready"
+        loosened = (served.approximation or {}).get("loosened")
         log.info(
             "model_ready",
             model=served.name,
-            dtype=prepared.placement.dtype,
-            golden=result.status,
+            golden=golden,
+            **_dtype_of(prepared),
+            **({"loosened_bounds": loosened} if loosened else {}),
             s=round(time.perf_counter() - started, 3),
         )
     except SrunError as exc:

@@ -101,6 +101,16 @@ def redis_url(url: str) -> str:
     return parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc}").geturl()
 
 
+def bound(text: str) -> tuple[str, float]:
+    """An argparse type: `NAME=VALUE`, a twin-check bound (vllm_srun.registry.bounds)."""
+    from vllm_srun.registry.bounds import parse_bound
+
+    try:
+        return parse_bound(text)
+    except SrunError as exc:  # argparse names the option: "argument --bound: ..."
+        raise argparse.ArgumentTypeError(exc.message) from None
+
+
 def add_model_options(groups: dict[str, Any]) -> None:
     """What to serve and how to batch it: `serve` and `worker` alike, in their `option_groups`
     model, numerics, batching, redis and jobs."""
@@ -165,9 +175,20 @@ def add_model_options(groups: dict[str, Any]) -> None:
     numerics.add_argument(
         "--max-speed",
         action="store_true",
-        help="pick the fastest approximate dtype the device runs (int8 on cpu, else bfloat16), refused "
-        "at start unless it matches float32 within its bounds; /v1/models reports that dtype and "
-        "profile max_speed, as for --dtype bfloat16 or int8",
+        help="pick the fastest dtype the device runs natively that passes its twin check against "
+        "float32 (bfloat16, else int8, else float32); /v1/models reports that dtype and profile "
+        "max_speed, as for --dtype bfloat16 or int8, and why it was chosen (dtype_reason)",
+    )
+    numerics.add_argument(
+        "--bound",
+        dest="bounds",
+        action="append",
+        type=bound,
+        metavar="NAME=VALUE",
+        default=None,
+        help="set a bound of the twin check approximate numerics must pass, by the name "
+        "/v1/models reports (e.g. min_cosine=0.995); repeatable [default: each kind of output's "
+        "own bounds, listed on /v1/models]",
     )
     setting(
         numerics,

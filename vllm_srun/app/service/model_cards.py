@@ -127,8 +127,11 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     device: str | None = None
     dtype: str | None = None
     parameters: int | None = None
-    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets).
+    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets), and
+    # why `dtype` (the option that chose it; for --max-speed, what the hardware runs natively
+    # and any dtype its twin check refused first).
     dtypes: list[str] | None = None
+    dtype_reason: str | None = None
     # Ours. (A default_factory other than a bare `list` is written out even under omit_defaults.)
     aliases: list[str] = msgspec.field(default_factory=lambda: [])
     state: str = msgspec.field(default_factory=lambda: "loading")
@@ -326,6 +329,7 @@ def card(
         device=placement.device if placement else None,
         dtype=placement.dtype if placement else None,
         dtypes=list(placement.dtypes) if placement and placement.dtypes else None,
+        dtype_reason=placement.reason or None if placement else None,
         aliases=list(served.aliases),
         state=state.state,
         approximation=served.approximation,

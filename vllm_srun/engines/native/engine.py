@@ -92,11 +92,12 @@ class NativeEngine(Engine):
     layers' linears run on oneDNN's linear with the bias added inside it, packed.py), the
     residual stream, layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax
     statistics are float32) are bfloat16; layer norms compute their statistics in float32
-    (torch's kernel does), mean pooling sums in float32 (layers.mean_rows), rotary tables are
-    float32, and every result leaves as float32. The residual stream stays bfloat16 because
-    the twin check's 0.9995 held without a float32 one on both 12-layer proxies measured
-    (bench/dtypes.py: a random-init 12 x 768 BERT, MiniLM's layers stacked twice): a float32
-    residual would add a cast on each side of every linear for no measured gain.
+    (torch's kernel does), and in BERT-style post-LayerNorm layers the residual sum into each
+    LayerNorm is float32 too (bert.add_norm: rounded, it moved all-mpnet-base-v2 past the twin
+    check; bench/bf16_drift.py); mean pooling sums in float32 (layers.mean_rows), rotary
+    tables are float32, and every result leaves as float32. Between layers the stream stays
+    bfloat16: a float32 one would add a cast on each side of every linear, and with the sums
+    into the LayerNorms kept float32 the measured models pass without it.
 
     int8 (quantize.py): inside the encoder layers, the attention output and FFN intermediate
     projections are int8 (per-channel weights, per-token activations, int32 accumulation);
