@@ -2,11 +2,9 @@
 give float32's answers?
 
 It is compared with a float32 twin built from the same weights, on a fixed corpus, through its
-own surface, and held to its output kind's bounds (registry/bounds.py, which the operator may
-set per model): cosine and neighbour overlap for embedders, Kendall's tau-b for rerankers,
-label agreement and probability change for classifiers, and per token and per entity span
-for taggers. A model that misses a bound, or has no check, is refused with every
-figure; `describe()` gives the figures beside their bounds.
+own surface, and held to its output kind's bounds (registry/bounds.py; the operator may set
+them per model). A model that misses a bound, or has no check, is refused with every figure;
+`describe()` gives the figures beside their bounds.
 """
 
 from __future__ import annotations
