@@ -9,8 +9,11 @@ sent whole in a pipeline, one MGET per master, subscriptions node by node) is ha
 from __future__ import annotations
 
 import itertools
+import os
+import socket
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -95,9 +98,74 @@ def state_full() -> Unavailable:
     )
 
 
-# Short timeouts: a Redis that is gone must turn into a fast 503, never a hang.
+# The defaults of `RedisTimeouts` (documented in docs/network.md), named for the start-up checks.
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedisTimeouts:
+    """How long any client of this package waits on a Redis link before it calls the link lost.
+
+    `connect_s` bounds opening a connection; `socket_s` one command's reply; `health_check_s`
+    is how long a pooled connection may sit idle before its next use PINGs it first;
+    `silence_s` is how long a subscription may hear nothing (not even the PONG of the PING it
+    sends every third of that) before it is dropped and made again; TCP keepalive probes
+    after `keepalive_idle_s` of quiet, so the kernel drops a peer that vanished without a FIN.
+    Read from VLLM_SRUN_REDIS_{CONNECT,SOCKET,HEALTH_CHECK,SILENCE,KEEPALIVE_IDLE}_S.
+    """
+
+    connect_s: float = CONNECT_TIMEOUT_S
+    socket_s: float = SOCKET_TIMEOUT_S
+    health_check_s: float = 10.0
+    silence_s: float = 6.0
+    keepalive_idle_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RedisTimeouts:
+        """The defaults, each overridden by its environment variable; a value that is not a
+        positive number is a ConfigError naming the variable."""
+        from vllm_srun.errors import ConfigError
+
+        environ = os.environ if environ is None else environ
+        given: dict[str, float] = {}
+        for name in ("connect_s", "socket_s", "health_check_s", "silence_s", "keepalive_idle_s"):
+            variable = f"VLLM_SRUN_REDIS_{name.upper()}"
+            raw = environ.get(variable)
+            if raw is None or raw == "":
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                value = float("nan")
+            if not value > 0 or value == float("inf"):
+                raise ConfigError(f"{variable}={raw!r}: must be a positive number of seconds")
+            given[name] = value
+        return cls(**given)
+
+    @property
+    def ping_every_s(self) -> float:
+        """How often a quiet subscription PINGs, so that silence means a dead link."""
+        return self.silence_s / 3
+
+    def options(self, url: str) -> dict[str, Any]:
+        """redis-py's connection options for a client on `url` (keepalive on TCP only)."""
+        options: dict[str, Any] = {
+            "socket_connect_timeout": self.connect_s,
+            "socket_timeout": self.socket_s,
+            "health_check_interval": self.health_check_s,
+        }
+        if not url.startswith("unix://"):
+            options["socket_keepalive"] = True
+            options["socket_keepalive_options"] = _keepalive(self.keepalive_idle_s)
+        return options
+
+
+def _keepalive(idle_s: float) -> dict[int, int]:
+    """Probe after `idle_s` of quiet, then every third of it, three times: a vanished peer is
+    dropped by the kernel within twice `idle_s` (where the platform names these options)."""
+    wanted = {"TCP_KEEPIDLE": idle_s, "TCP_KEEPINTVL": idle_s / 3, "TCP_KEEPCNT": 3}
+    return {getattr(socket, n): max(1, int(v)) for n, v in wanted.items() if hasattr(socket, n)}
 
 
 # A cluster's node addresses (host, port), per URL given: known once per process.
@@ -117,8 +185,9 @@ def cluster_nodes(url: str) -> list[tuple[str, int]]:
         if url in _SINGLE:
             return []
         try:
+            timeouts = RedisTimeouts.from_env()
             client = sync_redis.Redis.from_url(
-                url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
+                url, socket_connect_timeout=timeouts.connect_s, socket_timeout=timeouts.socket_s
             )
             with client:
                 if not int(cast(dict[str, Any], client.info("cluster")).get("cluster_enabled", 0)):
@@ -154,20 +223,12 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster | ClusterPipeline)
 
 
-# Every client's timeouts and health check, on a single server's pools and a cluster's nodes.
-_CONNECTION_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": CONNECT_TIMEOUT_S,
-    "socket_timeout": SOCKET_TIMEOUT_S,
-    "health_check_interval": 30,
-}
-
-
 def _cluster(url: str, max_connections: int) -> ArqRedis:
     # The commands this package sends are common to both clients; arq's own transactions are
     # replaced where they would run on it (worker.arq_worker.DrivenWorker).
     client = RedisCluster.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **RedisTimeouts.from_env().options(url),
         max_connections=max_connections,
         # A failover takes the cluster-node-timeout and an election: retried within that, a
         # command that met it is answered late, not failed.
@@ -183,7 +244,7 @@ def make_pool(url: str) -> ArqRedis:
         return _cluster(url, 512)
     pool = ConnectionPool.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **RedisTimeouts.from_env().options(url),
         max_connections=512,
     )
     return ArqRedis(
@@ -202,7 +263,7 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
         return _cluster(url, max_connections)
     pool = BlockingConnectionPool.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **RedisTimeouts.from_env().options(url),
         max_connections=max_connections,
         timeout=None,  # a waiting stream is bounded by the stream caps, not by this pool
     )
@@ -210,9 +271,10 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
 
 
 def pubsub_client(url: str) -> Subscriber:
-    """A client for subscriptions: no socket timeout, since a subscriber waits on purpose. Each
-    `pubsub()` of it is a new subscription; on a cluster each is to the next node in turn, so a
-    subscriber that lost its node subscribes again on another."""
+    """A client for subscriptions: no read timeout, since a subscriber waits on purpose (a
+    `Listening` bounds its silence instead). Each `pubsub()` of it is a new subscription; on a
+    cluster each is to the next node in turn, so a subscriber that lost its node subscribes
+    again on another."""
     return Subscriber(url, cluster_nodes(url))
 
 
@@ -220,7 +282,10 @@ class Subscriber:
     """Subscriptions to one Redis, or to the nodes of a cluster in turn (see `pubsub_client`)."""
 
     def __init__(self, url: str, nodes: Sequence[tuple[str, int]] = ()) -> None:
-        options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "health_check_interval": 30}
+        self.timeouts = RedisTimeouts.from_env()
+        # redis-py's own health check is off here: it swallows its PONGs, which `Listening`
+        # counts as signs of life (it PINGs a quiet subscription itself).
+        options = {**self.timeouts.options(url), "health_check_interval": 0}
         self._clients: list[Redis] = []
         if nodes:
             given = parse_url(url)  # redis-py's own reading: credentials unquoted, TLS, database
@@ -238,6 +303,39 @@ class Subscriber:
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
+
+
+class SilentLink(RedisTimeoutError):
+    """A subscription heard nothing from Redis for `RedisTimeouts.silence_s`."""
+
+
+class Listening:
+    """Reads one subscription and tells a silent link from a quiet channel: it PINGs when
+    nothing came for `ping_every_s`, and raises SilentLink once nothing at all (no message, no
+    PONG, no subscribe confirmation) came for `silence_s`. A link that went silent without a
+    FIN is thus dropped within `silence_s` plus one read's timeout."""
+
+    def __init__(self, pubsub: PubSub, timeouts: RedisTimeouts) -> None:
+        self.pubsub = pubsub
+        self.timeouts = timeouts
+        self.heard_at = self.pinged_at = time.monotonic()
+
+    async def next(self, timeout_s: float) -> dict[str, Any] | None:
+        """The next message (subscribe confirmations included; PONGs are not returned), or None
+        after at most `timeout_s`; SilentLink when the link is silent too long."""
+        now = time.monotonic()
+        silent_s = now - self.heard_at
+        if silent_s >= self.timeouts.silence_s:
+            raise SilentLink(f"the subscription heard nothing from Redis for {silent_s:.1f} s")
+        if now - max(self.heard_at, self.pinged_at) >= self.timeouts.ping_every_s:
+            self.pinged_at = now
+            await self.pubsub.ping()
+        wait_s = min(timeout_s, max(0.0, self.timeouts.silence_s - silent_s))
+        message = await self.pubsub.get_message(timeout=wait_s)
+        if message is None:
+            return None
+        self.heard_at = time.monotonic()
+        return None if message.get("type") == "pong" else cast(dict[str, Any], message)
 
 
 async def run_script(client: Any, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
