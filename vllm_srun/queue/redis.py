@@ -322,20 +322,25 @@ class Listening:
 
     async def next(self, timeout_s: float) -> dict[str, Any] | None:
         """The next message (subscribe confirmations included; PONGs are not returned), or None
-        after at most `timeout_s`; SilentLink when the link is silent too long."""
-        now = time.monotonic()
-        silent_s = now - self.heard_at
-        if silent_s >= self.timeouts.silence_s:
-            raise SilentLink(f"the subscription heard nothing from Redis for {silent_s:.1f} s")
-        if now - max(self.heard_at, self.pinged_at) >= self.timeouts.ping_every_s:
-            self.pinged_at = now
-            await self.pubsub.ping()
-        wait_s = min(timeout_s, max(0.0, self.timeouts.silence_s - silent_s))
-        message = await self.pubsub.get_message(timeout=wait_s)
-        if message is None:
-            return None
-        self.heard_at = time.monotonic()
-        return None if message.get("type") == "pong" else cast(dict[str, Any], message)
+        after `timeout_s`; SilentLink as soon as the link has been silent too long."""
+        end = time.monotonic() + timeout_s
+        silence_s, ping_every_s = self.timeouts.silence_s, self.timeouts.ping_every_s
+        while True:
+            now = time.monotonic()
+            if now - self.heard_at >= silence_s:
+                raise SilentLink(f"the subscription heard nothing from Redis for {now - self.heard_at:.1f} s")
+            if now - max(self.heard_at, self.pinged_at) >= ping_every_s:
+                self.pinged_at = now
+                await self.pubsub.ping()
+            ping_due = max(self.heard_at, self.pinged_at) + ping_every_s
+            wait_s = max(0.0, min(end, self.heard_at + silence_s, ping_due) - now)
+            message = await self.pubsub.get_message(timeout=wait_s)
+            if message is not None:
+                self.heard_at = time.monotonic()
+                if message.get("type") != "pong":
+                    return cast(dict[str, Any], message)
+            if time.monotonic() >= end:
+                return None
 
 
 async def run_script(client: Any, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:

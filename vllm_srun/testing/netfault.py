@@ -36,6 +36,7 @@ class FaultProxy:
         self._rng = random.Random(0)
         self._server: asyncio.Server | None = None
         self._open: set[_Link] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
 
     @property
     def url(self) -> str:
@@ -50,6 +51,9 @@ class FaultProxy:
         if self._server is not None:
             self._server.close()
         self.reset()
+        # Each connection's handler ends before the loop may: one cancelled at the loop's end
+        # is logged by asyncio's streams as an error.
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -83,6 +87,10 @@ class FaultProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections_made += 1
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except OSError:
