@@ -12,9 +12,9 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -41,7 +41,6 @@ class Net:
     workers: list[Proc]
     app_links: list[ThreadedProxy]
     worker_links: list[ThreadedProxy]
-    closers: list[Callable[[], None]] = field(default_factory=list)
 
     @property
     def links(self) -> list[ThreadedProxy]:

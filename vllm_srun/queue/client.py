@@ -244,10 +244,9 @@ class QueueClient:
             if any(raw is None for raw in ran.results):
                 # Timed out: nobody waits for the rest any more, so it leaves the queue; the
                 # answer waits for that a moment at most (a lagging link would delay it).
-                withdrawing = self._withdraw_soon(deployment, part)
-                if withdrawing is not None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(withdrawing), WITHDRAW_WAIT_S)
+                withdrawing = self._in_background(self._withdraw(deployment, part))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(withdrawing), WITHDRAW_WAIT_S)
             return ran
         except asyncio.CancelledError:
             await asyncio.shield(self._withdraw(deployment, part))
@@ -256,7 +255,9 @@ class QueueClient:
             if self._refusal is not None:
                 await asyncio.shield(self._withdraw(deployment, part))
             else:
-                self._withdraw_soon(deployment, part)
+                # In the background (after `_leave`, which it agrees with): a lagging link
+                # does not delay the answer.
+                self._in_background(self._withdraw(deployment, part))
             raise
         finally:
             self._leave(part)
@@ -407,29 +408,11 @@ class QueueClient:
         so a worker that claims it later, and so never heard the cancel message, skips it."""
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await part.sent  # a part still on its way is withdrawn once it is queued
-        last = self._withdrawing(part)
-        if last is not None:
-            await self._remove(deployment, part, last)
-
-    def _withdraw_soon(self, deployment: str, part: _Part) -> asyncio.Task[Any] | None:
-        """`_withdraw` without waiting for Redis: what this process knows of the job's parts
-        changes now (before `_leave`), the Redis side in the task returned (None: nothing)."""
-        if not part.sent.done():
-            return self._in_background(self._withdraw(deployment, part))
-        last = self._withdrawing(part)
-        return None if last is None else self._in_background(self._remove(deployment, part, last))
-
-    def _withdrawing(self, part: _Part) -> bool | None:
-        """`part` leaves its job's waiting parts: whether it was the last (None: no job)."""
-        if not part.sent.done() or part.sent.cancelled() or part.sent.exception() or not part.job_id:
-            return None
+        if not part.job_id:
+            return
         members = self._jobs.get(part.job_id, set())
         members.discard(part.request_id)  # before any await: parts withdrawn together see it
-        return not members
-
-    async def _remove(self, deployment: str, part: _Part, last: bool) -> None:
-        """The Redis side of `_withdraw`: the job leaves the queue (`last`), or records `part`
-        as withdrawn; the workers hear the cancel either way."""
+        last = not members
         try:
             async with pipeline(self.redis, transaction=True) as pipe:
                 if last:
