@@ -17,7 +17,8 @@ from vllm_srun.plugins.base import LoadedModel, WorkItem
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue import keys
 from vllm_srun.queue.client import QueueClient
-from vllm_srun.queue.redis import Listening, RedisTimeouts, SilentLink, pubsub_client
+from vllm_srun.queue.links import Listening, RedisTimeouts, SilentLink
+from vllm_srun.queue.redis import pubsub_client
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
 from vllm_srun.testing.netfault import ThreadedProxy
 

@@ -13,7 +13,8 @@ import contextlib
 import structlog
 
 from vllm_srun.queue import keys, protocol
-from vllm_srun.queue.redis import REDIS_ERRORS, Listening, describe_url, pubsub_client
+from vllm_srun.queue.links import Listening
+from vllm_srun.queue.redis import REDIS_ERRORS, describe_url, pubsub_client
 
 log = structlog.get_logger("vllm_srun.queue")
 

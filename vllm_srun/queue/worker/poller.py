@@ -13,7 +13,8 @@ from typing import Any
 
 import structlog
 
-from vllm_srun.queue.redis import REDIS_ERRORS, Listening, pubsub_client
+from vllm_srun.queue.links import Listening
+from vllm_srun.queue.redis import REDIS_ERRORS, pubsub_client
 from vllm_srun.queue.worker.arq_worker import DrivenWorker
 
 log = structlog.get_logger("vllm_srun.worker")
