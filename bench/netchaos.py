@@ -119,7 +119,8 @@ async def client(
             else:
                 tally.unexpected_5xx += 1
                 if len(tally.samples) < 3:
-                    tally.samples.append(f"{outcome.status_code}: {outcome.text[:300]}")
+                    when = f"{time.monotonic() - topo.started:.1f}s"
+                    tally.samples.append(f"{when} {outcome.status_code}: {outcome.text[:300]}")
 
 
 def phases(args: argparse.Namespace, links: Links) -> list[tuple[str, float, Any]]:
@@ -180,6 +181,17 @@ async def run_phases(
     return done
 
 
+def unhandled(topo: chaos.Topology) -> list[str]:
+    """The first unhandled errors the app replicas logged, with their tracebacks."""
+    found = []
+    for app in topo.apps:
+        text = app.log_path.read_text(errors="replace")
+        at = text.find("unhandled_error")
+        if at >= 0:
+            found.append(text[at : at + 4000])
+    return found
+
+
 def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="vllm-srun-netchaos-") as root:
         data = Path(root) / "redis-data"
@@ -189,6 +201,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             topo.note("topology serving, each process behind its own fault proxy; traffic starts")
             done = asyncio.run(run_phases(topo, links, args, tally, attempts))
+            errors = unhandled(topo)
         finally:
             topo.stop()
             for link in links.all:
@@ -210,9 +223,6 @@ def main(args: argparse.Namespace) -> int:
     }
     failures = sum(summary[k] for k in ("lost", "duplicated", "unexpected_5xx", "wrong", "hung"))
     summary["ok"] = failures == 0
-    print(
-        json.dumps(
-            {"summary": summary, "phases": done, "events": topo.events, "samples": tally.samples}, indent=2
-        )
-    )
+    report = {"summary": summary, "phases": done, "events": topo.events, "samples": tally.samples}
+    print(json.dumps(report | {"app_errors": errors}, indent=2))
     return 0 if failures == 0 else 1

@@ -30,12 +30,14 @@ from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     describe_url,
     is_cluster,
+    lost_connection,
     make_pool,
     mget,
     out_of_memory,
     pipeline,
     publish,
     state_full,
+    unavailable_when_lost,
 )
 from vllm_srun.queue.replies import Replies
 from vllm_srun.queue.results import LocalResults
@@ -316,8 +318,8 @@ class QueueClient:
             raise
         except Exception as exc:  # each request hears it; the task itself ends quietly
             error: BaseException = exc
-            if isinstance(exc, REDIS_ERRORS):
-                error = Unavailable(f"Redis is unreachable: {exc}")
+            if lost_connection(exc):
+                error = Unavailable(f"Redis is unreachable: {exc}", headers={"Retry-After": "1"})
             elif out_of_memory(exc):
                 error = state_full()
             for part in parts:
@@ -380,10 +382,8 @@ class QueueClient:
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one script (one slot on a cluster)."""
-        try:
+        with unavailable_when_lost():
             await self._get_or_add(deployment, job_id, payload, timeout_s, [])
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
 
     async def _get_or_add(
         self, deployment: str, job_id: str, payload: bytes, timeout_s: float, result_keys: list[str]
@@ -428,7 +428,9 @@ class QueueClient:
                     after=keys.queue_name(deployment),
                 )
                 await pipe.execute()
-        except REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
             log.warning("withdraw_failed", error=str(exc))
 
     async def _await_reply(self, deployment: str, part: _Part) -> Ran:
@@ -480,7 +482,9 @@ class QueueClient:
             stored = await mget(
                 self.cache, [keys.result_key(deployment, items[i].cache_key) for i in pending]
             )
-        except REDIS_ERRORS:
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
             return None
         for index, raw in zip(pending, stored, strict=True):
             if raw:

@@ -8,9 +8,10 @@ sent whole in a pipeline, one MGET per master, subscriptions node by node) is ha
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -62,6 +63,18 @@ def lost_connection(exc: BaseException) -> bool:
     return (
         isinstance(exc, AttributeError) and "'NoneType'" in str(exc) and _raised_in(exc, _CONNECTION_MODULE)
     )
+
+
+@contextlib.contextmanager
+def unavailable_when_lost() -> Iterator[None]:
+    """Redis lost under a command (`lost_connection`) becomes Unavailable (503, Retry-After);
+    anything else passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if lost_connection(exc):
+            raise Unavailable(f"Redis is unreachable: {exc}", headers={"Retry-After": "1"}) from exc
+        raise
 
 
 # redis-py's asyncio connection module, where a stream closed under a command is met.
