@@ -100,7 +100,7 @@ async def test_a_blackholed_app_link_is_503_at_the_deadline_and_heals(
         blackholed = time.monotonic()
         with pytest.raises(Unavailable):
             await waiting
-        assert 2.0 <= time.monotonic() - asked < 2.5, "a 503 at the request's deadline, not a hang"
+        assert 2.0 <= time.monotonic() - asked < 3.0, "a 503 at the request's deadline, not a hang"
         # Known down within the silence bound (its PING unanswered), with why.
         while client.link_down is None:
             assert time.monotonic() - blackholed < 1.5 + 1.0, "the silent link was noticed"
@@ -109,7 +109,7 @@ async def test_a_blackholed_app_link_is_503_at_the_deadline_and_heals(
         refused = time.monotonic()
         with pytest.raises(Unavailable, match="is down"):
             await submit("invoice", 5.0)
-        assert time.monotonic() - refused < 0.2, "a new request is refused at once"
+        assert time.monotonic() - refused < 0.5, "a new request is refused at once"
         await direct.delete(keys.worker_key(model.name))
         # The worker's own link stays up: only the app's goes through the proxy.
         worker = DeviceWorker(

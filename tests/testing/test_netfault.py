@@ -43,7 +43,7 @@ def test_latency_delays_each_round_trip(proxy: ThreadedProxy) -> None:
         proxy.heal()
         started = time.monotonic()
         r.ping()
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 0.5  # no delay left: a round trip on this host
 
 
 def test_reset_breaks_open_connections_and_not_later_ones(proxy: ThreadedProxy) -> None:
