@@ -459,11 +459,14 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def start_worker(tmp_path: Path, package: Path, redis_url: str, *extra: str) -> Proc:
+def start_worker(
+    tmp_path: Path, package: Path, redis_url: str, *extra: str, env: dict[str, str] | None = None
+) -> Proc:
     """`vllm-srun worker`, returned once it says it is ready."""
     worker = Proc(
         [sys.executable, "-m", "vllm_srun.cli", "worker", str(package), "--redis", redis_url, *extra],
         tmp_path / f"worker-{time.monotonic_ns()}.log",
+        env,
     )
     deadline = time.monotonic() + 60
     while "worker ready" not in worker.log():
