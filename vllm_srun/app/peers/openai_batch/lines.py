@@ -112,7 +112,7 @@ class Stored(msgspec.Struct):
 
     index: int
     custom_id: str | None = None
-    response: msgspec.Raw | None = None
+    response: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)  # empty: none
     error: dict[str, Any] | None = None
 
 
