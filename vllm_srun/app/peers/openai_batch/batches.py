@@ -17,7 +17,7 @@ from litestar.params import FromPath, JSONBody, QueryParameter
 from vllm_srun.app.errors import ErrorBody, ErrorResponse, error_type, upstream_code
 from vllm_srun.app.peers.failures import item_failure
 from vllm_srun.app.peers.openai_batch import lines
-from vllm_srun.app.peers.openai_batch.files import store_of
+from vllm_srun.app.peers.openai_batch.files import _options, store_of
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.service.jobs import _caller, _Validator
 from vllm_srun.errors import (
@@ -38,7 +38,7 @@ Metadata = Annotated[dict[str, str], msgspec.Meta(max_length=16)]
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True):
     input_file_id: str
-    endpoint: str
+    endpoint: Literal["/v1/embeddings", "/v1/rerank", "/v1/classify"]
     completion_window: Literal["24h"]
     metadata: Metadata | None = None
 
@@ -342,4 +342,10 @@ async def list_batches(
     )
 
 
-BATCH_ROUTES = [create_batch, retrieve_batch, cancel_batch, list_batches]
+BATCH_ROUTES = [
+    _options("/v1/batches", "GET, OPTIONS, POST"),
+    create_batch,
+    retrieve_batch,
+    cancel_batch,
+    list_batches,
+]

@@ -5,16 +5,18 @@ bounded as a job's are (--max-job-bytes, --max-job-requests), and it expires wit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import msgspec
-from litestar import Request, Response, delete, get, post
+from litestar import Response, delete, get, post, route
 from litestar.datastructures import State, UploadFile
-from litestar.params import FromPath, QueryParameter
+from litestar.enums import HttpMethod, MediaType, RequestEncodingType
+from litestar.params import Body, FromPath, QueryParameter
 
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.service.jobs import _owner
-from vllm_srun.errors import InvalidRequest, RequestTooLarge
+from vllm_srun.errors import RequestTooLarge
 from vllm_srun.queue.jobs.batches import BatchStore
 
 
@@ -58,14 +60,19 @@ def file_object(fields: dict[str, str]) -> FileObject:
     )
 
 
-async def upload(request: Request[Any, Any, Any], state: State) -> FileObject:
+@dataclass
+class FileUpload:
+    """OpenAI's upload form: the file, and `purpose` (only "batch" here)."""
+
+    file: UploadFile
+    purpose: Literal["batch"]
+
+
+async def upload(
+    data: Annotated[FileUpload, Body(media_type=RequestEncodingType.MULTI_PART)], state: State
+) -> FileObject:
     runtime: Runtime = state.runtime
-    form = await request.form()
-    purpose, upload = form.get("purpose"), form.get("file")
-    if purpose != "batch":
-        raise InvalidRequest(f"purpose: {purpose!r} is not supported; only 'batch'", param="purpose")
-    if not isinstance(upload, UploadFile):
-        raise InvalidRequest("file: required (a multipart file part)", param="file")
+    upload, purpose = data.file, data.purpose
     content = await upload.read()
     most = runtime.settings.max_job_requests
     if sum(1 for line in content.splitlines() if line.strip()) > most:
@@ -130,4 +137,19 @@ def file_routes(max_job_bytes: int) -> list[Any]:
         status_code=200,
         request_max_body_size=max_job_bytes,
     )(upload)
-    return [create, list_files, retrieve_file, file_content, delete_file]
+    return [files_options, file_options, create, list_files, retrieve_file, file_content, delete_file]
+
+
+def _options(path: str, allow: str) -> Any:
+    """OPTIONS naming every method of `path`: Litestar answers it from the first handler
+    registered at a path, and each method here is a handler of its own."""
+
+    async def answer() -> Response[None]:
+        return Response(None, status_code=204, headers={"Allow": allow}, media_type=MediaType.TEXT)
+
+    name = "Options" + path.replace("/", "_").replace("{", "").replace("}", "").replace(":str", "")
+    return route(path, http_method=[HttpMethod.OPTIONS], include_in_schema=False, name=name)(answer)
+
+
+files_options = _options("/v1/files", "GET, OPTIONS, POST")
+file_options = _options("/v1/files/{file_id:str}", "DELETE, GET, OPTIONS")
