@@ -50,7 +50,11 @@ def test_a_batch_answers_each_line_as_the_route_does(client: openai.OpenAI, mini
     batch = _done(client, created.id)
     assert batch.status == "completed", client.files.content(batch.error_file_id or "").text
     assert batch.request_counts is not None
-    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (3, 2, 1)
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        3,
+        2,
+        1,
+    )
     assert batch.completed_at is not None and batch.in_progress_at is not None
     assert batch.output_file_id and batch.error_file_id
     output = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
@@ -71,10 +75,15 @@ def test_a_malformed_file_fails_in_validation_with_line_numbers(client: openai.O
     good = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}}
     content = _jsonl([good]) + b"{not json\n" + _jsonl([{**good, "url": "/v1/rerank", "custom_id": "b"}])
     uploaded = client.files.create(file=("bad.jsonl", content), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
     assert batch.status == "failed" and batch.failed_at is not None
     assert batch.errors is not None and batch.errors.data is not None
-    assert [(e.line, e.code) for e in batch.errors.data] == [(2, "invalid_json_line"), (3, "mismatched_endpoint")]
+    assert [(e.line, e.code) for e in batch.errors.data] == [
+        (2, "invalid_json_line"),
+        (3, "mismatched_endpoint"),
+    ]
 
 
 def test_cancel_and_files(client: openai.OpenAI) -> None:
@@ -83,7 +92,9 @@ def test_cancel_and_files(client: openai.OpenAI) -> None:
         for i in range(200)
     ]
     uploaded = client.files.create(file=("c.jsonl", _jsonl(rows)), purpose="batch")
-    created = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h")
+    created = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+    )
     cancelled = client.batches.cancel(created.id)
     assert cancelled.status in ("cancelling", "cancelled", "completed")
     batch = _done(client, created.id)
