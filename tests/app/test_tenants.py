@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import msgspec
+import openai
 import pytest
 from helpers import Server, write_keywords
 
@@ -209,3 +211,23 @@ def test_health_without_a_key_says_only_the_status(server: Server) -> None:
     assert wrong.json()["models"] == {}
     keyed = call(server, "GET", "/health", ALICE)
     assert keyed.json()["model"] == "kw" and "kw" in keyed.json()["models"]
+
+
+def test_another_key_gets_404_for_batch_files_and_batches(server: Server) -> None:
+    alice = openai.OpenAI(base_url=f"{server.url}/v1", api_key=ALICE)
+    bob = openai.OpenAI(base_url=f"{server.url}/v1", api_key=BOB)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/classify", "body": {"input": ["refund"]}}
+    upload = alice.files.create(file=("in.jsonl", msgspec.json.encode(line)), purpose="batch")
+    batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/classify", completion_window="24h")
+    for attempt in (
+        lambda: bob.files.retrieve(upload.id),
+        lambda: bob.files.content(upload.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(input_file_id=upload.id, endpoint="/v1/classify", completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert upload.id not in [f.id for f in bob.files.list()]
+    assert batch.id not in [b.id for b in bob.batches.list()]
+    assert alice.batches.retrieve(batch.id).id == batch.id
