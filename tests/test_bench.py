@@ -102,7 +102,7 @@ def test_report_infinity_columns() -> None:
         }
     )
     report.add_ratios(result)
-    report.add_infinity_ratios(result)
+    report.add_peer_ratios(result)
     shapes, peers = result["shapes"], result["infinity"]["shapes"]  # type: ignore[index]
     assert shapes["c32x1"]["over_infinity"] == 1.5
     assert shapes["c1x1"]["over_infinity"] == 1.25
@@ -112,7 +112,7 @@ def test_report_infinity_columns() -> None:
     assert peers["c1x1"]["ratio"] == 0.5  # the ceiling's single p50 over its p50
     result["targets"] = report.targets(result)
     lines = report.table(result).splitlines()
-    assert lines[0].split()[-3:] == ["ratio", "/inf", "target"]
+    assert lines[0].split()[-4:] == ["ratio", "/inf", "/vllm", "target"]
     c32 = next(line for line in lines if line.startswith("c32 x 1 text"))
     assert c32.split()[4:12] == ["64", "90.0", "300.0", "600.0", "900.0", "0", "0.90", "1.50"]
     inf = next(line for line in lines if line.startswith("inf c32 x 1 text"))
@@ -127,7 +127,7 @@ def test_report_infinity_skipped() -> None:
 
     result = _result({"skipped": "no Infinity venv: run with --infinity-create"})
     report.add_ratios(result)
-    report.add_infinity_ratios(result)
+    report.add_peer_ratios(result)
     assert all("over_infinity" not in shape for shape in result["shapes"].values())  # type: ignore[attr-defined]
     result["targets"] = report.targets(result)
     table = report.table(result)
