@@ -38,8 +38,9 @@ def test_bench_runs_every_shape(keywords: Path, tmp_path: Path) -> None:
     assert ceiling["texts_per_s"] > 0 and ceiling["single"]["p50_ms"] > 0
     assert ceiling["best_batch"] in (8, 16, 32, 64, 128)
     assert "skipped" in result["peer"]  # the keyword model is no sentence-transformers package
-    # Without an Infinity venv its columns are skipped, and the table says how to enable them.
+    # Without a peer's venv its columns are skipped, and the table says how to enable them.
     assert "skipped" in result["infinity"] and "--infinity-create" in done.stdout
+    assert "skipped" in result["vllm"] and "--vllm-create" in done.stdout  # so are vLLM's
     assert result["memory"]["server_peak_rss_mb"] > 0 and result["memory"]["replica_rss_mb"] > 0
     assert {t["name"] for t in result["targets"]} == {
         "c32x1",
