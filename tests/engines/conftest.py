@@ -23,15 +23,6 @@ from vllm_srun.engines.native import NativeEngine  # noqa: E402
 from vllm_srun.engines.native.engine import NativeModel  # noqa: E402
 from vllm_srun.plugins.base import Batch, Device, ModelSpec, WorkItem  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _short_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bfloat16 and int8 loads run a lone row of every token count up to 128 (their first
-    builds); these tests load dozens of models and compare numbers, not first-forward times, so
-    their loads warm 4 counts. test_native_dense tests the full warm-up."""
-    monkeypatch.setattr(NativeModel, "warm_max_tokens", 4)
-
-
 # Inputs whose lengths differ and (for ModernBERT's window of 8) exceed the local window.
 LENGTHS = (5, 23, 1, 40, 12, 31)
 

@@ -296,7 +296,7 @@ def test_load_runs_a_lone_row_of_every_token_count_on_the_torch_paths(
     not on a lone caller's request. float32 builds nothing per shape: none is run there."""
     from vllm_srun.engines.native.engine import WARM_MAX_TOKENS
 
-    monkeypatch.setattr(NativeModel, "warm_max_tokens", WARM_MAX_TOKENS)  # the conftest shortens it
+    monkeypatch.setattr(NativeModel, "warm_max_tokens", WARM_MAX_TOKENS)  # tests/conftest.py shortens it
     lone: list[tuple[str, int]] = []
     encode = NativeModel.encode
 
