@@ -130,6 +130,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Scheduling(config, log)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _short_warm_up() -> Iterator[None]:
+    """bfloat16 and int8 loads run a lone row of every token count up to 128 (their first oneDNN
+    builds). In this process, without a server's thread policy, that took ~10 s a load on the
+    shared machine, and these tests compare numbers, not first forwards: their in-process loads
+    warm 4 counts (servers started as processes warm all; test_native_dense tests the full one)."""
+    from vllm_srun.engines.native.engine import NativeModel
+
+    before = NativeModel.warm_max_tokens
+    NativeModel.warm_max_tokens = 4
+    yield
+    NativeModel.warm_max_tokens = before
+
+
 @pytest.fixture
 def keywords(tmp_path: Path) -> Path:
     return write_keywords(tmp_path / "keywords")
