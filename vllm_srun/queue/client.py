@@ -54,6 +54,11 @@ FALLBACK_POLL_S = 1.0
 # A request that timed out waits this long at most for its job to leave the queue.
 WITHDRAW_WAIT_S = 0.25
 
+# The least time Redis gets to take a request before it is answered 503 (a link that lags): a
+# request's own deadline may be shorter than any round trip, and its items then answer
+# deadline_exceeded from the worker, as they do on a healthy link.
+LINK_WAIT_MIN_S = 1.0
+
 # A job outlives the longest timeout of its requests by this (arq's job expiry).
 JOB_EXPIRY_S = 60
 
@@ -205,7 +210,9 @@ class QueueClient:
                 # Known down: refused at once, not after a timeout per request.
                 raise Unavailable(self.link_down, headers={"Retry-After": "1"})
             try:
-                has_worker = await asyncio.wait_for(self.workers.has_worker(deployment), ask.timeout_s)
+                has_worker = await asyncio.wait_for(
+                    self.workers.has_worker(deployment), max(ask.timeout_s, LINK_WAIT_MIN_S)
+                )
             except TimeoutError:
                 raise self._unanswered(ask.timeout_s) from None
             if self._refusal is None and has_worker and self._refusal is None:
@@ -235,7 +242,7 @@ class QueueClient:
         part.give_up = asyncio.get_running_loop().time() + part.timeout_s
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(part.sent), part.timeout_s)
+                await asyncio.wait_for(asyncio.shield(part.sent), max(part.timeout_s, LINK_WAIT_MIN_S))
             except TimeoutError:
                 # Redis took the request's whole time to queue it (a link that lags or went
                 # silent): 503 now; its job leaves the queue once it is there (below).
