@@ -21,7 +21,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_srun import __version__, defaults, tracing
-from vllm_srun.app.docs import openapi_config
+from vllm_srun.app.docs import PUBLIC, openapi_config, secured
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.peers.router import openapi_yaml
 from vllm_srun.app.peers.tei.errors import TEI_RESPONSES, TeiError
@@ -163,7 +163,7 @@ def stop_serving(app: Litestar, grace_s: float) -> None:
         runtime.stopping(grace_s)
 
 
-@get("/openapi.json", summary="The OpenAPI document", include_in_schema=False)
+@get("/openapi.json", summary="The OpenAPI document", include_in_schema=False, opt=PUBLIC)
 async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
@@ -204,7 +204,7 @@ def create_app(
         *job_routes(max_job_bytes),
     ]
     return Litestar(
-        route_handlers=[*documented(tagged(handlers)), openapi_document, openapi_yaml],
+        route_handlers=[*secured(documented(tagged(handlers))), openapi_document, openapi_yaml],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_of_path)],
