@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import Server, write_keywords
 from app.test_docs_offline import CHROMIUM, render
+from helpers import Server, write_keywords
 
 from vllm_srun.app.tenants import Callers, read_key_file
 from vllm_srun.errors import ConfigError
