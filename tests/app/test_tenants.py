@@ -1,6 +1,7 @@
 """Callers apart (issue 22 part 4): with several API keys, another key cannot read, cancel or
-reuse a caller's job, nor learn from a cache hit what the caller sent. Real HTTP on 127.0.0.1,
-one server per mode, every test bounded in seconds."""
+reuse a caller's job, nor learn from a cache hit what the caller sent; the docs pages and the
+document answer anyone, and the document's bearer scheme marks exactly the guarded operations.
+Real HTTP on 127.0.0.1, one server per mode, every test bounded in seconds."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 /docs/swagger (Swagger UI, to try a request), each linking the other, their scripts and styles
 under /docs/static (vendored, pinned: `vendored/README.md`), never from a CDN. Every response
 under /docs carries `CSP`: scripts only from this server and none inline, no other origin for
-anything. The pages, their assets and the document are public, as the API's description; every
-other route takes the key, which the document declares (`BEARER`) so Swagger UI can send it.
+anything. The pages, their assets and the document answer without an API key (they describe
+the API, no caller's data); each guarded operation declares the key (`BEARER`) for Swagger UI.
 Also the OpenAPI config, and `operation_ids` for a controller mounted at several paths.
 """
 
