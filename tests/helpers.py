@@ -52,8 +52,8 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def listening_port(self, timeout_s: float = 60.0) -> int:
-        """The TCP port of the `listening` line that serve and proxy log as they bind (serve's
-        before its models load): the one the OS chose for port 0."""
+        """The TCP port of the `listening` line that serve and proxy log (the proxy as it binds,
+        serve once its models are loaded): the one the OS chose for port 0."""
         deadline = time.monotonic() + timeout_s
         while True:
             for line in self.log().splitlines():
@@ -236,7 +236,9 @@ class Server(Proc):
     @property
     def port(self) -> int:
         if self._port is None:
-            self._port = self.listening_port()
+            # serve says where it listens once its models are loaded: a slow warm-up (a float32
+            # twin compared with int8 on a busy machine) comes first.
+            self._port = self.listening_port(timeout_s=180)
         return self._port
 
     @property
@@ -457,11 +459,14 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def start_worker(tmp_path: Path, package: Path, redis_url: str, *extra: str) -> Proc:
+def start_worker(
+    tmp_path: Path, package: Path, redis_url: str, *extra: str, env: dict[str, str] | None = None
+) -> Proc:
     """`vllm-srun worker`, returned once it says it is ready."""
     worker = Proc(
         [sys.executable, "-m", "vllm_srun.cli", "worker", str(package), "--redis", redis_url, *extra],
         tmp_path / f"worker-{time.monotonic_ns()}.log",
+        env,
     )
     deadline = time.monotonic() + 60
     while "worker ready" not in worker.log():

@@ -38,8 +38,9 @@ def test_bench_runs_every_shape(keywords: Path, tmp_path: Path) -> None:
     assert ceiling["texts_per_s"] > 0 and ceiling["single"]["p50_ms"] > 0
     assert ceiling["best_batch"] in (8, 16, 32, 64, 128)
     assert "skipped" in result["peer"]  # the keyword model is no sentence-transformers package
-    # Without an Infinity venv its columns are skipped, and the table says how to enable them.
+    # Without a peer's venv its columns are skipped, and the table says how to enable them.
     assert "skipped" in result["infinity"] and "--infinity-create" in done.stdout
+    assert "skipped" in result["vllm"] and "--vllm-create" in done.stdout  # so are vLLM's
     assert result["memory"]["server_peak_rss_mb"] > 0 and result["memory"]["replica_rss_mb"] > 0
     assert {t["name"] for t in result["targets"]} == {
         "c32x1",
@@ -102,7 +103,7 @@ def test_report_infinity_columns() -> None:
         }
     )
     report.add_ratios(result)
-    report.add_infinity_ratios(result)
+    report.add_peer_ratios(result)
     shapes, peers = result["shapes"], result["infinity"]["shapes"]  # type: ignore[index]
     assert shapes["c32x1"]["over_infinity"] == 1.5
     assert shapes["c1x1"]["over_infinity"] == 1.25
@@ -112,7 +113,7 @@ def test_report_infinity_columns() -> None:
     assert peers["c1x1"]["ratio"] == 0.5  # the ceiling's single p50 over its p50
     result["targets"] = report.targets(result)
     lines = report.table(result).splitlines()
-    assert lines[0].split()[-3:] == ["ratio", "/inf", "target"]
+    assert lines[0].split()[-4:] == ["ratio", "/inf", "/vllm", "target"]
     c32 = next(line for line in lines if line.startswith("c32 x 1 text"))
     assert c32.split()[4:12] == ["64", "90.0", "300.0", "600.0", "900.0", "0", "0.90", "1.50"]
     inf = next(line for line in lines if line.startswith("inf c32 x 1 text"))
@@ -127,7 +128,7 @@ def test_report_infinity_skipped() -> None:
 
     result = _result({"skipped": "no Infinity venv: run with --infinity-create"})
     report.add_ratios(result)
-    report.add_infinity_ratios(result)
+    report.add_peer_ratios(result)
     assert all("over_infinity" not in shape for shape in result["shapes"].values())  # type: ignore[attr-defined]
     result["targets"] = report.targets(result)
     table = report.table(result)

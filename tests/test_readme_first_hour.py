@@ -120,12 +120,16 @@ def test_the_packaged_minilm_answers_the_openai_client(servers: list[Proc], tmp_
     model = re.search(r'model="([^"]+)"', script)
     inputs = re.search(r"input=(\[[^]]*\])", script)
     assert model is not None and inputs is not None, script
-    assert f"--served-model-name {model[1]} " in serve_line
+    # The id is the model's own name, without --served-model-name; the folder's name an alias.
+    assert "--served-model-name" not in serve_line and model[1] == "all-MiniLM-L6-v2"
+    (card,) = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+    assert (card["id"], card["aliases"]) == ("all-MiniLM-L6-v2", ["model"])
     texts = ast.literal_eval(inputs[1])
     from openai import OpenAI
 
     openai = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
     reply = openai.embeddings.create(model=model[1], input=texts)
+    assert len(openai.embeddings.create(model="model", input=texts[:1]).data) == 1  # the alias
     loader.join(timeout=120)
     assert "model" in reference, "sentence-transformers did not load the package's folder"
     expected = reference["model"].encode(texts)

@@ -51,6 +51,16 @@ class JobNotFound(SrunError):
     status = 404
 
 
+class FileNotFound(SrunError):
+    code = "file_not_found"
+    status = 404
+
+
+class BatchNotFound(SrunError):
+    code = "batch_not_found"
+    status = 404
+
+
 class RequestTooLarge(SrunError):
     code = "request_too_large"
     status = 413

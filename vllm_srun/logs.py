@@ -1,10 +1,15 @@
-"""structlog set-up: JSON lines when stderr is not a terminal, readable lines when it is."""
+"""structlog set-up: JSON lines when stderr is not a terminal, readable lines when it is.
+
+Lines of the standard library's loggers (uvicorn's, arq's, any library's) go through the same
+renderer, with their logger's name: one format for every line.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import sys
+from typing import Any
 
 import structlog
 
@@ -13,13 +18,14 @@ _OUR_ERROR = re.compile(r"vllm_srun\.errors\.\w+: (.*)")
 
 def configure(level: str = "info") -> None:
     numeric = getattr(logging, level.upper(), logging.INFO)
-    logging.basicConfig(level=numeric, stream=sys.stderr, format="%(message)s")
     renderer = structlog.dev.ConsoleRenderer() if sys.stderr.isatty() else structlog.processors.JSONRenderer()
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    _route_stdlib(numeric, renderer, stamp)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            stamp,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -30,6 +36,28 @@ def configure(level: str = "info") -> None:
     # arq logs every job at INFO; that is per-request noise for a server.
     logging.getLogger("arq").setLevel(max(numeric, logging.WARNING))
     logging.getLogger("uvicorn.error").addFilter(_RuntimeErrorsWithoutTraceback())
+
+
+def _route_stdlib(numeric: int, renderer: Any, stamp: Any) -> None:
+    """The root logger's handler renders as structlog does, as logging.basicConfig would add it:
+    only where the root logger has no handler yet (a test's capture keeps its own)."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(_CurrentStderr())  # type: ignore[arg-type]
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                stamp,
+                structlog.processors.format_exc_info,
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root.addHandler(handler)
+    root.setLevel(numeric)
 
 
 class _CurrentStderr:

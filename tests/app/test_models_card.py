@@ -15,6 +15,7 @@ from helpers import Server
 
 from vllm_srun import defaults
 from vllm_srun.app.service.health import ModelState, overall
+from vllm_srun.plugins.bodies import NUMERICS
 
 HEAD_KINDS = {"sequence", "scores", "token"}
 
@@ -85,7 +86,9 @@ def test_every_card_has_upstreams_identity_placement_and_state(cards: dict[str, 
             "cpu",
             "float32",
         )
-        assert card["profile"] == "exact" and card["profiles"] == [{"name": "exact", "numerics": "exact"}]
+        # In `serve --help`'s words for --dtype float32 (tests/cli/test_help.py).
+        exact = {"name": "exact", "numerics": "exact", "description": NUMERICS["float32"]}
+        assert card["profile"] == "exact" and card["profiles"] == [exact]
         assert [(p["group"], p["name"]) for p in card["plugins"]] == [
             ("families", card["family"]),
             ("engines", "native"),

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import msgspec
+import openai
 import pytest
 from app.test_docs_offline import CHROMIUM, render
 from helpers import Server, write_keywords
@@ -249,3 +251,23 @@ def test_swagger_ui_offers_authorize_with_keys(server: Server, tmp_path: Path) -
     dom = render(server.url + "/docs/swagger", tmp_path / "swagger")
     assert 'class="btn authorize' in dom
     assert 'id="operations-Surfaces-V1ClassifyClassify"' in dom
+
+
+def test_another_key_gets_404_for_batch_files_and_batches(server: Server) -> None:
+    alice = openai.OpenAI(base_url=f"{server.url}/v1", api_key=ALICE)
+    bob = openai.OpenAI(base_url=f"{server.url}/v1", api_key=BOB)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/classify", "body": {"input": ["refund"]}}
+    upload = alice.files.create(file=("in.jsonl", msgspec.json.encode(line)), purpose="batch")
+    batch = alice.batches.create(input_file_id=upload.id, endpoint="/v1/classify", completion_window="24h")
+    for attempt in (
+        lambda: bob.files.retrieve(upload.id),
+        lambda: bob.files.content(upload.id),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(input_file_id=upload.id, endpoint="/v1/classify", completion_window="24h"),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            attempt()
+    assert upload.id not in [f.id for f in bob.files.list()]
+    assert batch.id not in [b.id for b in bob.batches.list()]
+    assert alice.batches.retrieve(batch.id).id == batch.id

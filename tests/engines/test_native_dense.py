@@ -287,3 +287,31 @@ def test_the_onnx_pool_threads_run_at_the_forward_priority(
     }
     assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base  # the caller's own is unchanged
     del session
+
+
+def test_load_runs_a_lone_row_of_every_token_count_on_the_torch_paths(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new shape's first forward builds its oneDNN primitives in bfloat16 and int8: at load,
+    not on a lone caller's request. float32 builds nothing per shape: none is run there."""
+    from vllm_srun.engines.native.engine import WARM_MAX_TOKENS
+
+    monkeypatch.setattr(NativeModel, "warm_max_tokens", WARM_MAX_TOKENS)  # tests/conftest.py shortens it
+    lone: list[tuple[str, int]] = []
+    encode = NativeModel.encode
+
+    def recording(self: NativeModel, batch: Batch, *, path: str | None = None) -> list[np.ndarray]:
+        if path is None and len(batch) == 1:
+            lone.append((self.dtype, int(batch.offsets[-1])))
+        return encode(self, batch, path=path)
+
+    monkeypatch.setattr(NativeModel, "encode", recording)
+    saved = nt.save(nt.randomize(tiny_bert(transformers.BertModel)), tmp_path)
+    nt.load_native(saved, "bfloat16")
+    assert lone == [("bfloat16", n) for n in range(1, 63)]  # 64 positions, two short (RoBERTa's offset)
+    lone.clear()
+    nt.load_native(saved, "int8")
+    assert [n for _, n in lone] == list(range(1, 63))
+    lone.clear()
+    nt.load_native(saved)
+    assert lone == []

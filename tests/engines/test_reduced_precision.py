@@ -11,7 +11,8 @@ bounds `vllm_srun.registry.approximate` holds a served model to:
   more than 0.02. The rerank bound (Kendall's tau >= 0.98) is not held here: a tiny random
   head's pooler saturates, so its rows' logits lie within ~0.003 of each other, under
   bfloat16's resolution of a logit near 1 (~0.004); ranking them is ranking noise;
-- token heads: each token's top label agrees on >= 99.5% of tokens, probabilities within 0.02.
+- token heads: each token's top label agrees on >= 99.5% of tokens, the 99th percentile of a
+  token's probability change within 0.02 (entity spans are the served model's: not held here).
 
 Why these tolerances hold on tiny random models: they are the production bounds, not looser
 ones. The fixtures' weights are drawn at std 0.2 (test_parity's `randomize`), far rougher than
@@ -79,16 +80,21 @@ def figures(kind: str, got: list[np.ndarray], want: list[np.ndarray]) -> dict[st
     top2 = np.sort(pb, axis=-1)[:, -2:]
     decided = top2[:, 1] - top2[:, 0] >= DECIDED
     agree = float(np.mean(a.argmax(-1)[decided] == b.argmax(-1)[decided]))
-    delta = float(np.abs(pa - pb).max())
-    name = "token_agreement" if kind == "token" else "label_agreement"
-    return {name: agree, "max_probability_delta": delta}
+    deltas = np.abs(pa - pb).max(axis=-1)
+    if kind == "token":
+        return {
+            "token_agreement": agree,
+            "p99_probability_delta": float(np.percentile(deltas, 99)),
+            "max_probability_delta": float(deltas.max()),
+        }
+    return {"label_agreement": agree, "max_probability_delta": float(deltas.max())}
 
 
 def bounds(kind: str, dtype: str) -> list[Any]:
     if kind == "model":
         return [b for b in bounds_for("embeddings", dtype) if b.figure != "neighbour_overlap"]
-    if kind == "token":
-        return list(bounds_for("token", dtype))
+    if kind == "token":  # spans are the served model's: this compares raw logits
+        return [b for b in bounds_for("token", dtype) if b.figure != "span_agreement"]
     return list(bounds_for("classify", dtype))
 
 

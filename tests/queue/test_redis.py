@@ -83,3 +83,14 @@ async def test_a_chunk_whose_redis_closed_under_it_runs_again() -> None:
 
     with pytest.raises(RuntimeError, match=r"^a bug$"):  # raised at once, not retried
         await DeviceWorker._through_outage(worker, bug, {"job_id": "j"})  # type: ignore[arg-type]
+
+
+def test_redis_lost_under_a_command_is_a_503_and_nothing_else_is() -> None:
+    from vllm_srun.errors import Unavailable
+    from vllm_srun.queue.redis import unavailable_when_lost
+
+    # What uvloop raises when redis-py writes to a connection reset under it.
+    with pytest.raises(Unavailable, match="handler is closed"), unavailable_when_lost():
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+    with pytest.raises(RuntimeError, match="a bug"), unavailable_when_lost():
+        raise RuntimeError("a bug")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server, run_cli, serve_named, write_keywords
+from helpers import Server, run_cli, write_keywords
 
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
@@ -58,9 +58,12 @@ def test_exact_numerics_are_the_default() -> None:
 
 
 @needs_int8
-def test_max_speed_picks_int8_on_the_cpu_and_reports_it() -> None:
+def test_max_speed_picks_int8_on_a_cpu_with_vnni_but_no_bfloat16(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_srun.accelerators.cpu_features import FLAGS_ENV
+
+    monkeypatch.setenv(FLAGS_ENV, "avx2 avx512f avx512_vnni")  # Cascade Lake's
     p = prepared(minilm(), max_speed=True)
-    assert p.placement.dtype == "int8"
+    assert (p.placement.dtype, p.placement.fallbacks) == ("int8", ("float32",))
     assert load_prepared(p).info.numerics == "int8"
 
 
@@ -98,16 +101,18 @@ def test_a_broken_int8_quantization_is_refused_with_its_figure() -> None:
     model = load_prepared(p)
     assert corrupt_int8_scales(model) == 12  # 6 layers x (attention output, FFN intermediate)
     with pytest.raises(
-        ConfigError, match=r"approximate numerics \(int8\) refused.*min_cosine 0\.\d+ \(needs >= 0\.99\)"
+        ConfigError,
+        match=r"approximate numerics \(int8\) refused.*min_cosine 0\.\d+ \(needs >= 0\.99; --bound min_cosine=0\.\d+ or",
     ):
         check_approximation(p, model)
 
 
 @needs_int8
 @needs_bfloat16
-def test_each_dtype_has_its_own_cache_keys() -> None:
+def test_each_dtype_has_its_own_cache_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """float32, bfloat16 and int8 results of the same request never share a cache key: the
     key's numerics is the dtype, on a worker and on an app replica alike."""
+    from vllm_srun.accelerators.cpu_features import FLAGS_ENV
     from vllm_srun.plugins.surfaces import EmbeddingsRequest
     from vllm_srun.queue.planning import plan_with_keys
 
@@ -122,10 +127,12 @@ def test_each_dtype_has_its_own_cache_keys() -> None:
     assert len({k for ks in keys.values() for k in ks}) == 6
     plugins = load_plugins()
     tables = load_tables(e.plugin for e in plugins.of("families").values())
-    for options, numerics in (
-        ({"max_speed": True, "device": "cpu"}, "int8"),
-        ({"dtype": "bfloat16"}, "bfloat16"),
+    for options, numerics, flags in (
+        ({"max_speed": True, "device": "cpu"}, "int8", "avx512_vnni"),
+        ({"max_speed": True, "device": "cpu"}, "bfloat16", "avx512_vnni avx512_bf16"),
+        ({"dtype": "bfloat16"}, "bfloat16", "avx512_bf16"),
     ):
+        monkeypatch.setenv(FLAGS_ENV, flags)  # the replica expects what the workers' CPU runs
         replica = load_prepared(
             prepare(plugins, tables, ModelOptions(ref=minilm(), **options), with_engine=False)
         )  # type: ignore[arg-type]
@@ -160,7 +167,7 @@ def test_bounds_per_kind_of_output() -> None:
     assert not Approximation(
         "classify", 200, "int8", {"label_agreement": 1.0, "max_probability_delta": 0.021}, classify
     ).passed()
-    assert [b.limit for b in bounds_for("token", "bfloat16")] == [0.995, 0.02]
+    assert [b.limit for b in bounds_for("token", "bfloat16")] == [0.995, 0.02, 0.99]
     assert [(b.figure, b.limit) for b in bounds_for("rerank", "int8")] == [("min_kendall_tau", 0.98)]
 
 
@@ -178,13 +185,16 @@ def test_kendall_tau_and_neighbour_overlap() -> None:
     assert neighbour_overlap(vectors, rng.standard_normal((40, 8))) < 0.6
 
 
-def test_an_engine_without_faster_numerics_refuses_max_speed(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no faster numerics"):
-        prepared(str(write_keywords(tmp_path / "kw")), max_speed=True)
+def test_max_speed_on_an_engine_without_faster_numerics_is_float32_and_says_why(tmp_path: Path) -> None:
+    placement = prepared(str(write_keywords(tmp_path / "kw")), max_speed=True).placement
+    assert (placement.dtype, placement.fallbacks) == ("float32", ())
+    assert placement.reason.startswith(
+        "--max-speed: float32, as nothing faster runs natively here (not bfloat16: "
+    )
 
 
-@needs_int8
-def test_served_max_speed_model_shows_its_int8_figures(start_server: Callable[..., Server]) -> None:
+@needs_bfloat16
+def test_served_max_speed_model_shows_its_dtype_why_and_figures(start_server: Callable[..., Server]) -> None:
     server = start_server(minilm(), "--max-speed", "--served-model-name", "fast", ready=False)
     server.wait_ready(path="/health/live")
     deadline = time.monotonic() + 120
@@ -193,8 +203,12 @@ def test_served_max_speed_model_shows_its_int8_figures(start_server: Callable[..
         time.sleep(0.2)
     assert state == "ready", server.log()[-3000:]
     model = server.get("/v1/models").json()["data"][0]
-    assert model["dtype"] == "int8" and model["numerics"] == "int8"
-    assert model["approximation"]["dtype"] == "int8" and model["approximation"]["min_cosine"] >= 0.99
+    assert model["dtype"] == "bfloat16" and model["numerics"] == "bfloat16"
+    assert model["dtype_reason"].startswith(
+        "--max-speed: bfloat16, the fastest numerics engine 'native' runs"
+    )
+    assert model["approximation"]["dtype"] == "bfloat16" and model["approximation"]["min_cosine"] >= 0.9995
+    assert model["approximation"]["figures"]["min_cosine"]["bound"] == ">= 0.9995"
 
 
 def test_max_speed_with_an_explicit_dtype_is_refused() -> None:
@@ -248,23 +262,41 @@ def test_a_deliberately_broken_quantization_is_refused_with_its_figure(
 
 @needs_bfloat16
 def test_the_figures_of_a_bfloat16_model_are_on_its_card(
-    fixtures: dict[str, Path], start_server: Callable[..., Server]
+    fixtures: dict[str, Path], start_server: Callable[..., Server], tmp_path: Path
 ) -> None:
-    """Over HTTP: each model served at bfloat16 shows what it traded, beside its bounds, on
-    /v1/models and on its own card."""
-    server = start_server(
-        *serve_named({"embed": fixtures["bert-embedding"], "seq": fixtures["bert-sequence"]}),
-        "--dtype",
-        "bfloat16",
+    """Over HTTP: each model served at bfloat16 shows what it traded, beside the bounds in
+    force, on /v1/models and on its own card; one the operator loosened says so, there and in
+    its log line."""
+    models = tmp_path / "models.yaml"
+    models.write_text(
+        f"models:\n  - {{model: '{fixtures['bert-embedding']}', name: embed, dtype: bfloat16,"
+        " bounds: {min_cosine: 0.999, mean_cosine: 0.9995}}\n"
+        f"  - {{model: '{fixtures['bert-sequence']}', name: seq, dtype: bfloat16}}\n"
     )
+    server = start_server("--models", str(models))
     cards = {card["id"]: card for card in server.get("/v1/models").json()["data"]}
     embed, seq = cards["embed"]["approximation"], cards["seq"]["approximation"]
     assert cards["embed"]["dtype"] == "bfloat16" and cards["embed"]["numerics"] == "bfloat16"
+    assert cards["embed"]["dtype_reason"] == "--dtype bfloat16"
     assert embed["check"] == "embeddings" and embed["dtype"] == "bfloat16" and embed["texts"] == 256
     assert embed["min_cosine"] >= 0.9995 and embed["mean_cosine"] >= embed["min_cosine"]
     assert embed["neighbour_overlap"] >= 0.95
-    assert embed["required"] == {"min_cosine": ">= 0.9995", "neighbour_overlap": ">= 0.95"}
+    assert embed["required"] == {
+        "min_cosine": ">= 0.999",
+        "neighbour_overlap": ">= 0.95",
+        "mean_cosine": ">= 0.9995",
+    }
+    assert embed["figures"]["min_cosine"] == {
+        "value": embed["min_cosine"],
+        "bound": ">= 0.999",
+        "set_by": "operator",
+        "default": ">= 0.9995",
+    }
+    assert embed["loosened"] == {"min_cosine": ">= 0.999"}  # mean_cosine's is a new bound: tighter
+    ready = [line for line in server.log().splitlines() if "model_ready" in line and "embed" in line]
+    assert ready and "loosened_bounds" in ready[-1] and "min_cosine" in ready[-1], ready
     assert seq["check"] == "classify" and seq["label_agreement"] >= 0.995
     assert 0 <= seq["max_probability_delta"] <= 0.02
     assert seq["required"] == {"label_agreement": ">= 0.995", "max_probability_delta": "<= 0.02"}
+    assert "loosened" not in seq and seq["figures"]["label_agreement"]["bound"] == ">= 0.995"
     assert server.get("/v1/models/seq").json()["approximation"] == seq

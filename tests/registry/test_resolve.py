@@ -105,9 +105,12 @@ def test_an_uncached_repository_names_what_was_looked_for(
         resolve("acme/absent", tables=NO_TABLES)
     message = str(info.value)
     assert str(cache / "models--acme--absent" / "refs" / "main") in message
-    assert "downloads are not allowed" in message and "huggingface-cli download acme/absent" in message
+    assert "downloads are not allowed" in message and "`hf download acme/absent`" in message
+    assert message.endswith("or start with --allow-download to fetch it as the server starts")
+    with pytest.raises(ConfigError, match="`hf download acme/absent --revision v2`"):
+        resolve("acme/absent@v2", tables=NO_TABLES)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
+    with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set: .*or unset HF_HUB_OFFLINE"):
         resolve("acme/absent", tables=NO_TABLES, allow_download=True)
 
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 import redis
 from helpers import RedisProcess, Topology, metric, submit_job, wait_healthy, write_keywords
@@ -218,3 +219,31 @@ def test_admission_refuses_whole_requests(topology: Callable[..., Topology], tmp
     state.close()
     fits = app.post("/v1/classify", {"input": ["refund"] * 4})
     assert fits.status_code == 200 and len(fits.json()["results"]) == 4
+
+
+def test_a_batch_survives_a_worker_kill_each_custom_id_once(
+    topology: Callable[..., Topology], tmp_path: Path
+) -> None:
+    topo = topology(write_keywords(tmp_path / "kw"))
+    first, second = topo.apps
+    rows = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/classify", "body": {"input": line["input"]}}
+        for i, line in enumerate(bulk_lines(4000))
+    ]
+    content = b"".join(json.dumps(row).encode() + b"\n" for row in rows)
+    client = openai.OpenAI(base_url=f"{first.url}/v1", api_key="unused")
+    upload = client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/classify", completion_window="24h")
+    other = openai.OpenAI(base_url=f"{second.url}/v1", api_key="unused")
+    wait_for(
+        lambda: (other.batches.retrieve(batch.id).request_counts.completed or 0) > 200, 60, "first results"
+    )
+    topo.workers[0].stop(signal.SIGKILL)
+    wait_for(lambda: other.batches.retrieve(batch.id).status == "completed", 60, "the batch to complete")
+    done = other.batches.retrieve(batch.id)
+    assert done.request_counts is not None and done.request_counts.completed == 4000
+    assert done.output_file_id is not None
+    ids = [
+        json.loads(line)["custom_id"] for line in other.files.content(done.output_file_id).text.splitlines()
+    ]
+    assert len(ids) == 4000 and set(ids) == {f"r{i}" for i in range(4000)}, "each custom_id answered once"

@@ -20,6 +20,7 @@ NDJSON_TYPES = frozenset({"application/x-ndjson", "application/jsonl", "applicat
 LOCAL_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 JOBS_PATH = "/v1/jobs"
+FILES_PATH = "/v1/files"
 # Refused before any phase ran: every phase of the contract's Server-Timing, each zero.
 NO_TIMING = ", ".join(f"{phase};dur=0" for phase in PHASES).encode()
 
@@ -90,6 +91,10 @@ class BrowserGuard:
         if _has_body(headers):
             kind = headers.get(b"content-type", b"").decode("latin-1").split(";")[0].strip().lower()
             allowed = JSON_TYPES | NDJSON_TYPES if scope["path"] == JOBS_PATH else JSON_TYPES
+            if scope["path"] == FILES_PATH:
+                # OpenAI's upload is multipart; a page that posts one only stores a file, which
+                # runs nothing until a JSON request (a preflighted one) makes it a batch.
+                allowed = allowed | {"multipart/form-data"}
             if kind not in allowed:
                 await _refuse(
                     send,

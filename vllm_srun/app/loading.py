@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -22,15 +22,17 @@ import structlog
 
 from vllm_srun.app.embedding_types import Calibration
 from vllm_srun.app.settings import ModelSettings, ServerSettings
-from vllm_srun.errors import ConfigError, SrunError, model_failure
+from vllm_srun.errors import ConfigError, PackageError, SrunError, model_failure
 from vllm_srun.plugins.base import LoadedModel
 from vllm_srun.plugins.discovery import Plugins
+from vllm_srun.plugins.package import ModelPackage
 from vllm_srun.plugins.stats import Stats
 from vllm_srun.queue.worker.coalescer import BatchLimits
 from vllm_srun.queue.worker.device_worker import Deployment, DeviceWorker
-from vllm_srun.registry.approximate import check_approximation
+from vllm_srun.registry.approximate import Refused, check_approximation
 from vllm_srun.registry.golden import device_class_of, run_golden
-from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, load_prepared, prepare
+from vllm_srun.registry.loader import ModelOptions, Placement, Prepared, fall_back, load_prepared, prepare
+from vllm_srun.registry.names import own_name
 from vllm_srun.registry.tables import load_tables
 from vllm_srun.tuning import set_forward_threads, start_forward_thread
 
@@ -78,11 +80,31 @@ class ServedModel:
 
 def name_of(options: ModelOptions) -> str:
     """The name of a model that could not be resolved: the one it was given, else what its
-    reference would have been named (a directory's folder name, a repository's id)."""
+    reference would have been named (a directory's model's own name or folder name, a
+    repository's id)."""
     if options.name:
         return options.name
     path = Path(options.ref).expanduser()
-    return path.name if path.is_dir() else options.ref.partition("@")[0] or options.ref
+    if not path.is_dir():
+        return options.ref.partition("@")[0] or options.ref
+    try:
+        return own_name(ModelPackage(path)) or path.name
+    except PackageError:
+        return path.name
+
+
+def unclaimed_aliases(prepared: list[Prepared], claimed: Sequence[str]) -> list[Prepared]:
+    """`prepared`, each keeping the default aliases (a folder's name) that no other model
+    claims: two packages in folders of one name leave it to neither, instead of refusing."""
+    counts: dict[str, int] = {}
+    for p in prepared:
+        for alias in p.default_aliases:
+            counts[alias] = counts.get(alias, 0) + 1
+    taken = set(claimed) | {p.name for p in prepared} | {a for p in prepared for a in p.options.aliases}
+    return [
+        replace(p, default_aliases=tuple(a for a in p.default_aliases if counts[a] == 1 and a not in taken))
+        for p in prepared
+    ]
 
 
 def check_names(models: Sequence[tuple[str, tuple[str, ...]]]) -> None:
@@ -132,34 +154,74 @@ def prepare_all(
             failed.append((name_of(model_settings.options), model_settings, reason))
     if not prepared:
         raise ConfigError("; ".join(reason for _, _, reason in failed) or "no model to serve")
+    claimed = [label for name, s, _ in failed for label in (name, *s.options.aliases)]
+    kept = unclaimed_aliases([p for p, _ in prepared], claimed)
+    prepared = list(zip(kept, (s for _, s in prepared), strict=True))
     check_names(
-        [(p.name, p.options.aliases) for p, _ in prepared]
-        + [(name, s.options.aliases) for name, s, _ in failed]
+        [(p.name, p.aliases) for p, _ in prepared] + [(name, s.options.aliases) for name, s, _ in failed]
     )
     return prepared, failed
+
+
+def _dtype_of(prepared: Prepared) -> dict[str, str]:
+    return {"dtype": prepared.placement.dtype, "dtype_reason": prepared.placement.reason}
+
+
+async def _load_checked(served: ServedModel, prepared: Prepared) -> str:
+    """Load, warm on the golden check, and hold approximate numerics to their twin check
+    (Refused where they miss a bound), each step logged as it starts and with its duration as
+    it ends. The golden check's status."""
+    step = partial(_step, served.name, prepared.placement.dtype)
+    async with step("loading"):
+        served.model = await asyncio.to_thread(load_prepared, prepared)
+    served.state = "warming"
+    device_class = device_class_of(prepared.placement.device)
+    records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
+    async with step("warming: golden answers" if records else "warming: determinism check"):
+        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
+    served.golden, served.golden_reference = result.status, result.reason
+    if result.status == "verified":  # every record ran and matched
+        served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
+    if result.status == "failed":
+        raise ConfigError(f"golden check failed: {result.reason}")
+    if served.model.info.numerics != "float32" and served.model.engine_model is not None:
+        async with step("warming: comparing with a float32 twin"):
+            check = await asyncio.to_thread(check_approximation, prepared, served.model)
+        served.approximation = check.describe()
+    return result.status
 
 
 async def bring_up(
     served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
 ) -> None:
-    """loading -> warming -> ready (then `on_ready`), or failed with the reason."""
+    """loading -> warming -> ready (then `on_ready`), or failed with the reason. A --max-speed
+    model whose twin check refuses its dtype goes on to the next it may fall back to."""
+    started = time.perf_counter()
     try:
-        served.model = await asyncio.to_thread(load_prepared, prepared)
-        served.state = "warming"
-        device_class = device_class_of(prepared.placement.device)
-        records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
-        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
-        served.golden, served.golden_reference = result.status, result.reason
-        if result.status == "verified":  # every record ran and matched
-            served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
-        if result.status == "failed":
-            raise ConfigError(f"golden check failed: {result.reason}")
-        if served.model.info.numerics != "float32" and served.model.engine_model is not None:
-            check = await asyncio.to_thread(check_approximation, prepared, served.model)
-            served.approximation = check.describe()
+        while True:
+            try:
+                golden = await _load_checked(served, prepared)
+                break
+            except Refused as exc:
+                following = fall_back(prepared, exc.short)
+                if following is None:
+                    raise
+                log.warning(
+                    "max_speed_fallback", model=served.name, refused=exc.short, **_dtype_of(following)
+                )
+                served.model, served.state = None, "loading"
+                prepared, served.placement = following, following.placement
         await on_ready(served)
         served.state = "ready"
-        log.info("model_ready", model=served.name, golden=result.status)
+        loosened = (served.approximation or {}).get("loosened")
+        log.info(
+            "model_ready",
+            model=served.name,
+            golden=golden,
+            **_dtype_of(prepared),
+            **({"loosened_bounds": loosened} if loosened else {}),
+            s=round(time.perf_counter() - started, 3),
+        )
     except SrunError as exc:
         served.state, served.reason = "failed", exc.message
         log.error("model_failed", model=served.name, reason=exc.message)
@@ -168,6 +230,18 @@ async def bring_up(
             raise
         served.state, served.reason = "failed", f"{type(exc).__name__}: {exc}"
         log.exception("model_failed", model=served.name)
+
+
+@contextlib.asynccontextmanager
+async def _step(model: str, dtype: str, step: str) -> AsyncIterator[None]:
+    """Log `step` of bringing `model` up as it starts and, with its seconds, as it ends (a
+    warm-up of several seconds is otherwise a silent /health 503)."""
+    log.info("model_step", model=model, dtype=dtype, step=step)
+    started = time.perf_counter()
+    yield
+    log.info(
+        "model_step_done", model=model, dtype=dtype, step=step, s=round(time.perf_counter() - started, 3)
+    )
 
 
 class Executors:
@@ -243,7 +317,7 @@ class Serving:
             models[p.name] = ServedModel(
                 p.name,
                 model_settings.limits,
-                p.options.aliases,
+                p.aliases,
                 placement=p.placement,
                 family=p.family.name,
                 repository=p.resolved.repository,

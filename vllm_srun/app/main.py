@@ -23,6 +23,8 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from vllm_srun import __version__, defaults, tracing
 from vllm_srun.app.docs import PUBLIC, openapi_config, secured
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
+from vllm_srun.app.peers.openai_batch.batches import BATCH_ROUTES
+from vllm_srun.app.peers.openai_batch.files import file_routes
 from vllm_srun.app.peers.router import openapi_yaml
 from vllm_srun.app.peers.tei.errors import TEI_RESPONSES, TeiError
 from vllm_srun.app.responses import TIMING_KEY
@@ -202,6 +204,8 @@ def create_app(
         *PEER_ROUTES,
         index,  # after the peers': OPTIONS / must be registered first (tei_root.root_options)
         *job_routes(max_job_bytes),
+        *file_routes(max_job_bytes),
+        *BATCH_ROUTES,
     ]
     return Litestar(
         route_handlers=[*secured(documented(tagged(handlers))), openapi_document, openapi_yaml],

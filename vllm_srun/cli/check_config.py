@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_srun import defaults
 from vllm_srun.cli.options import SECONDS
+from vllm_srun.cli.parsing import reads
 from vllm_srun.cli.secrets import API_KEY_ENV
 
 if TYPE_CHECKING:
@@ -26,7 +27,10 @@ def add_parsers(sub: Any) -> None:
         "check-config", help="check a router.yaml's endpoints and decision signals against what they serve"
     )
     check.add_argument("config", type=Path, help="the router configuration")
-    check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints")
+    reads(
+        check.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="key for the endpoints"),
+        API_KEY_ENV,
+    )
     check.add_argument(
         "--timeout-s", type=SECONDS, default=defaults.CHECK_TIMEOUT_S, help="per-endpoint timeout"
     )

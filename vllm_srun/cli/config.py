@@ -19,6 +19,7 @@ from vllm_srun.app.settings import ModelSettings
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.bodies import EXACT_PROFILE, MAX_SPEED_PROFILE
 from vllm_srun.queue.worker.coalescer import BatchLimits
+from vllm_srun.registry.bounds import check_overrides
 from vllm_srun.registry.loader import ModelOptions
 
 # A model's profiles, as the router's `profile` names them, and whether each is --max-speed:
@@ -57,6 +58,8 @@ class ModelEntry(HowToServe, kw_only=True, forbid_unknown_fields=True):
     revision: str | None = None
     name: str | None = None
     aliases: list[str] = msgspec.field(default_factory=list)
+    # The twin check's bounds the operator sets, by the names /v1/models reports.
+    bounds: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class ModelsFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -117,6 +120,7 @@ def settings_of(entry: ModelEntry, *, allow_download: bool = False) -> ModelSett
         dtype=entry.dtype,
         allow_download=allow_download,
         max_speed=_max_speed(entry),
+        bounds=check_overrides(entry.bounds, field=f"model {entry.model!r}: bounds"),
     )
     return ModelSettings(options=options, limits=BatchLimits(**msgspec.structs.asdict(entry.batching)))
 

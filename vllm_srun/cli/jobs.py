@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
+from vllm_srun.cli.parsing import Parser, reads
 from vllm_srun.plugins.surfaces import REGISTRY
 
 URL_ENV = "VLLM_SRUN_URL"
@@ -77,16 +78,18 @@ class ProgressBar:
 
 def add_jobs_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register `jobs` and its subcommands on an argparse subparsers object."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--url",
-        default=os.environ.get(URL_ENV, DEFAULT_URL),
-        help=f"server URL (default ${URL_ENV} or {DEFAULT_URL})",
+    common = Parser(add_help=False)
+    reads(
+        common.add_argument(
+            "--url", default=os.environ.get(URL_ENV, DEFAULT_URL), help=f"server URL [default: {DEFAULT_URL}]"
+        ),
+        URL_ENV,
     )
-    common.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"API key sent as a bearer token (${API_KEY_ENV})",
+    reads(
+        common.add_argument(
+            "--api-key", default=os.environ.get(API_KEY_ENV), help="API key sent as a bearer token"
+        ),
+        API_KEY_ENV,
     )
     common.add_argument("--timeout-s", type=float, default=60.0, help="timeout of each HTTP request")
 
@@ -242,7 +245,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`vllm-srun jobs ...` on its own, for scripts and tests."""
-    parser = argparse.ArgumentParser(prog="vllm-srun", description="Bulk jobs on a vllm-srun server.")
+    parser = Parser(prog="vllm-srun", description="Bulk jobs on a vllm-srun server.")
     add_jobs_parser(parser.add_subparsers(dest="command", required=True))
     return cmd_jobs(parser.parse_args(argv))
 

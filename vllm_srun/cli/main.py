@@ -10,7 +10,9 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from vllm_srun import __version__
 from vllm_srun.cli import bench, check_config, fixture, inventory, jobs, proxy, secrets, serve, worker
+from vllm_srun.cli.parsing import Parser
 from vllm_srun.errors import SrunError
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -29,7 +31,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-srun", description="Serve small encoder models over HTTP.")
+    parser = Parser(prog="vllm-srun", description="Serve small encoder models over HTTP.")
+    parser.add_argument("--version", action="version", version=f"vllm-srun {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     # In the order --help lists them.
     serve.add_parsers(sub)

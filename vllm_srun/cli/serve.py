@@ -13,98 +13,128 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vllm_srun import defaults
-from vllm_srun.cli.lifecycle import GRACEFUL_STOP_S, listening, stopped, stopping_server
+from vllm_srun.cli.lifecycle import GRACEFUL_STOP_S, announce, listening, stopped, stopping_server
 from vllm_srun.cli.managed import file_mode, remove_socket
 from vllm_srun.cli.options import (
+    GROUPS,
     NON_NEGATIVE,
     PORT,
     POSITIVE,
     SECONDS,
     Given,
     add_connection_options,
+    add_log_level,
     add_model_options,
     add_redis_roles,
     connection_limits,
+    option_groups,
     redis_url,
     setting,
 )
-from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV
+from vllm_srun.cli.parsing import reads, shows
+from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV, REDIS_PASSWORD_ENV, REDIS_PASSWORD_FILE_ENV
 from vllm_srun.cli.startup import check_redis, shared_settings
 
 
 def add_parsers(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run the HTTP server (with its own Redis and worker unless --redis)")
-    add_model_options(serve)
-    add = serve.add_argument
-    add("--redis", type=redis_url, default=None, help="Redis URL; makes this process an app replica only")
-    add_redis_roles(serve)
-    from_defaults = partial(setting, serve)
-    from_defaults("--host", str, f"address to bind (default {defaults.HOST})")
-    from_defaults("--port", PORT, "port to bind (with --uds, only when given)", action=Given)
-    add(
+    groups = option_groups(serve, *GROUPS)
+    add_model_options(groups)
+    limits, redis, auth, jobs, network = (groups[k] for k in ("limits", "redis", "auth", "jobs", "network"))
+    setting(limits, "--max-request-bytes", POSITIVE, "largest request body")
+    setting(limits, "--max-inputs", POSITIVE, "most inputs in one request")
+    setting(limits, "--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
+    setting(
+        limits,
+        "--max-concurrent-requests",
+        POSITIVE,
+        "surface requests served at once by this replica; past it, 429 with Retry-After (TEI's flag)",
+    )
+    setting(limits, "--max-queued-items", POSITIVE, "bound on queued items per model")
+    setting(limits, "--max-queued-tokens", POSITIVE, "bound on queued tokens per model")
+    setting(limits, "--request-timeout-s", SECONDS, "longest wait for a result")
+    limits.add_argument(
+        "--auto-truncate",
+        action="store_true",
+        help="truncate over-long inputs of requests that set no options.overflow (TEI's flag)",
+    )
+    reads(
+        redis.add_argument(
+            "--redis",
+            type=redis_url,
+            default=None,
+            help="Redis URL; makes this process an app replica only [default: a private Redis of its own]",
+        ),
+        f"{REDIS_PASSWORD_ENV} or {REDIS_PASSWORD_FILE_ENV} for its password",
+    )
+    add_redis_roles(redis)
+    setting(
+        redis,
+        "--local-cache-mb",
+        NON_NEGATIVE,
+        "recent results kept in this process in front of the Redis cache (0: none)",
+    )
+    reads(
+        auth.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), help="require this key"),
+        API_KEY_ENV,
+    )
+    reads(
+        auth.add_argument(
+            "--api-key-file",
+            type=Path,
+            default=os.environ.get(API_KEY_FILE_ENV),
+            help="take every key in this file, one per line, each a caller of its own",
+        ),
+        API_KEY_FILE_ENV,
+    )
+    auth.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="with several API keys, share cached results between them (default: each key's apart)",
+    )
+    auth.add_argument(
+        "--allowed-hosts",
+        default=None,
+        help="Host names served, comma-separated; * for any [default: with no API key, the bind "
+        "address and localhost]",
+    )
+    setting(jobs, "--max-job-requests", POSITIVE, "most requests in one bulk job")
+    setting(jobs, "--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
+    for flag, help in (
+        ("--max-queued-job-items", "items of all jobs not yet run, at most"),
+        ("--max-job-result-bytes", "result bytes one job may store"),
+        ("--max-stored-result-bytes", "result bytes all jobs may store"),
+    ):
+        field = flag.removeprefix("--").replace("-", "_")
+        shows(jobs.add_argument(flag, type=POSITIVE, default=None, help=help), partial(_quota_default, field))
+    setting(
+        jobs, "--max-event-streams", POSITIVE, "job event streams open at once on this replica (429 past it)"
+    )
+    setting(jobs, "--max-event-streams-per-caller", POSITIVE, "job event streams one caller may hold open")
+    setting(jobs, "--event-stream-connections", POSITIVE, "Redis connections the event streams share")
+    setting(jobs, "--event-batch-bytes", POSITIVE, "bytes of results one read of an event stream holds")
+    setting(network, "--host", str, "address to bind")
+    setting(network, "--port", PORT, "port to bind (with --uds, only when given)", action=Given)
+    network.add_argument(
         "--uds",
         type=Path,
         default=None,
         help="serve HTTP on this unix socket too (alone unless --port is given)",
     )
-    add(
+    network.add_argument(
         "--uds-mode",
         type=file_mode,
         default=None,
-        help="the socket's permissions in octal (default 600: its owner only)",
+        help="the socket's permissions in octal [default: 600, its owner only]",
     )
-    from_defaults("--max-request-bytes", POSITIVE, "largest request body")
-    from_defaults("--max-inputs", POSITIVE, "most inputs in one request")
-    from_defaults("--max-bundle-tasks", POSITIVE, "most tasks in one POST /v1/bundle")
-    from_defaults(
-        "--max-concurrent-requests",
-        POSITIVE,
-        "surface requests served at once by this replica; past it, 429 with Retry-After (TEI's flag)",
-    )
-    from_defaults(
-        "--local-cache-mb",
-        NON_NEGATIVE,
-        "recent results kept in this process in front of the Redis cache (0: none)",
-    )
-    from_defaults("--max-queued-items", POSITIVE, "bound on queued items per model")
-    from_defaults("--max-queued-tokens", POSITIVE, "bound on queued tokens per model")
-    from_defaults("--request-timeout-s", SECONDS, "longest wait for a result")
-    from_defaults("--max-job-requests", POSITIVE, "most requests in one bulk job")
-    from_defaults("--max-job-bytes", POSITIVE, "largest bulk job body in bytes")
-    add("--api-key", default=os.environ.get(API_KEY_ENV), help=f"require this key (or ${API_KEY_ENV})")
-    add(
-        "--api-key-file",
-        type=Path,
-        default=os.environ.get(API_KEY_FILE_ENV),
-        help=f"take every key in this file, one per line, each a caller of its own (or ${API_KEY_FILE_ENV})",
-    )
-    add(
-        "--shared-cache",
-        action="store_true",
-        help="with several API keys, share cached results between them (default: each key's apart)",
-    )
-    from_defaults(
-        "--max-event-streams", POSITIVE, "job event streams open at once on this replica (429 past it)"
-    )
-    from_defaults("--max-event-streams-per-caller", POSITIVE, "job event streams one caller may hold open")
-    from_defaults("--event-stream-connections", POSITIVE, "Redis connections the event streams share")
-    from_defaults("--event-batch-bytes", POSITIVE, "bytes of results one read of an event stream holds")
-    add_connection_options(serve)
-    add(
-        "--allowed-hosts",
-        default=None,
-        help="Host names served, comma-separated; * for any (default: with no API key, the bind "
-        "address and localhost)",
-    )
-    add("--max-queued-job-items", type=POSITIVE, default=None, help="items of all jobs not yet run, at most")
-    add("--max-job-result-bytes", type=POSITIVE, default=None, help="result bytes one job may store")
-    add("--max-stored-result-bytes", type=POSITIVE, default=None, help="result bytes all jobs may store")
-    add(
-        "--auto-truncate",
-        action="store_true",
-        help="truncate over-long inputs of requests that set no options.overflow (TEI's flag)",
-    )
+    add_connection_options(network)
+    add_log_level(serve)
+
+
+def _quota_default(field: str) -> Any:
+    from vllm_srun.queue.jobs import BulkQuotas
+
+    return getattr(BulkQuotas(), "max_queued_items" if field == "max_queued_job_items" else field)
 
 
 def _bulk_quotas(args: argparse.Namespace) -> Any:
@@ -148,6 +178,15 @@ def _server_settings(args: argparse.Namespace, shared: dict[str, Any], **given: 
         auto_truncate=args.auto_truncate,
         cache_redis_url=args.cache_redis,
     )
+
+
+async def _announce(app: Any, args: argparse.Namespace, sockets: list[Any], server: Any) -> None:
+    """Say where the server listens once its models are loaded (each ready or failed), unless
+    it is stopping by then (a --config check refused a model)."""
+    serving = app.state.runtime.serving
+    await serving.loaded()
+    if not server.should_exit:
+        announce(args, sockets, {name: served.state for name, served in serving.models.items()})
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -197,7 +236,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # the way out left the process exiting 0 instead of 130.
         signal.signal(signal.SIGTERM, partial(stopped, embedded_redis, args.uds, 0))
         signal.signal(signal.SIGINT, partial(stopped, embedded_redis, args.uds, 130))
-        server = stopping_server(config, partial(stop_serving, app))
+        server = stopping_server(config, partial(stop_serving, app), partial(_announce, app, args, sockets))
         server.run(sockets=sockets)
         if stopped_by:
             raise ConfigError(stopped_by[0])

@@ -39,6 +39,7 @@ def model_settings(args: argparse.Namespace) -> tuple[Any, ...]:
                 device=args.device,
                 dtype=args.dtype,
                 max_speed=args.max_speed,
+                bounds=dict(args.bounds or ()),
                 batching=batching,
             ),
             allow_download=args.allow_download,

@@ -13,18 +13,32 @@ import sys
 from typing import Any
 
 from vllm_srun.cli.lifecycle import exit_now
-from vllm_srun.cli.options import PORT, add_model_options, add_redis_roles, redis_url
+from vllm_srun.cli.options import (
+    PORT,
+    add_log_level,
+    add_model_options,
+    add_redis_roles,
+    option_groups,
+    redis_url,
+)
+from vllm_srun.cli.parsing import reads
+from vllm_srun.cli.secrets import REDIS_PASSWORD_ENV, REDIS_PASSWORD_FILE_ENV
 from vllm_srun.cli.startup import check_redis, shared_settings
 
 
 def add_parsers(sub: Any) -> None:
     worker = sub.add_parser("worker", help="run a device worker for an app replica's Redis")
-    add_model_options(worker)
-    worker.add_argument(
-        "--redis", type=redis_url, required=True, help="Redis URL shared with the app replicas"
+    groups = option_groups(worker, "model", "numerics", "batching", "redis", "jobs", "network")
+    add_model_options(groups)
+    reads(
+        groups["redis"].add_argument(
+            "--redis", type=redis_url, required=True, help="Redis URL shared with the app replicas"
+        ),
+        f"{REDIS_PASSWORD_ENV} or {REDIS_PASSWORD_FILE_ENV} for its password",
     )
-    add_redis_roles(worker)
-    worker.add_argument(
+    add_redis_roles(groups["redis"])
+    add_log_level(worker)
+    groups["network"].add_argument(
         "--metrics-port",
         type=PORT,
         default=None,

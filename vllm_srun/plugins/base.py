@@ -366,6 +366,9 @@ class ModelFamily(Plugin, abc.ABC):
     # When several families recognise one package, the most specific wins (a family for NLI
     # classifiers over one for any classifier); equal specificity is an error naming both.
     specificity: ClassVar[int] = 0
+    # What `detect` looks for in a folder, in a user's words: a folder no family recognises is
+    # refused with each family's. A family that does not say is listed as not saying.
+    looks_for: ClassVar[str] = ""
 
     @abc.abstractmethod
     def detect(self, package: ModelPackage) -> bool: ...

@@ -234,6 +234,15 @@ def merged_meta(meta: Any, **fields: Any) -> Any:
 
 EXACT_PROFILE = "exact"
 MAX_SPEED_PROFILE = "max_speed"
+# What --dtype accepts (auto: float32), and what each computes in: `serve --help` and each
+# model card's profile in /v1/models say it in these words.
+DTYPES = ("auto", "float32", "bfloat16", "int8")
+_CHECKED = f"approximate, checked against float32 at start (profile {MAX_SPEED_PROFILE})"
+NUMERICS = {
+    "float32": f"float32 weights and activations: exact, the reference (profile {EXACT_PROFILE})",
+    "bfloat16": f"bfloat16 weights and activations: {_CHECKED}",
+    "int8": f"int8 linear layers with per-token scales, the rest float32: {_CHECKED}",
+}
 
 
 def served_profile(numerics: str) -> str:

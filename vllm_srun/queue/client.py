@@ -30,14 +30,16 @@ from vllm_srun.queue.redis import (
     REDIS_ERRORS,
     describe_url,
     is_cluster,
+    lost_connection,
     make_pool,
     mget,
     out_of_memory,
     pipeline,
     publish,
-    pubsub_client,
     state_full,
+    unavailable_when_lost,
 )
+from vllm_srun.queue.replies import Replies
 from vllm_srun.queue.results import LocalResults
 from vllm_srun.queue.workers import Workers
 
@@ -47,10 +49,10 @@ __all__ = ["QueueClient", "Submission"]
 log = structlog.get_logger("vllm_srun.queue")
 
 FALLBACK_POLL_S = 1.0
-# The reply subscription, once lost, is tried again after this, doubling up to the maximum.
-RESUBSCRIBE_S = 0.1
-RESUBSCRIBE_MAX_S = 2.0
 
+
+# A request that timed out waits this long at most for its job to leave the queue.
+WITHDRAW_WAIT_S = 0.25
 
 # A job outlives the longest timeout of its requests by this (arq's job expiry).
 JOB_EXPIRY_S = 60
@@ -87,6 +89,8 @@ class _Part:
     positions: list[int] = field(default_factory=list)
     # How long the job's body lives in Redis (its record of withdrawn parts lives as long).
     expires_s: float = 0.0
+    # When the request stops waiting (the event loop's clock): set as it enters `_run`.
+    give_up: float = 0.0
 
     def __post_init__(self) -> None:
         self.found = [None] * len(self.items)
@@ -118,11 +122,8 @@ class QueueClient:
         # One Redis for both: the shared cache is looked up by the script that queues the job
         # (not on a cluster: the cache entries are in other slots than the queue).
         self._looks_up = self.cache is self.redis and not is_cluster(self.redis)
-        self._subscriber = pubsub_client(redis_url)
-        self._reply_channel = keys.reply_channel(self.app_id)
-        self._waiting: dict[str, asyncio.Future[protocol.JobReply]] = {}
-        self._listener: asyncio.Task[None] | None = None
-        self._subscribed = asyncio.Event()
+        self._replies = Replies(redis_url, self.app_id)
+        self._waiting = self._replies.waiting
         self._closing = False
         # The misses that arrived in this tick, per deployment and model identity: one job.
         self._ticks: dict[tuple[str, str, str, bool], list[_Part]] = {}
@@ -137,21 +138,15 @@ class QueueClient:
             await self.redis.ping()
         except REDIS_ERRORS as exc:
             raise Unavailable(f"cannot reach Redis at {describe_url(self.redis_url)}: {exc}") from exc
-        self._listener = asyncio.get_running_loop().create_task(self._listen(), name="reply-listener")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._subscribed.wait(), 5.0)
+        await self._replies.start()
 
     async def close(self) -> None:
         self._closing = True
         self.workers.close()
         for task in list(self._sending):
             task.cancel()
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+        await self._replies.close()
         with contextlib.suppress(*REDIS_ERRORS):
-            await self._subscriber.aclose()
             await self.redis.aclose()
             if self.cache is not self.redis:
                 await self.cache.aclose()
@@ -165,43 +160,11 @@ class QueueClient:
             if not future.done():
                 future.set_exception(Unavailable(reason))
 
-    async def _listen(self) -> None:
-        # The loops check `_closing` as well as being cancelled: redis-py can swallow a
-        # cancellation that lands while it reads, and the listener would never end.
-        # Lost (Redis restarted, a failover): subscribe again, sooner than a fixed poll would
-        # and without hammering a Redis that is still down; one warning per outage.
-        delay_s = RESUBSCRIBE_S
-        while not self._closing:
-            pubsub = self._subscriber.pubsub()
-            try:
-                await pubsub.subscribe(self._reply_channel)
-                self._subscribed.set()
-                if delay_s > RESUBSCRIBE_S:
-                    log.info("reply_channel_back")
-                delay_s = RESUBSCRIBE_S
-                while not self._closing:
-                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if message is not None and message.get("type") == "message":
-                        self._on_reply(message["data"])
-            except Exception as exc:  # an ended listener leaves requests to the fallback
-                self._subscribed.clear()
-                if delay_s == RESUBSCRIBE_S:
-                    log.warning("reply_channel_lost", error=repr(exc))
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, RESUBSCRIBE_MAX_S)
-            finally:
-                with contextlib.suppress(*REDIS_ERRORS):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    def _on_reply(self, raw: bytes) -> None:
-        try:
-            reply = protocol.decode_reply(raw)
-        except Exception:
-            log.warning("bad_reply")
-            return
-        future = self._waiting.pop(reply.request_id, None)
-        if future is not None and not future.done():
-            future.set_result(reply)
+    @property
+    def link_down(self) -> str | None:
+        """Why this process's link to the main Redis is down now (its reply subscription lost,
+        or silent past `RedisTimeouts.silence_s`); None while it is up."""
+        return self._replies.link_down
 
     async def submit(
         self,
@@ -238,7 +201,14 @@ class QueueClient:
         """The gateway's misses of one request, in the job of this tick (`gateway.MissRunner`)."""
         ask.lookup.end(misses=len(misses))
         with tracing.span("queue", kind="producer", deployment=deployment, items=len(misses)):
-            if self._refusal is None and await self.workers.has_worker(deployment) and self._refusal is None:
+            if self.link_down is not None and self._refusal is None:
+                # Known down: refused at once, not after a timeout per request.
+                raise Unavailable(self.link_down, headers={"Retry-After": "1"})
+            try:
+                has_worker = await asyncio.wait_for(self.workers.has_worker(deployment), ask.timeout_s)
+            except TimeoutError:
+                raise self._unanswered(ask.timeout_s) from None
+            if self._refusal is None and has_worker and self._refusal is None:
                 part = _Part(
                     keys.arq_job_id(deployment), misses, ask.deadline_s, ask.timeout_s, tracing.inject()
                 )
@@ -262,14 +232,23 @@ class QueueClient:
             tick = self._ticks[tick_key] = []
             asyncio.get_running_loop().call_soon(self._flush, tick_key)
         tick.append(part)
+        part.give_up = asyncio.get_running_loop().time() + part.timeout_s
         try:
-            await asyncio.shield(part.sent)
+            try:
+                await asyncio.wait_for(asyncio.shield(part.sent), part.timeout_s)
+            except TimeoutError:
+                # Redis took the request's whole time to queue it (a link that lags or went
+                # silent): 503 now; its job leaves the queue once it is there (below).
+                raise self._unanswered(part.timeout_s) from None
             if not part.job_id:  # every item was found in the shared cache
                 return Ran(list(part.found), stored=True, cached=[True] * len(part.found))
             ran = await self._await_reply(deployment, part)
             if any(raw is None for raw in ran.results):
-                # Timed out: nobody waits for the rest any more, so it leaves the queue.
-                await asyncio.shield(self._withdraw(deployment, part))
+                # Timed out: nobody waits for the rest any more, so it leaves the queue; the
+                # answer waits for that a moment at most (a lagging link would delay it).
+                withdrawing = self._in_background(self._withdraw(deployment, part))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(withdrawing), WITHDRAW_WAIT_S)
             return ran
         except asyncio.CancelledError:
             await asyncio.shield(self._withdraw(deployment, part))
@@ -277,19 +256,32 @@ class QueueClient:
         except Unavailable:
             if self._refusal is not None:
                 await asyncio.shield(self._withdraw(deployment, part))
+            else:
+                # In the background (after `_leave`, which it agrees with): a lagging link
+                # does not delay the answer.
+                self._in_background(self._withdraw(deployment, part))
             raise
         finally:
             self._leave(part)
+
+    def _unanswered(self, timeout_s: float) -> Unavailable:
+        why = self.link_down or f"Redis at {describe_url(self.redis_url)} did not answer"
+        return Unavailable(
+            f"{why}: no answer within the request's {timeout_s:g} s", headers={"Retry-After": "1"}
+        )
+
+    def _in_background(self, work: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+        return task
 
     def _flush(self, tick_key: tuple[str, str, str, bool]) -> None:
         """Send the misses that arrived in this tick as one job."""
         parts = self._ticks.pop(tick_key, [])
         if parts:
             deployment, sha256, numerics, looks_up = tick_key
-            send = self._send(deployment, (sha256, numerics), parts, looks_up)
-            task = asyncio.get_running_loop().create_task(send)
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._in_background(self._send(deployment, (sha256, numerics), parts, looks_up))
 
     async def _send(
         self, deployment: str, identity: tuple[str, str], parts: list[_Part], looks_up: bool
@@ -326,8 +318,8 @@ class QueueClient:
             raise
         except Exception as exc:  # each request hears it; the task itself ends quietly
             error: BaseException = exc
-            if isinstance(exc, REDIS_ERRORS):
-                error = Unavailable(f"Redis is unreachable: {exc}")
+            if lost_connection(exc):
+                error = Unavailable(f"Redis is unreachable: {exc}", headers={"Retry-After": "1"})
             elif out_of_memory(exc):
                 error = state_full()
             for part in parts:
@@ -351,7 +343,7 @@ class QueueClient:
             model_sha256=identity[0],
             numerics=identity[1],
             items=job_items,
-            reply_to=self._reply_channel,
+            reply_to=self._replies.channel,
             request_id=job_id,
             enqueued_s=time.time(),
             deadline_s=None if None in deadlines else max(d for d in deadlines if d is not None),
@@ -390,10 +382,8 @@ class QueueClient:
 
     async def _enqueue(self, deployment: str, job_id: str, payload: bytes, timeout_s: float) -> None:
         """The arq job, its queue entry and the wake-up, in one script (one slot on a cluster)."""
-        try:
+        with unavailable_when_lost():
             await self._get_or_add(deployment, job_id, payload, timeout_s, [])
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
 
     async def _get_or_add(
         self, deployment: str, job_id: str, payload: bytes, timeout_s: float, result_keys: list[str]
@@ -438,19 +428,27 @@ class QueueClient:
                     after=keys.queue_name(deployment),
                 )
                 await pipe.execute()
-        except REDIS_ERRORS as exc:
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
             log.warning("withdraw_failed", error=str(exc))
 
     async def _await_reply(self, deployment: str, part: _Part) -> Ran:
-        """The pushed reply; if none comes, what the result cache holds by the timeout."""
+        """The pushed reply; if none comes, what the result cache holds by the timeout. At the
+        timeout with results missing and the link to Redis down (or its last read failed),
+        Unavailable: the request is answered 503 at its deadline, not with items that merely
+        ran late."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + part.timeout_s
+        give_up = part.give_up or loop.time() + part.timeout_s
         found = list(part.found)
         cached = [raw is not None for raw in found]
         reply_future = part.reply
+        reachable = True
         while True:
             remaining = give_up - loop.time()
             if remaining <= 0 or reply_future is None:
+                if (self.link_down or not reachable) and any(raw is None for raw in found):
+                    raise self._unanswered(part.timeout_s)
                 return Ran(found, stored=True, cached=cached)
             try:
                 reply = await asyncio.wait_for(asyncio.shield(reply_future), min(FALLBACK_POLL_S, remaining))
@@ -463,18 +461,31 @@ class QueueClient:
                 return Ran(
                     found, stored=True, queue_s=reply.queue_s, forward_s=reply.forward_s, cached=cached
                 )
-            if await self._fallback(deployment, part.items, found):
+            remaining = give_up - loop.time()
+            try:
+                filled = await asyncio.wait_for(self._fallback(deployment, part.items, found), remaining)
+            except TimeoutError:
+                # Cut by the deadline: a read that took a poll's interval or more tells of a
+                # link that lags or went silent; a shorter one, of nothing.
+                filled = None if remaining >= FALLBACK_POLL_S else False
+            reachable = filled is not None
+            if filled:
                 return Ran(found, stored=True, cached=cached)
 
-    async def _fallback(self, deployment: str, items: list[WorkItem], found: list[bytes | None]) -> bool:
-        """Fill `found` from what the result cache already holds; True when nothing is missing."""
+    async def _fallback(
+        self, deployment: str, items: list[WorkItem], found: list[bytes | None]
+    ) -> bool | None:
+        """Fill `found` from what the result cache already holds; True when nothing is missing,
+        None when the cache could not be read."""
         pending = [index for index, raw in enumerate(found) if raw is None]
         try:
             stored = await mget(
                 self.cache, [keys.result_key(deployment, items[i].cache_key) for i in pending]
             )
-        except REDIS_ERRORS:
-            return False
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            return None
         for index, raw in zip(pending, stored, strict=True):
             if raw:
                 found[index] = raw

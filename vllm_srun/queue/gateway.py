@@ -17,11 +17,10 @@ from typing import Protocol, TypeVar
 from arq.connections import ArqRedis
 from redis.asyncio.client import Pipeline
 
-from vllm_srun.errors import Unavailable
 from vllm_srun.plugins.base import ItemError, Result, WorkItem
 from vllm_srun.queue import keys
 from vllm_srun.queue.planning import KeyIdentity, assign_keys
-from vllm_srun.queue.redis import REDIS_ERRORS, mget
+from vllm_srun.queue.redis import mget, unavailable_when_lost
 from vllm_srun.queue.results import LocalResults, cacheable, decode_result
 
 
@@ -186,12 +185,10 @@ class ResultGateway:
         missing = [index for index, raw in enumerate(found) if raw is None]
         if not missing:
             return found
-        try:
+        with unavailable_when_lost():
             stored = await mget(
                 self.cache, [keys.result_key(deployment, items[i].cache_key) for i in missing]
             )
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
         for index, raw in zip(missing, stored, strict=True):
             if raw:
                 found[index] = raw
@@ -212,12 +209,10 @@ class ResultGateway:
         submission.queue_s, submission.forward_s = ran.queue_s, ran.forward_s
         if not ran.stored:
             done = [(item, raw) for item, raw in zip(misses, ran.results, strict=True) if raw is not None]
-            try:
+            with unavailable_when_lost():
                 async with self.cache.pipeline(transaction=False) as pipe:
                     write_back(pipe, deployment, [i for i, _ in done], [r for _, r in done], self.ttl_s)
                     await pipe.execute()
-            except REDIS_ERRORS as exc:
-                raise Unavailable(f"Redis is unreachable: {exc}") from exc
         for item, raw in zip(misses, ran.results, strict=True):
             if raw is None:
                 continue

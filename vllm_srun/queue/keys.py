@@ -243,3 +243,32 @@ def crashes_key(job_id: str) -> str:
 def isolation_key(job_id: str) -> str:
     """Hash: per item of an isolated job, how many solo forwards of it started and never ended."""
     return f"{PREFIX}:isolated:{job_id}"
+
+
+# OpenAI's Batch API (files and batches): records under JOBS_TAG, beside the jobs they run as,
+# and one index per caller (`owner`, "" without API keys) that lists them newest last.
+
+
+def file_key(file_id: str) -> str:
+    """Hash: an uploaded (or a batch's output) file's metadata."""
+    return f"{PREFIX}:{JOBS_TAG}:file:{file_id}"
+
+
+def file_content_key(file_id: str) -> str:
+    """String: an uploaded file's bytes."""
+    return f"{PREFIX}:{JOBS_TAG}:file:{file_id}:content"
+
+
+def files_index_key(owner: str) -> str:
+    """Sorted set: a caller's file ids by creation time."""
+    return f"{PREFIX}:{JOBS_TAG}:files:{owner}"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash: a batch's request, its job id, and what its validation or finalizing recorded."""
+    return f"{PREFIX}:{JOBS_TAG}:batch:{batch_id}"
+
+
+def batches_index_key(owner: str) -> str:
+    """Sorted set: a caller's batch ids by creation time."""
+    return f"{PREFIX}:{JOBS_TAG}:batches:{owner}"

@@ -8,9 +8,10 @@ sent whole in a pipeline, one MGET per master, subscriptions node by node) is ha
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from vllm_srun.errors import Unavailable
 from vllm_srun.queue import protocol, scripts
+from vllm_srun.queue.links import RedisTimeouts
 
 # What a lost or unreachable Redis raises, wherever it is called (on a cluster also while a
 # failover is under way: its slots are down, or being moved).
@@ -61,6 +63,18 @@ def lost_connection(exc: BaseException) -> bool:
     return (
         isinstance(exc, AttributeError) and "'NoneType'" in str(exc) and _raised_in(exc, _CONNECTION_MODULE)
     )
+
+
+@contextlib.contextmanager
+def unavailable_when_lost() -> Iterator[None]:
+    """Redis lost under a command (`lost_connection`) becomes Unavailable (503, Retry-After);
+    anything else passes as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if lost_connection(exc):
+            raise Unavailable(f"Redis is unreachable: {exc}", headers={"Retry-After": "1"}) from exc
+        raise
 
 
 # redis-py's asyncio connection module, where a stream closed under a command is met.
@@ -95,11 +109,6 @@ def state_full() -> Unavailable:
     )
 
 
-# Short timeouts: a Redis that is gone must turn into a fast 503, never a hang.
-CONNECT_TIMEOUT_S = 2.0
-SOCKET_TIMEOUT_S = 5.0
-
-
 # A cluster's node addresses (host, port), per URL given: known once per process.
 _CLUSTERS: dict[str, list[tuple[str, int]]] = {}
 _SINGLE: set[str] = set()
@@ -117,8 +126,9 @@ def cluster_nodes(url: str) -> list[tuple[str, int]]:
         if url in _SINGLE:
             return []
         try:
+            timeouts = RedisTimeouts.from_env()
             client = sync_redis.Redis.from_url(
-                url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S
+                url, socket_connect_timeout=timeouts.connect_s, socket_timeout=timeouts.socket_s
             )
             with client:
                 if not int(cast(dict[str, Any], client.info("cluster")).get("cluster_enabled", 0)):
@@ -154,20 +164,12 @@ def is_cluster(client: object) -> bool:
     return isinstance(client, RedisCluster | ClusterPipeline)
 
 
-# Every client's timeouts and health check, on a single server's pools and a cluster's nodes.
-_CONNECTION_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": CONNECT_TIMEOUT_S,
-    "socket_timeout": SOCKET_TIMEOUT_S,
-    "health_check_interval": 30,
-}
-
-
 def _cluster(url: str, max_connections: int) -> ArqRedis:
     # The commands this package sends are common to both clients; arq's own transactions are
     # replaced where they would run on it (worker.arq_worker.DrivenWorker).
     client = RedisCluster.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **RedisTimeouts.from_env().options(url),
         max_connections=max_connections,
         # A failover takes the cluster-node-timeout and an election: retried within that, a
         # command that met it is answered late, not failed.
@@ -183,7 +185,7 @@ def make_pool(url: str) -> ArqRedis:
         return _cluster(url, 512)
     pool = ConnectionPool.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **RedisTimeouts.from_env().options(url),
         max_connections=512,
     )
     return ArqRedis(
@@ -193,6 +195,10 @@ def make_pool(url: str) -> ArqRedis:
     )
 
 
+# The longest a blocking read on a `blocking_pool` (an event stream's XREAD) waits on the server.
+BLOCKING_READ_S = 2.0
+
+
 def blocking_pool(url: str, max_connections: int) -> ArqRedis:
     """A client on a pool of at most `max_connections` that waits for a free connection instead
     of failing ("Too many connections"): for long reads (event streams) that must not take the
@@ -200,9 +206,12 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
     `max_connections` per node."""
     if cluster_nodes(url):
         return _cluster(url, max_connections)
+    options = RedisTimeouts.from_env().options(url)
+    # A blocking read waits on the server first: its reply is due that much later.
+    options["socket_timeout"] += BLOCKING_READ_S
     pool = BlockingConnectionPool.from_url(
         url,
-        **_CONNECTION_OPTIONS,
+        **options,
         max_connections=max_connections,
         timeout=None,  # a waiting stream is bounded by the stream caps, not by this pool
     )
@@ -210,9 +219,10 @@ def blocking_pool(url: str, max_connections: int) -> ArqRedis:
 
 
 def pubsub_client(url: str) -> Subscriber:
-    """A client for subscriptions: no socket timeout, since a subscriber waits on purpose. Each
-    `pubsub()` of it is a new subscription; on a cluster each is to the next node in turn, so a
-    subscriber that lost its node subscribes again on another."""
+    """A client for subscriptions: no read timeout, since a subscriber waits on purpose (a
+    `Listening` bounds its silence instead). Each `pubsub()` of it is a new subscription; on a
+    cluster each is to the next node in turn, so a subscriber that lost its node subscribes
+    again on another."""
     return Subscriber(url, cluster_nodes(url))
 
 
@@ -220,7 +230,10 @@ class Subscriber:
     """Subscriptions to one Redis, or to the nodes of a cluster in turn (see `pubsub_client`)."""
 
     def __init__(self, url: str, nodes: Sequence[tuple[str, int]] = ()) -> None:
-        options: dict[str, Any] = {"socket_connect_timeout": CONNECT_TIMEOUT_S, "health_check_interval": 30}
+        self.timeouts = RedisTimeouts.from_env()
+        # redis-py's own health check is off here: it swallows its PONGs, which `Listening`
+        # counts as signs of life (it PINGs a quiet subscription itself).
+        options = {**self.timeouts.options(url), "health_check_interval": 0}
         self._clients: list[Redis] = []
         if nodes:
             given = parse_url(url)  # redis-py's own reading: credentials unquoted, TLS, database

@@ -15,9 +15,8 @@ from typing import Any
 
 from arq.connections import ArqRedis
 
-from vllm_srun.errors import Unavailable
 from vllm_srun.queue import keys
-from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.redis import lost_connection, unavailable_when_lost
 
 WORKER_CHECK_TTL_S = 1.0
 # A request's meta reports the engines' description read at most this long ago (see `recent_engines`).
@@ -42,10 +41,8 @@ class Workers:
     async def live(self, deployment: str) -> int:
         """How many workers serving `deployment` beat in time; Unavailable if Redis is away."""
         now_ms = int(time.time() * 1000)
-        try:
+        with unavailable_when_lost():
             count: int = await self.redis.zcount(keys.worker_key(deployment), now_ms, "+inf")
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
         return count
 
     async def engines(self, deployment: str) -> dict[str, Any]:
@@ -59,7 +56,9 @@ class Workers:
                 pipe.zrangebyscore(keys.worker_key(deployment), now_ms, "+inf")
                 pipe.hgetall(keys.engines_key(deployment))
                 live, described = await pipe.execute()
-        except REDIS_ERRORS:
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
             return {}
         paths: list[str] = []
         memory: dict[str, int] = {}

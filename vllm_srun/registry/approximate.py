@@ -2,14 +2,14 @@
 give float32's answers?
 
 It is compared with a float32 twin built from the same weights, on a fixed corpus, through its
-own surface, and held to its output kind's bounds (BOUNDS): cosine and neighbour overlap for
-embedders, Kendall's tau-b for rerankers, label agreement and probability change for
-classifiers and taggers. A model that misses a bound, or has no check, is refused with every
-figure; `describe()` gives the figures beside their bounds.
+own surface, and held to its output kind's bounds (registry/bounds.py; the operator may set
+them per model). A model that misses a bound, or has no check, is refused with every figure;
+`describe()` gives the figures beside their bounds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from vllm_srun.errors import ConfigError
 from vllm_srun.plugins.base import LoadedModel
+from vllm_srun.registry.bounds import Bound, acceptance, bounds_for
 from vllm_srun.registry.corpus import corpus
 from vllm_srun.registry.golden import answer
 from vllm_srun.registry.loader import Prepared
@@ -27,37 +28,6 @@ NEIGHBOURS = 10
 # Rerank: this many queries, each over the same documents (as many pairs as CHECK_TEXTS).
 QUERIES = 16
 DOCUMENTS = 16
-
-
-@dataclass(frozen=True)
-class Bound:
-    """`figure` must be at least (or, `at_most`, at most) `limit`."""
-
-    figure: str
-    limit: float
-    at_most: bool = False
-
-    def holds(self, value: float) -> bool:
-        return value <= self.limit if self.at_most else value >= self.limit
-
-    def words(self) -> str:
-        return f"{'<=' if self.at_most else '>='} {self.limit}"
-
-
-EMBEDDING_BF16 = (Bound("min_cosine", 0.9995), Bound("neighbour_overlap", 0.95))
-EMBEDDING_INT8 = (Bound("min_cosine", 0.99), Bound("mean_cosine", 0.997), Bound("neighbour_overlap", 0.95))
-BOUNDS: dict[str, tuple[Bound, ...]] = {
-    "classify": (Bound("label_agreement", 0.995), Bound("max_probability_delta", 0.02, at_most=True)),
-    "token": (Bound("token_agreement", 0.995), Bound("max_probability_delta", 0.02, at_most=True)),
-    "rerank": (Bound("min_kendall_tau", 0.98),),
-}
-
-
-def bounds_for(check: str, dtype: str) -> tuple[Bound, ...]:
-    """The bounds of a kind of output at `dtype`: embedders' depend on the dtype."""
-    if check == "embeddings":
-        return EMBEDDING_INT8 if dtype == "int8" else EMBEDDING_BF16
-    return BOUNDS[check]
 
 
 @dataclass(frozen=True)
@@ -76,14 +46,37 @@ class Approximation:
     def passed(self) -> bool:
         return not self.missed()
 
+    def loosened(self) -> list[Bound]:
+        """The bounds the operator set looser than the built-in ones."""
+        return [b for b in self.bounds if b.loosened()]
+
     def describe(self) -> dict[str, Any]:
-        return {
+        """The figures, the bounds in force (`required`), and each figure beside its bound
+        (`figures`: value, bound, and where the operator set it, the built-in one)."""
+        by_figure = {b.figure: b for b in self.bounds}
+        beside: dict[str, dict[str, Any]] = {}
+        for name, value in self.figures.items():
+            entry: dict[str, Any] = {"value": round(value, 6)}
+            bound = by_figure.get(name)
+            if bound is not None:
+                entry["bound"] = bound.words()
+                if bound.by_operator:
+                    entry["set_by"] = "operator"
+                if bound.default is not None:
+                    entry["default"] = Bound(name, bound.default, bound.at_most).words()
+            beside[name] = entry
+        out = {
             "check": self.check,
             "texts": self.texts,
             "dtype": self.dtype,
             **{name: round(value, 6) for name, value in self.figures.items()},
             "required": {b.figure: b.words() for b in self.bounds},
+            "figures": beside,
         }
+        loosened = self.loosened()
+        if loosened:
+            out["loosened"] = {b.figure: b.words() for b in loosened}
+        return out
 
 
 def float32_twin(prepared: Prepared) -> LoadedModel:
@@ -181,11 +174,19 @@ def _readings(result: dict[str, Any]) -> list[tuple[Any, list[float]]]:
     return [(result.get("label"), result.get("probabilities") or [])]
 
 
+def _spans(result: dict[str, Any]) -> set[tuple[str, int, int]]:
+    return {(s["label"], s["start"], s["end"]) for s in result.get("spans") or ()}
+
+
 def classify_figures(
     model: LoadedModel, reference: LoadedModel, texts: list[str], *, tokens: bool
 ) -> dict[str, float]:
+    """Label agreement and the worst probability change; for a tagger, per token, with the
+    99th percentile of the change and the share of entity spans (label, start, end) both give
+    among those either gives."""
     agree = total = 0
-    delta = 0.0
+    deltas: list[float] = []
+    shared_spans = all_spans = 0
     options = {"return_tokens": True} if tokens else {}
     for batch in _batches(texts):
         ours, theirs = (
@@ -195,45 +196,94 @@ def classify_figures(
             for (label_a, probs_a), (label_b, probs_b) in zip(_readings(a), _readings(b), strict=True):
                 agree, total = agree + (label_a == label_b), total + 1
                 if probs_a:
-                    delta = max(delta, float(np.max(np.abs(np.subtract(probs_a, probs_b)))))
-    name = "token_agreement" if tokens else "label_agreement"
-    return {name: agree / max(total, 1), "max_probability_delta": delta}
+                    deltas.append(float(np.max(np.abs(np.subtract(probs_a, probs_b)))))
+            if tokens:
+                spans_a, spans_b = _spans(a), _spans(b)
+                shared_spans += len(spans_a & spans_b)
+                all_spans += len(spans_a | spans_b)
+    worst = max(deltas, default=0.0)
+    if not tokens:
+        return {"label_agreement": agree / max(total, 1), "max_probability_delta": worst}
+    return {
+        "token_agreement": agree / max(total, 1),
+        "p99_probability_delta": float(np.percentile(deltas, 99)) if deltas else 0.0,
+        "max_probability_delta": worst,
+        # No span in either answer is no disagreement.
+        "span_agreement": shared_spans / all_spans if all_spans else 1.0,
+    }
 
 
 def _token_head(model: LoadedModel) -> bool:
     return bool(model.info.heads) and model.info.heads[0].kind == "token"
 
 
-def compare(
-    model: LoadedModel, reference: LoadedModel, *, dtype: str, texts: int = CHECK_TEXTS
-) -> Approximation:
-    """The figures of `model` against its float32 `reference`, by its kind of output."""
-    corpus_texts = corpus(texts, seed=7)
+def check_kind(model: LoadedModel) -> str:
+    """The check a model's output gets: embeddings, rerank, classify or token."""
     surfaces = model.info.surfaces
-    if "embeddings" in surfaces:
-        check, figures = "embeddings", embeddings_figures(model, reference, corpus_texts)
-    elif "rerank" in surfaces:
-        check, figures, texts = "rerank", rerank_figures(model, reference), QUERIES * DOCUMENTS
-    elif "classify" in surfaces:
-        tokens = _token_head(model)
-        check = "token" if tokens else "classify"
-        figures = classify_figures(model, reference, corpus_texts, tokens=tokens)
+    for check in ("embeddings", "rerank", "classify"):
+        if check in surfaces:
+            return "token" if check == "classify" and _token_head(model) else check
+    raise ConfigError(
+        f"approximate numerics have no check for a model serving {', '.join(surfaces)}: refused"
+    )
+
+
+def compare(
+    model: LoadedModel,
+    reference: LoadedModel,
+    *,
+    dtype: str,
+    texts: int = CHECK_TEXTS,
+    overrides: Mapping[str, float] | None = None,
+) -> Approximation:
+    """The figures of `model` against its float32 `reference`, by its kind of output, held to
+    its bounds with the operator's `overrides` (refused before measuring where one does not
+    apply to this kind of output)."""
+    check = check_kind(model)
+    bounds = bounds_for(check, dtype, overrides)
+    corpus_texts = corpus(texts, seed=7)
+    if check == "embeddings":
+        figures = embeddings_figures(model, reference, corpus_texts)
+    elif check == "rerank":
+        figures, texts = rerank_figures(model, reference), QUERIES * DOCUMENTS
     else:
-        raise ConfigError(
-            f"approximate numerics have no check for a model serving {', '.join(surfaces)}: refused"
+        figures = classify_figures(model, reference, corpus_texts, tokens=check == "token")
+    return Approximation(check, texts, dtype, figures, bounds)
+
+
+class Refused(ConfigError):
+    """A twin check's refusal: `short` names each missed figure and its bound."""
+
+    def __init__(self, result: Approximation) -> None:
+        self.result = result
+        self.short = "; ".join(
+            f"{b.figure} {result.figures[b.figure]:.6f} (needs {b.words()})" for b in result.missed()
         )
-    return Approximation(check, texts, dtype, figures, bounds_for(check, dtype))
+        super().__init__(refusal(result))
+
+
+def refusal(result: Approximation) -> str:
+    """Why `result` is refused: each missed figure, its bound, and the option that would
+    accept it."""
+    parts = []
+    for b in result.missed():
+        value = result.figures[b.figure]
+        whose = ", set by the operator" if b.by_operator else ""
+        parts.append(
+            f"{b.figure} {value:.6f} (needs {b.words()}{whose}; {acceptance(b, value)} would accept it)"
+        )
+    return (
+        f"approximate numerics ({result.dtype}) refused: they differ from float32 beyond their bounds: "
+        f"{'; '.join(parts)} ({result.describe()})"
+    )
 
 
 def check_approximation(prepared: Prepared, model: LoadedModel) -> Approximation:
-    """Compare with a float32 twin; ConfigError (the model is refused) when it falls short."""
-    result = compare(model, float32_twin(prepared), dtype=prepared.placement.dtype)
-    missed = result.missed()
-    if missed:
-        short = ", ".join(f"{b.figure} {result.figures[b.figure]:.6f} (needs {b.words()})" for b in missed)
-        raise ConfigError(
-            f"approximate numerics ({prepared.placement.dtype}) refused: they differ from float32 beyond "
-            f"their bounds: {short} "
-            f"({result.describe()})"
-        )
+    """Compare with a float32 twin; Refused (a ConfigError: the model is refused) when it
+    falls short."""
+    overrides = dict(prepared.options.bounds)
+    check_kind(model)  # no twin is loaded for a model no check can hold
+    result = compare(model, float32_twin(prepared), dtype=prepared.placement.dtype, overrides=overrides)
+    if not result.passed():
+        raise Refused(result)
     return result

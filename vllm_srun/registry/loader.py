@@ -12,6 +12,7 @@ import structlog
 
 from vllm_srun import defaults
 from vllm_srun.errors import ConfigError, PackageError
+from vllm_srun.plugins import bodies
 from vllm_srun.plugins.architectures import converts, refusal, served_kind
 from vllm_srun.plugins.base import Accelerator, Device, Engine, LoadedModel, ModelFamily, ModelSpec
 from vllm_srun.plugins.discovery import Plugins
@@ -21,15 +22,16 @@ from vllm_srun.registry.tables import Tables, check_identity, load_tables
 
 log = structlog.get_logger("vllm_srun.registry")
 
-DTYPES = ("auto", "float32", "bfloat16", "int8")
+DTYPES = bodies.DTYPES
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelOptions:
     """How one model is to be served.
 
-    `name` is its id (by default the resolved reference's name: a directory's folder name, a
-    built-in's name, a repository's `org/name`); requests may also name it by any of `aliases`.
+    `name` is its id (by default the resolved reference's name: the name a directory's package
+    gives its model, else its folder name; a built-in's name; a repository's `org/name`);
+    requests may also name it by any of `aliases`.
     """
 
     ref: str
@@ -41,6 +43,8 @@ class ModelOptions:
     dtype: str = defaults.DTYPE
     allow_download: bool = False
     max_speed: bool = False
+    # The operator's bounds for the twin check (registry/bounds.py): (figure, limit) pairs.
+    bounds: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class Placement:
     dtype: str
     # The dtypes the engine runs on this device here (none known to an app replica).
     dtypes: tuple[str, ...] = ()
+    # Why this dtype (the option that chose it, and for --max-speed what the hardware has),
+    # and the dtypes --max-speed falls back to, in order, where the twin check refuses it.
+    reason: str = ""
+    fallbacks: tuple[str, ...] = ()
 
 
 def _config_problem(package: ModelPackage) -> str:
@@ -74,9 +82,12 @@ def detect_family(plugins: Plugins, package: ModelPackage, name: str | None = No
         return plugins.family(name)
     matches = [e.plugin for _, e in sorted(plugins.of("families").items()) if e.plugin.detect(package)]
     if not matches:
-        known = ", ".join(sorted(plugins.of("families"))) or "none"
+        known = "; ".join(
+            f"{name} looks for {entry.plugin.looks_for or 'files it does not name'}"
+            for name, entry in sorted(plugins.of("families").items())
+        )
         raise ConfigError(
-            f"no installed family recognises {str(package.root)!r} (families: {known})"
+            f"no installed family recognises {str(package.root)!r} ({known or 'no family is installed'})"
             + _config_problem(package)
         )
     top = max(m.specificity for m in matches)
@@ -148,24 +159,70 @@ def resolve_engine(plugins: Plugins, spec: ModelSpec, device: Device, wanted: st
 
 
 def resolve_dtype(engine: Engine, wanted: str, device: Device, *, max_speed: bool = False) -> str:
-    """`auto` is float32 everywhere: exact numerics are the default. `max_speed` picks the
-    engine's faster approximation for the device: int8 linears on the cpu, else bfloat16."""
+    """The dtype a model starts in (`choose_dtype` says why, and what --max-speed tries next)."""
+    return choose_dtype(engine, wanted, device, max_speed=max_speed)[0]
+
+
+def choose_dtype(
+    engine: Engine, wanted: str, device: Device, *, max_speed: bool = False
+) -> tuple[str, str, tuple[str, ...]]:
+    """(dtype, why it, the dtypes --max-speed falls back to in order where a twin check
+    refuses it). `auto` is float32 everywhere: exact numerics are the default."""
     if wanted not in DTYPES:
         raise ConfigError(f"--dtype {wanted!r} is not one of {', '.join(DTYPES)}")
     if max_speed:
         if wanted != "auto":
             raise ConfigError("--max-speed chooses the dtype itself: leave --dtype auto")
-        candidate = max_speed_dtype(device.accelerator)
-        if candidate not in engine.dtypes:
-            raise ConfigError(f"engine {engine.name!r} has no faster numerics ({candidate}) on {device}")
-        refuse_unrunnable(engine, candidate, device)
-        return candidate
+        return max_speed_choice(engine, device)
     if wanted == "auto":
-        return "float32"
+        return "float32", "--dtype auto: float32, the exact reference", ()
     if wanted not in engine.dtypes:
         raise ConfigError(f"engine {engine.name!r} runs {', '.join(engine.dtypes)}, not --dtype {wanted}")
     refuse_unrunnable(engine, wanted, device)
-    return wanted
+    return wanted, f"--dtype {wanted}", ()
+
+
+# What --max-speed tries, fastest first: bfloat16 before int8, whose int8 linears run slower
+# than bfloat16's where a CPU multiplies both natively (docs/performance.md); float32 last.
+MAX_SPEED_ORDER = ("bfloat16", "int8")
+
+
+def max_speed_choice(engine: Engine, device: Device) -> tuple[str, str, tuple[str, ...]]:
+    """--max-speed's dtype for `engine` on `device`: the first of MAX_SPEED_ORDER it runs
+    natively, why, and the rest (then float32) to fall back to."""
+    runnable, lacking = [], []
+    for dtype in MAX_SPEED_ORDER:
+        reason = (
+            dtype_refusal(engine, dtype, device)
+            if dtype in engine.dtypes
+            else f"engine {engine.name!r} does not run it"
+        )
+        if reason is None:
+            runnable.append(dtype)
+        else:
+            lacking.append(f"not {dtype}: {reason}")
+    if not runnable:
+        return (
+            "float32",
+            f"--max-speed: float32, as nothing faster runs natively here ({'; '.join(lacking)})",
+            (),
+        )
+    first, rest = runnable[0], (*runnable[1:], "float32")
+    why = f"--max-speed: {first}, the fastest numerics engine {engine.name!r} runs natively on {device}"
+    if lacking:
+        why += f" ({'; '.join(lacking)})"
+    return first, f"{why}; should its twin check refuse it, {' then '.join(rest)}", rest
+
+
+def fall_back(prepared: Prepared, refusal: str) -> Prepared | None:
+    """The model prepared in the next dtype --max-speed tries after `refusal` of its current
+    one, or None where there is none."""
+    placement = prepared.placement
+    if not placement.fallbacks:
+        return None
+    dtype, rest = placement.fallbacks[0], placement.fallbacks[1:]
+    why = f"--max-speed: {dtype}, as {placement.dtype} was refused: {refusal}"
+    return replace(prepared, placement=replace(placement, dtype=dtype, reason=why, fallbacks=rest))
 
 
 def dtype_refusal(engine: Engine, dtype: str, device: Device) -> str | None:
@@ -200,9 +257,14 @@ def numerics_of(options: ModelOptions, dtype: str) -> str:
     return "max_speed" if options.max_speed else "float32"
 
 
-def max_speed_dtype(accelerator: str) -> str:
-    """The dtype --max-speed picks on an accelerator: int8 linears on the cpu, else bfloat16."""
-    return "int8" if accelerator == "cpu" else "bfloat16"
+def max_speed_dtype(device: Device) -> str:
+    """The dtype --max-speed starts in on `device` as an app replica sees it (no engine): on the
+    cpu the first of MAX_SPEED_ORDER its instruction sets run, else bfloat16."""
+    if device.accelerator != "cpu":
+        return "bfloat16"
+    provider = device.provider
+    runs = [d for d in MAX_SPEED_ORDER if provider is None or provider.dtype_refusal(d, device) is None]
+    return runs[0] if runs else "float32"
 
 
 @dataclass(frozen=True)
@@ -217,6 +279,13 @@ class Prepared:
     placement: Placement
     engine: Engine | None = None
     device: Device | None = None
+    # Names requests may use besides `options.aliases` when no name was given: a folder's
+    # name (see registry.names). Dropped, not refused, where another model claims one.
+    default_aliases: tuple[str, ...] = ()
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return (*self.options.aliases, *self.default_aliases)
 
 
 def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_engine: bool) -> Prepared:
@@ -229,23 +298,32 @@ def prepare(plugins: Plugins, tables: Tables, options: ModelOptions, *, with_eng
     family = detect_family(plugins, resolved.package, family_name)
     spec = family.describe(resolved.package)
     name = options.name or resolved.name
+    aliases = () if options.name else tuple(a for a in resolved.aliases if a not in options.aliases)
     if not with_engine:
         dtype = options.dtype
         if options.max_speed and dtype == "auto":
             # The dtype the workers will pick, so that this replica's cache keys are theirs.
             try:
-                dtype = max_speed_dtype(resolve_device(plugins, options.device).accelerator)
+                dtype = max_speed_dtype(resolve_device(plugins, options.device))
             except ConfigError:
                 pass  # numerics_of says "max_speed": the workers refuse such jobs, naming both
-        placement = Placement(engine=options.engine, device=options.device, dtype=dtype)
-        return Prepared(options, resolved, family, spec, name, placement)
+        reason = f"--dtype {options.dtype}" if options.dtype != "auto" else ""
+        if options.max_speed and dtype != "auto":
+            reason = f"--max-speed: {dtype} expected from this host's {options.device}; the workers choose and check it"
+        placement = Placement(engine=options.engine, device=options.device, dtype=dtype, reason=reason)
+        return Prepared(options, resolved, family, spec, name, placement, default_aliases=aliases)
     device = resolve_device(plugins, options.device)
     engine = resolve_engine(plugins, spec, device, options.engine)
-    dtype = resolve_dtype(engine, options.dtype, device, max_speed=options.max_speed)
+    dtype, reason, fallbacks = choose_dtype(engine, options.dtype, device, max_speed=options.max_speed)
     placement = Placement(
-        engine=engine.name, device=str(device), dtype=dtype, dtypes=runnable_dtypes(engine, device)
+        engine=engine.name,
+        device=str(device),
+        dtype=dtype,
+        dtypes=runnable_dtypes(engine, device),
+        reason=reason,
+        fallbacks=fallbacks,
     )
-    return Prepared(options, resolved, family, spec, name, placement, engine, device)
+    return Prepared(options, resolved, family, spec, name, placement, engine, device, aliases)
 
 
 def load_prepared(prepared: Prepared) -> LoadedModel:
@@ -262,7 +340,17 @@ def load_prepared(prepared: Prepared) -> LoadedModel:
     model = family.load(
         package, prepared.spec, engine_model, name=prepared.name, verification=verification, numerics=numerics
     )
-    log.info("model_loaded", model=prepared.name, family=family.name, **vars(prepared.placement))
+    placement = prepared.placement
+    log.info(
+        "model_loaded",
+        model=prepared.name,
+        family=family.name,
+        engine=placement.engine,
+        device=placement.device,
+        dtype=placement.dtype,
+        dtypes=placement.dtypes,
+        dtype_reason=placement.reason,
+    )
     return model
 
 

@@ -2,8 +2,8 @@
 
 A reference is, in this order: a local package directory; a built-in model's name (its pinned
 repository and revision); a Hugging Face id `org/name[@REVISION]`, read from the local Hugging
-Face cache. It is served under its folder name, built-in name or repository id unless told
-otherwise. A missing repository is downloaded only when the caller allows it and
+Face cache. It is served under the name its package gives its model (else its folder name, then
+accepted as an alias), its built-in name or its repository id unless told otherwise. A missing repository is downloaded only when the caller allows it and
 `HF_HUB_OFFLINE` is unset; a built-in model's pinned files are verified before anything reads them.
 """
 
@@ -18,6 +18,7 @@ import structlog
 
 from vllm_srun.errors import ConfigError, PackageError
 from vllm_srun.plugins.package import ModelPackage
+from vllm_srun.registry.names import own_name
 from vllm_srun.registry.tables import BuiltinModel, Tables, verify_files
 
 log = structlog.get_logger("vllm_srun.registry")
@@ -39,6 +40,8 @@ class Resolved:
     revision: str | None = None
     # The name the model is served under by default; None: the package's (its folder's) name.
     default_name: str | None = None
+    # Other names requests may use by default: a folder's name, where the model has its own.
+    aliases: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -141,11 +144,17 @@ def resolve_repository(
         else:
             looked = where / "refs" / (revision or "main")
         if not allow_download or hub_offline():
+            fetch = f"hf download {repository}" + (f" --revision {revision}" if revision else "")
+            # `hf` is huggingface_hub's command since 0.34 (huggingface-cli before it).
+            how = f"fetch it with `{fetch}` (`pip install huggingface_hub`), " + (
+                "or unset HF_HUB_OFFLINE to let --allow-download fetch it"
+                if allow_download
+                else "or start with --allow-download to fetch it as the server starts"
+            )
             why = "HF_HUB_OFFLINE is set" if allow_download else "downloads are not allowed"
             raise ConfigError(
                 f"model {wanted!r} is not in the Hugging Face cache (looked for {str(looked)!r}; "
-                f"cache {str(cache)!r} from HF_HUB_CACHE / HF_HOME) and {why}: fetch it with "
-                f"`huggingface-cli download {repository}`" + (f" --revision {revision}" if revision else "")
+                f"cache {str(cache)!r} from HF_HUB_CACHE / HF_HOME) and {why}: {how}"
             )
         found = _download(repository, revision, cache)
     commit = found.name
@@ -163,7 +172,11 @@ def resolve(ref: str, *, tables: Tables, allow_download: bool = False) -> Resolv
     tables.check()
     path = Path(ref).expanduser()
     if path.is_dir():
-        return Resolved(package=ModelPackage(path))
+        package = ModelPackage(path)
+        own = own_name(package)
+        if own is None or own == package.name:
+            return Resolved(package=package)
+        return Resolved(package=package, default_name=own, aliases=(package.name,))
     builtin = tables.get(ref)
     if builtin is not None:
         found = resolve_repository(

@@ -79,7 +79,8 @@ TAGS: dict[str, str] = {
     "Models": "The served models: ids, aliases, surfaces, numerics and limits.",
     "Bulk jobs": "Many requests as one job: create it, follow its progress, read its results in input order.",
     "Service": "Where this server's docs are, its health and its metrics.",
-    "OpenAI": "OpenAI's embeddings route at the root, as TEI and Infinity serve it.",
+    "OpenAI": "OpenAI's embeddings route at the root, as TEI and Infinity serve it, and its Batch API "
+    "(/v1/files, /v1/batches) onto bulk jobs.",
     "TEI": "text-embeddings-inference's routes, its SageMaker and Inference API routes among them.",
     "vLLM": "vLLM's pooling server's routes, at the root and under /vllm (and /vllm/v1), its base URLs here.",
     "Infinity": "Infinity's routes, under /infinity.",
@@ -92,6 +93,7 @@ _TAG_OF_MODULE = {
     "vllm_srun.app.service.model_cards": "Models",
     "vllm_srun.app.service.jobs": "Bulk jobs",
     "vllm_srun.app.peers.openai": "OpenAI",
+    "vllm_srun.app.peers.openai_batch": "OpenAI",
     "vllm_srun.app.peers.tei": "TEI",
     "vllm_srun.app.peers.vllm": "vLLM",
     "vllm_srun.app.peers.infinity": "Infinity",

@@ -81,18 +81,23 @@ class ModelState:
 async def model_states(runtime: Runtime) -> dict[str, ModelState]:
     """Each model's state; a replica's model is ready only while a worker serves it."""
     states: dict[str, ModelState] = {}
+    # A link known to be down is reported at once, with why (not after a Redis timeout).
+    link_down = runtime.queue.link_down
     for name, served in runtime.models.items():
         state = served.state
-        if state == "ready" and not runtime.settings.embedded:
+        why = None
+        if state == "ready" and link_down is not None:
+            state, why = "redis_unavailable", link_down
+        elif state == "ready" and not runtime.settings.embedded:
             try:
                 if await runtime.queue.workers.live(name) == 0:
                     state = "no_worker"
-            except SrunError:
-                state = "redis_unavailable"
+            except SrunError as exc:
+                state, why = "redis_unavailable", str(exc)
         status: Status
         reason: str | None
         if state in _DEGRADED:
-            status, reason = "degraded", _DEGRADED[state]
+            status, reason = "degraded", _DEGRADED[state] + (f": {why}" if why else "")
         else:
             status, reason = _STATUS.get(state, "starting"), served.reason
         states[name] = ModelState(state, status, reason)

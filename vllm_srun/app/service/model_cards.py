@@ -19,7 +19,7 @@ from vllm_srun.app.loading import ServedModel
 from vllm_srun.app.runtime import Runtime
 from vllm_srun.app.service.health import ModelState, Status, model_states
 from vllm_srun.plugins.base import HeadInfo, HeadWindow, LoadedModel, RerankExit
-from vllm_srun.plugins.bodies import served_profile
+from vllm_srun.plugins.bodies import NUMERICS, served_profile
 from vllm_srun.plugins.decision_bodies import MAX_CHOICES, MAX_LEVELS, MIN_CHOICES, MIN_LEVELS
 from vllm_srun.plugins.decisions import DecisionModel
 
@@ -127,8 +127,11 @@ class ModelCard(msgspec.Struct, omit_defaults=True, kw_only=True):
     device: str | None = None
     dtype: str | None = None
     parameters: int | None = None
-    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets).
+    # Ours: the dtypes the engine can run on this device here (the CPU's instruction sets), and
+    # why `dtype` (the option that chose it; for --max-speed, what the hardware runs natively
+    # and any dtype its twin check refused first).
     dtypes: list[str] | None = None
+    dtype_reason: str | None = None
     # Ours. (A default_factory other than a bare `list` is written out even under omit_defaults.)
     aliases: list[str] = msgspec.field(default_factory=lambda: [])
     state: str = msgspec.field(default_factory=lambda: "loading")
@@ -177,9 +180,11 @@ def profile_of(numerics: str) -> ProfileInfo:
     """A numerics setting as upstream's profile: float32 is the exact reference, any other
     (bfloat16, float16) an approximation of it named after itself."""
     name = served_profile(numerics)  # the name options.profile must give, and meta.profile says
-    if numerics == "float32":
-        return ProfileInfo(name=name, numerics="exact")
-    return ProfileInfo(name=name, numerics="approximate", description=f"{numerics} numerics")
+    # In `serve --help`'s words for --dtype.
+    description = NUMERICS.get(numerics, f"{numerics} numerics")
+    return ProfileInfo(
+        name=name, numerics="exact" if numerics == "float32" else "approximate", description=description
+    )
 
 
 def golden_of(served: ServedModel) -> GoldenStatus:
@@ -324,6 +329,7 @@ def card(
         device=placement.device if placement else None,
         dtype=placement.dtype if placement else None,
         dtypes=list(placement.dtypes) if placement and placement.dtypes else None,
+        dtype_reason=placement.reason or None if placement else None,
         aliases=list(served.aliases),
         state=state.state,
         approximation=served.approximation,

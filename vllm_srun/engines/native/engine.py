@@ -55,6 +55,13 @@ PROBE_ATOL = 1e-5
 ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
+# A lone row of every token count up to this one is run once at load in these dtypes on the
+# cpu: the first forward of a new shape builds its oneDNN primitives (about 2 ms for MiniLM in
+# bfloat16 and in int8), which a single caller would otherwise pay on the request. float32's
+# lone rows build nothing measurable (onnxruntime, or torch's GEMMs). Longer rows are rarer,
+# and their forward's own time dwarfs the build.
+WARM_MAX_TOKENS = 128
+WARM_DTYPES = ("bfloat16", "int8")
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
 
@@ -92,11 +99,12 @@ class NativeEngine(Engine):
     layers' linears run on oneDNN's linear with the bias added inside it, packed.py), the
     residual stream, layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax
     statistics are float32) are bfloat16; layer norms compute their statistics in float32
-    (torch's kernel does), mean pooling sums in float32 (layers.mean_rows), rotary tables are
-    float32, and every result leaves as float32. The residual stream stays bfloat16 because
-    the twin check's 0.9995 held without a float32 one on both 12-layer proxies measured
-    (bench/dtypes.py: a random-init 12 x 768 BERT, MiniLM's layers stacked twice): a float32
-    residual would add a cast on each side of every linear for no measured gain.
+    (torch's kernel does), and in BERT-style post-LayerNorm layers the residual sum into each
+    LayerNorm is float32 too (bert.add_norm: rounded, it moved all-mpnet-base-v2 past the twin
+    check; bench/bf16_drift.py); mean pooling sums in float32 (layers.mean_rows), rotary
+    tables are float32, and every result leaves as float32. Between layers the stream stays
+    bfloat16: a float32 one would add a cast on each side of every linear, and with the sums
+    into the LayerNorms kept float32 the measured models pass without it.
 
     int8 (quantize.py): inside the encoder layers, the attention output and FFN intermediate
     projections are int8 (per-channel weights, per-token activations, int32 accumulation);
@@ -204,6 +212,8 @@ class NativeEngine(Engine):
             graph_identity=_graph_identity(spec, config, dtype),
         )
         model.prepare_small_batches()
+        # Two positions short of the table: RoBERTa's positions start after its padding index.
+        model.warm_single_rows(int(config.get("max_position_embeddings") or 0) - 2)
         return model
 
 
@@ -212,6 +222,8 @@ class NativeModel(EngineModel):
 
     # Whether small batches may run on onnxruntime (where installed); False keeps them on torch.
     small_batch_onnx: ClassVar[bool] = True
+    # The longest lone row warm_single_rows runs at load; 0 runs none.
+    warm_max_tokens: ClassVar[int] = WARM_MAX_TOKENS
 
     def __init__(
         self,
@@ -240,7 +252,8 @@ class NativeModel(EngineModel):
         self.linear_macs = sum(
             m.in_features * m.out_features
             for m in module.modules()
-            if isinstance(getattr(m, "in_features", None), int) and isinstance(getattr(m, "out_features", None), int)
+            if isinstance(getattr(m, "in_features", None), int)
+            and isinstance(getattr(m, "out_features", None), int)
         )
 
     @property
@@ -351,6 +364,24 @@ class NativeModel(EngineModel):
             log.warning("small_batch_onnx_cache_stale", max_abs_diff=worst)
             if key is not None and graph_cache.cached_graph(key) is not None:
                 key = None
+
+    def warm_single_rows(self, positions: int) -> int:
+        """One forward of a lone row of each token count up to `warm_max_tokens` (and
+        `positions`, where that is positive) in WARM_DTYPES on the cpu, on the forward threads'
+        count; how many ran. Done at load, so no caller waits for a shape's first build."""
+        import torch
+
+        limit = min(self.warm_max_tokens, positions) if positions > 0 else self.warm_max_tokens
+        if self._torch_device.type != "cpu" or self.dtype not in WARM_DTYPES or limit < 1:
+            return 0
+        vocab = self.module.vocab_size
+        filler = [t % vocab for t in _PROBE[0]]
+        threads = tuning.forward_threads() or torch.get_num_threads()
+        with tuning.intra_op_threads(threads):
+            for count in range(1, limit + 1):
+                row = [filler[i % len(filler)] for i in range(count)]
+                self.encode(Batch.from_items([WorkItem(token_ids=row, output="hidden")]))
+        return limit
 
     def _probe(self, session: Any) -> float:
         """The largest difference between `session` and the torch dense forward on the probe

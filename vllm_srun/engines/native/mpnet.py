@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from vllm_srun.engines.native.attention import Layout
-from vllm_srun.engines.native.bert import BertLayer
+from vllm_srun.engines.native.bert import BertLayer, add_norm
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
@@ -112,7 +112,7 @@ class MPNetAttention(nn.Module):
         self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, layout: Layout, bias: RelativeBias) -> torch.Tensor:
-        return self.LayerNorm(self.attn(x, layout, bias).add_(x))  # type: ignore[no-any-return]
+        return add_norm(self.LayerNorm, self.attn(x, layout, bias), x)
 
 
 class MPNetEncoder(nn.Module):

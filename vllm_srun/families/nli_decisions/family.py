@@ -111,6 +111,10 @@ class NliDecisionsFamily(ModelFamily):
 
     name = "nli_decisions"
     surfaces = ("decisions",)
+    looks_for = (
+        "config.json of a sequence classifier (as task_heads reads it) whose id2label names an "
+        "entailment and a contradiction label"
+    )
     fixture_writer = "vllm_srun.testing.nli_fixtures:write_fixture"
     # An NLI classifier is also a sequence classifier to task_heads; as one, it serves decisions.
     specificity = 10

@@ -53,6 +53,11 @@ class TaskHeadsFamily(ModelFamily):
 
     name = "task_heads"
     surfaces = ("classify", "embeddings", "rerank")
+    looks_for = (
+        "config.json naming an architecture it serves (BERT, RoBERTa, XLM-R, DeBERTa-v2, ModernBERT, "
+        "ELECTRA, DistilBERT, MPNet, Qwen3 and more) beside *.safetensors weights, or any model_type "
+        "beside an ONNX graph (onnx/model.onnx or model.onnx)"
+    )
     fixture_writer = "vllm_srun.testing.task_heads_fixtures:write_fixture"
 
     def detect(self, package: ModelPackage) -> bool:

@@ -18,7 +18,7 @@ from arq.connections import ArqRedis
 from vllm_srun.errors import Unavailable
 from vllm_srun.queue import keys, scripts
 from vllm_srun.queue.jobs.records import TERMINAL, JobStatus, job_fields, status_of
-from vllm_srun.queue.redis import REDIS_ERRORS
+from vllm_srun.queue.redis import BLOCKING_READ_S, REDIS_ERRORS
 
 # Events one XREAD of a stream takes: each is small (an index, or a progress count).
 _EVENTS_PER_READ = 200
@@ -43,7 +43,7 @@ class EventReader:
         return status_of(job_id, await job_fields(self.streams, job_id), owner)
 
     async def read(
-        self, job_id: str, last_id: str = "0-0", block_ms: int = 2000, *, owner: str | None = None
+        self, job_id: str, last_id: str = "0-0", block_ms: int = int(BLOCKING_READ_S * 1000), *, owner: str | None = None
     ) -> AsyncIterator[tuple[str, str, bytes]]:
         """(event id, event name, data) from after `last_id`, until the job's final status; an
         empty event name is a keep-alive. Reads go through `streams`; between yields at most

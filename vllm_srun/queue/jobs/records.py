@@ -16,9 +16,9 @@ from typing import Any, ParamSpec, TypeVar
 import msgspec
 from redis.exceptions import ResponseError
 
-from vllm_srun.errors import JobNotFound, Unavailable
+from vllm_srun.errors import JobNotFound
 from vllm_srun.queue import keys
-from vllm_srun.queue.redis import REDIS_ERRORS, out_of_memory, state_full
+from vllm_srun.queue.redis import out_of_memory, state_full, unavailable_when_lost
 
 TERMINAL = frozenset({"completed", "failed", "cancelled", "expired"})
 # What `create` hands out. Anything else names no job: checked before a key is built from it,
@@ -106,9 +106,8 @@ def redis_unavailable(method: Callable[_P, Awaitable[_T]]) -> Callable[_P, Await
     @wraps(method)
     async def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         try:
-            return await method(*args, **kwargs)
-        except REDIS_ERRORS as exc:
-            raise Unavailable(f"Redis is unreachable: {exc}") from exc
+            with unavailable_when_lost():
+                return await method(*args, **kwargs)
         except ResponseError as exc:
             if not out_of_memory(exc):
                 raise

@@ -40,6 +40,7 @@ from vllm_srun.queue.jobs.records import (
 )
 from vllm_srun.queue.protocol import ChunkPayload
 from vllm_srun.queue.redis import (
+    BLOCKING_READ_S,
     REDIS_ERRORS,
     is_cluster,
     pipeline,
@@ -337,7 +338,7 @@ class BulkStore:
         return out
 
     def events(
-        self, job_id: str, last_id: str = "0-0", block_ms: int = 2000, *, owner: str | None = None
+        self, job_id: str, last_id: str = "0-0", block_ms: int = int(BLOCKING_READ_S * 1000), *, owner: str | None = None
     ) -> AsyncIterator[tuple[str, str, bytes]]:
         """(event id, event name, data) from after `last_id`, until the job's final status; an
         empty event name is a keep-alive. Reads go through `streams`; between yields at most

@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from vllm_srun.queue.links import Listening
 from vllm_srun.queue.redis import REDIS_ERRORS, pubsub_client
 from vllm_srun.queue.worker.arq_worker import DrivenWorker
 
@@ -49,7 +50,7 @@ class WakeablePoller:
 
     def _handle(self, message: dict[str, Any]) -> None:
         """A cancel message names a request to drop; anything else was a wake-up."""
-        if self.on_cancel is None or self.cancel_channel is None:
+        if self.on_cancel is None or self.cancel_channel is None or message.get("type") != "message":
             return
         if message.get("channel") == self.cancel_channel.encode():
             self.on_cancel(message["data"].decode())
@@ -58,6 +59,7 @@ class WakeablePoller:
         worker = self.worker
         subscriber = pubsub_client(self.pubsub_url)
         pubsub = subscriber.pubsub()
+        listening = Listening(pubsub, subscriber.timeouts)
         subscribed = False
         channels = [self.wake_channel] + ([self.cancel_channel] if self.cancel_channel else [])
         # Redis lost (restarted, a failover): reconnect and subscribe again, with backoff up to
@@ -68,17 +70,18 @@ class WakeablePoller:
                 try:
                     if not subscribed:
                         await pubsub.subscribe(*channels)
+                        listening = Listening(pubsub, subscriber.timeouts)
                         subscribed = True
                     await worker.poll()
                     if delay_s > RECONNECT_S:
                         log.info("poll_recovered", queue=worker.queue_name)
                     delay_s = RECONNECT_S
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=worker.poll_delay_s
-                    )
+                    # A silent subscription (a link gone quiet without a FIN) raises here within
+                    # RedisTimeouts.silence_s: the poller subscribes again on a new connection.
+                    message = await listening.next(worker.poll_delay_s)
                     while message is not None:  # one poll answers every wake-up queued so far
                         self._handle(message)
-                        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0)
+                        message = await listening.next(0)
                 except Exception as exc:  # the poller must outlive any one failure
                     # A lost Redis, or one that refuses (out of memory under noeviction, a
                     # replica gone read-only): a poller that ended here would stop this worker
