@@ -207,8 +207,12 @@ def create_app(
         *file_routes(max_job_bytes),
         *BATCH_ROUTES,
     ]
+    # A server with keys marks each operation its guard guards; one without takes every request
+    # without a key, and its document says so by marking none.
+    keyed = settings is not None and bool(settings.api_key or settings.api_keys)
+    described = documented(tagged(handlers))
     return Litestar(
-        route_handlers=[*secured(documented(tagged(handlers))), openapi_document, openapi_yaml],
+        route_handlers=[*(secured(described) if keyed else described), openapi_document, openapi_yaml],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_of_path)],
