@@ -1,10 +1,12 @@
 """Callers apart (issue 22 part 4): with several API keys, another key cannot read, cancel or
-reuse a caller's job, nor learn from a cache hit what the caller sent. Real HTTP on 127.0.0.1,
-one server per mode, every test bounded in seconds."""
+reuse a caller's job, nor learn from a cache hit what the caller sent; the docs pages and the
+document answer anyone, and the document's bearer scheme marks exactly the guarded operations.
+Real HTTP on 127.0.0.1, one server per mode, every test bounded in seconds."""
 
 from __future__ import annotations
 
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -14,6 +16,7 @@ import httpx
 import msgspec
 import openai
 import pytest
+from app.test_docs_offline import CHROMIUM, render
 from helpers import Server, write_keywords
 
 from vllm_srun.app.tenants import Callers, read_key_file
@@ -211,6 +214,43 @@ def test_health_without_a_key_says_only_the_status(server: Server) -> None:
     assert wrong.json()["models"] == {}
     keyed = call(server, "GET", "/health", ALICE)
     assert keyed.json()["model"] == "kw" and "kw" in keyed.json()["models"]
+
+
+def test_docs_and_the_document_answer_without_a_key_and_nothing_else_does(server: Server) -> None:
+    """With keys, the pages, what they load and the document answer anyone (a browser sends no
+    key; they hold no caller's data); every operation the document marks `bearer` refuses a
+    request without a key, every other answers it: the document and the guard agree."""
+    for path in ("/docs", "/docs/redoc", "/docs/swagger", "/openapi.json", "/openapi.yaml"):
+        assert httpx.get(server.url + path, timeout=30).status_code == 200, path
+    sources = re.findall(r'(?:src|href)="(/docs/static/[^"]+)"', httpx.get(server.url + "/docs/swagger").text)
+    assert sources and all(httpx.get(server.url + s, timeout=30).status_code == 200 for s in sources)
+    document = httpx.get(server.url + "/openapi.json", timeout=30).json()
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": document["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    refused, answered = set(), set()
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            url = server.url + re.sub(r"\{[^}]+\}", "x", path)
+            status = httpx.request(method, url, json={}, timeout=30).status_code
+            (refused if status == 401 else answered).add((method, path))
+            assert (status == 401) == (operation.get("security") == [{"bearer": []}]), (method, path, status)
+    assert ("get", "/health") in answered and ("get", "/") in answered and ("post", "/") in refused
+    assert len(refused) > 40
+    body = {"model": "kw", "input": "refund"}
+    assert httpx.post(server.url + "/v1/embeddings", json=body, timeout=30).status_code == 401
+    assert call(server, "POST", "/v1/embeddings", ALICE, json=body).status_code == 200
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (apt-get install chromium)")
+def test_swagger_ui_offers_authorize_with_keys(server: Server, tmp_path: Path) -> None:
+    """A browser, with no key, renders Swagger UI with its Authorize button (the document's
+    bearer scheme) and a lock on a guarded operation."""
+    dom = render(server.url + "/docs/swagger", tmp_path / "swagger")
+    assert 'class="btn authorize' in dom
+    assert 'id="operations-Surfaces-V1ClassifyClassify"' in dom
 
 
 def test_another_key_gets_404_for_batch_files_and_batches(server: Server) -> None:

@@ -2,7 +2,9 @@
 /docs/swagger (Swagger UI, to try a request), each linking the other, their scripts and styles
 under /docs/static (vendored, pinned: `vendored/README.md`), never from a CDN. Every response
 under /docs carries `CSP`: scripts only from this server and none inline, no other origin for
-anything. Also the OpenAPI config, and `operation_ids` for a controller mounted at several paths.
+anything. The pages, their assets and the document answer without an API key (they describe
+the API, no caller's data); each guarded operation declares the key (`BEARER`) for Swagger UI.
+Also the OpenAPI config, and `operation_ids` for a controller mounted at several paths.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from litestar.openapi.plugins import (
     SwaggerRenderPlugin,
     YamlRenderPlugin,
 )
-from litestar.openapi.spec import Info, OpenAPI, Tag
+from litestar.openapi.spec import Components, Info, OpenAPI, SecurityScheme, Tag
 from litestar.static_files import create_static_files_router
 from litestar.types.callable_types import OperationIDCreator
 
@@ -30,6 +32,10 @@ from litestar.types.callable_types import OperationIDCreator
 # contract's, and our own name and version go in info.description and `x-vllm-srun`.
 ROUTER_TITLE = "vLLM Semantic Router Model Runtime"
 RUNTIME_FIELD = "x-vllm-srun"
+# The security scheme of every operation the API-key guard guards (`secured`): Swagger UI's
+# Authorize sends its value as `Authorization: Bearer KEY`.
+BEARER = "bearer"
+PUBLIC = {"public": True}  # a handler's `opt`: the API-key guard lets it through without a key
 VENDORED_DIR = Path(__file__).parent / "vendored"
 STATIC_PATH = "/docs/static"
 SWAGGER_UI_VERSION = "5.18.2"
@@ -107,6 +113,14 @@ class OfflineRedoc(RedocRenderPlugin):
         )
 
 
+def secured(handlers: list[Any]) -> list[Any]:
+    """`handlers`, each the guard guards (not `PUBLIC`) declaring `BEARER` in the document."""
+    for handler in handlers:
+        if not (handler.opt or {}).get("public"):
+            handler.security = [{BEARER: []}]
+    return handlers
+
+
 def render_plugins() -> list[OpenAPIRenderPlugin]:
     return [OfflineRedoc(), OfflineSwagger(), JsonRenderPlugin(), YamlRenderPlugin()]
 
@@ -134,13 +148,14 @@ class RuntimeOpenAPIConfig(OpenAPIConfig):
 def openapi_config(name: str, version: str, *, api_version: str, tags: dict[str, str]) -> OpenAPIConfig:
     """The app's OpenAPI config: the document (titled and versioned as the router's contract,
     `name` and `version` in its description and `x-vllm-srun`, `tags` its operations' groups in
-    order, each name with its description) and the pages above under /docs, every response there
-    with the content-security policy."""
+    order, each name with its description, `BEARER` its security scheme) and the pages above
+    under /docs, public, every response there with the content-security policy."""
     static = create_static_files_router(path="/static", directories=[VENDORED_DIR], include_in_schema=False)
     router = Router(
         path="/docs",
         route_handlers=[static],
         include_in_schema=False,
+        opt=PUBLIC,  # a browser sends no key: the pages and what they load answer without one
         response_headers=[ResponseHeader(name="Content-Security-Policy", value=CSP)],
     )
     return RuntimeOpenAPIConfig(
@@ -152,6 +167,18 @@ def openapi_config(name: str, version: str, *, api_version: str, tags: dict[str,
         ),
         runtime={"name": name, "version": version, "api_version": api_version},
         tags=[Tag(name=tag, description=description) for tag, description in tags.items()],
+        components=Components(
+            security_schemes={
+                BEARER: SecurityScheme(
+                    type="http",
+                    scheme="bearer",
+                    description=(
+                        "One of the server's API keys (--api-key, --api-key-file). A server "
+                        "started without keys takes requests without one."
+                    ),
+                )
+            }
+        ),
         render_plugins=render_plugins(),
         openapi_router=router,
     )

@@ -21,7 +21,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from vllm_srun import __version__, defaults, tracing
-from vllm_srun.app.docs import openapi_config
+from vllm_srun.app.docs import PUBLIC, openapi_config, secured
 from vllm_srun.app.errors import ERROR_RESPONSES, EXCEPTION_HANDLERS
 from vllm_srun.app.peers.openai_batch.batches import BATCH_ROUTES
 from vllm_srun.app.peers.openai_batch.files import file_routes
@@ -165,7 +165,7 @@ def stop_serving(app: Litestar, grace_s: float) -> None:
         runtime.stopping(grace_s)
 
 
-@get("/openapi.json", summary="The OpenAPI document", include_in_schema=False)
+@get("/openapi.json", summary="The OpenAPI document", include_in_schema=False, opt=PUBLIC)
 async def openapi_document(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return request.app.openapi_schema.to_schema()
 
@@ -207,8 +207,12 @@ def create_app(
         *file_routes(max_job_bytes),
         *BATCH_ROUTES,
     ]
+    # A server with keys marks each operation its guard guards; one without takes every request
+    # without a key, and its document says so by marking none.
+    keyed = settings is not None and bool(settings.api_key or settings.api_keys)
+    described = documented(tagged(handlers))
     return Litestar(
-        route_handlers=[*documented(tagged(handlers)), openapi_document, openapi_yaml],
+        route_handlers=[*(secured(described) if keyed else described), openapi_document, openapi_yaml],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_edge(surface_of_path)],

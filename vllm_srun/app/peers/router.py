@@ -55,7 +55,8 @@ def openapi_yaml_text(app: Any) -> str:
     return yaml.dump(document, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
 
 
-@get("/openapi.yaml", summary="The OpenAPI document as YAML", include_in_schema=False)
+# Public, as /openapi.json: the document describes the API and holds no caller's data.
+@get("/openapi.yaml", summary="The OpenAPI document as YAML", include_in_schema=False, opt={"public": True})
 async def openapi_yaml(request: Request[Any, Any, Any]) -> Response[str]:
     """The contract's part of /openapi.json, in YAML: where the router's dashboard probes for it."""
     return Response(openapi_yaml_text(request.app), media_type="application/yaml")
