@@ -106,7 +106,7 @@ def _field_first(exc: Exception) -> str:
     return f"{match[2]}: {match[1]}" if match else message
 
 
-def _caller(runtime: Runtime) -> Caller | None:
+def caller_of(runtime: Runtime) -> Caller | None:
     """The request's caller (None: the server takes no key, and every job is everyone's)."""
     caller = CALLER.get()
     if caller is None and runtime.callers:  # the guard identifies every caller of these routes
@@ -114,8 +114,8 @@ def _caller(runtime: Runtime) -> Caller | None:
     return caller
 
 
-def _owner(runtime: Runtime) -> str | None:
-    caller = _caller(runtime)
+def owner_of(runtime: Runtime) -> str | None:
+    caller = caller_of(runtime)
     return caller.id if caller is not None else None
 
 
@@ -135,7 +135,7 @@ def _decoded(numbered: Iterable[tuple[int, bytes]]) -> Iterator[tuple[int, Any]]
             yield number, exc
 
 
-async def _jsonl_job(request: Request[Any, Any, Any], digest: Any, validator: _Validator) -> None:
+async def _jsonl_job(request: Request[Any, Any, Any], digest: Any, validator: Validator) -> None:
     """Read a JSONL body as it arrives, never whole: complete lines go to `validator` in batches
     on a thread (so the event loop keeps answering), each line decoded, validated and kept as
     bytes before the next; the body's bytes go into `digest`. The route's body limit is enforced
@@ -167,7 +167,7 @@ async def _jsonl_job(request: Request[Any, Any, Any], digest: Any, validator: _V
         await asyncio.to_thread(validator.feed, _decoded(batch))
 
 
-class _Validator:
+class Validator:
     """Validates a job's entries as they come, keeping each as the bytes it is stored as
     (request JSON, custom ids, recorded errors by index): a bad entry raises under
     on_error=reject, and one past --max-job-requests is a RequestTooLarge."""
@@ -248,7 +248,7 @@ async def create_job(
     runtime: Runtime = state.runtime
     if surface is not None:
         REGISTRY.for_jobs(surface)  # as documented, even where a JSON body names its own
-    caller = _caller(runtime)
+    caller = caller_of(runtime)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     jsonl = content_type in NDJSON_TYPES
     job: JobRequest | None = None
@@ -275,7 +275,7 @@ async def create_job(
         raise UnsupportedSurface(f"model {name!r} does not serve {surface}")
     # What an Idempotency-Key is bound to: the same key with another request is a 422.
     digest = hashlib.sha256(b"%s\n%s\n%s\n" % (surface.encode(), name.encode(), on_error.encode()))
-    validator = _Validator(runtime, described, name, on_error, "line" if jsonl else "requests item")
+    validator = Validator(runtime, described, name, on_error, "line" if jsonl else "requests item")
     # Off the event loop: a large job takes seconds to validate, and /health/live and every
     # other request must keep answering meanwhile (the GIL is handed back between lines).
     if jsonl:
@@ -302,13 +302,13 @@ async def create_job(
 @get("/v1/jobs/{job_id:str}", summary="A job's status and counts")
 async def job_status(job_id: FromPath[str], state: State) -> JobStatus:
     runtime: Runtime = state.runtime
-    return await runtime.bulk.get(job_id, owner=_owner(runtime))
+    return await runtime.bulk.get(job_id, owner=owner_of(runtime))
 
 
 @post("/v1/jobs/{job_id:str}/cancel", summary="Cancel a job", status_code=200)
 async def cancel_job(job_id: FromPath[str], state: State) -> JobStatus:
     runtime: Runtime = state.runtime
-    return await runtime.bulk.cancel(job_id, owner=_owner(runtime))
+    return await runtime.bulk.cancel(job_id, owner=owner_of(runtime))
 
 
 @get(
@@ -324,7 +324,7 @@ async def job_results(
     limit: Annotated[int, QueryParameter(name="limit", ge=1, le=100_000)] = 1000,
 ) -> Response[bytes]:
     runtime: Runtime = state.runtime
-    owner = _owner(runtime)
+    owner = owner_of(runtime)
     job = await runtime.bulk.get(job_id, owner=owner)
     lines = await runtime.bulk.results(job_id, offset, limit, owner=owner, max_bytes=RESULTS_PAGE_BYTES)
     accept = request.headers.get("accept", "")
@@ -366,7 +366,7 @@ async def job_events(
         raise InvalidRequest(
             f"Last-Event-ID: {last_event_id[:64]!r} is not an event id of this stream (e.g. 1700000000000-0)"
         )
-    caller = _caller(runtime)
+    caller = caller_of(runtime)
     owner = caller.id if caller is not None else None
     # Keyless, a caller is its address (behind `vllm-srun proxy`, the proxy's: one caller).
     slot = runtime.streams.take(owner or f"address:{request.client.host if request.client else ''}")

@@ -19,7 +19,7 @@ from vllm_srun.app.peers.failures import item_failure
 from vllm_srun.app.peers.openai_batch import lines
 from vllm_srun.app.peers.openai_batch.files import _options, store_of
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.service.jobs import _caller, _Validator
+from vllm_srun.app.service.jobs import Validator, caller_of, owner_of
 from vllm_srun.errors import (
     InvalidRequest,
     ModelNotFound,
@@ -101,7 +101,7 @@ async def create_batch(data: JSONBody[BatchCreate], state: State) -> Batch:
             raise InvalidRequest(
                 "metadata: keys of at most 64 and values of at most 512 characters", param="metadata"
             )
-    caller = _caller(runtime)
+    caller = caller_of(runtime)
     owner = caller.id if caller is not None else ""
     store = store_of(runtime)
     await store.file(data.input_file_id, owner=owner)
@@ -133,7 +133,7 @@ async def create_batch(data: JSONBody[BatchCreate], state: State) -> Batch:
         return await _batch(store, runtime, await store.put_batch(record, owner=owner))
     # The model as the first line names it (an alias answers under that name, as the route does).
     named = parsed.entries[0][2].get("model") or name
-    validator = _Validator(runtime, REGISTRY.for_jobs(surface), named, "record", "line")
+    validator = Validator(runtime, REGISTRY.for_jobs(surface), named, "record", "line")
     await asyncio.to_thread(validator.feed, ((n, b) for n, _, b in parsed.entries))
     job, _ = await runtime.bulk.create(
         deployment=name,
@@ -298,16 +298,14 @@ def _error_line(batch_id: str, custom_id: str, index: int, exc: SrunError) -> by
 async def retrieve_batch(batch_id: FromPath[str], state: State) -> Batch:
     runtime: Runtime = state.runtime
     store = store_of(runtime)
-    caller = _caller(runtime)
-    return await _batch(store, runtime, await store.batch(batch_id, owner=caller.id if caller else ""))
+    return await _batch(store, runtime, await store.batch(batch_id, owner=owner_of(runtime) or ""))
 
 
 @post("/v1/batches/{batch_id:str}/cancel", summary="Cancel a batch (OpenAI-compatible)", status_code=200)
 async def cancel_batch(batch_id: FromPath[str], state: State) -> Batch:
     runtime: Runtime = state.runtime
     store = store_of(runtime)
-    caller = _caller(runtime)
-    owner = caller.id if caller else ""
+    owner = owner_of(runtime) or ""
     fields = await store.batch(batch_id, owner=owner)
     if fields.get("job_id"):
         job = await runtime.bulk.cancel(fields["job_id"], owner=owner or None)
@@ -325,8 +323,7 @@ async def list_batches(
 ) -> BatchList:
     runtime: Runtime = state.runtime
     store = store_of(runtime)
-    caller = _caller(runtime)
-    owner = caller.id if caller else ""
+    owner = owner_of(runtime) or ""
     ids, more = await store.listed("batch", owner=owner, after=after, limit=limit)
     found = []
     for batch_id in ids:

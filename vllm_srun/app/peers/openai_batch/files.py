@@ -15,7 +15,7 @@ from litestar.enums import HttpMethod, MediaType, RequestEncodingType
 from litestar.params import Body, FromPath, QueryParameter
 
 from vllm_srun.app.runtime import Runtime
-from vllm_srun.app.service.jobs import _owner
+from vllm_srun.app.service.jobs import owner_of
 from vllm_srun.errors import RequestTooLarge
 from vllm_srun.queue.jobs.batches import BatchStore
 
@@ -78,7 +78,7 @@ async def upload(
     if sum(1 for line in content.splitlines() if line.strip()) > most:
         raise RequestTooLarge(f"file: more than {most} lines (--max-job-requests)", param="file")
     fields = await store_of(runtime).put_file(
-        owner=_owner(runtime) or "",
+        owner=owner_of(runtime) or "",
         filename=upload.filename or "upload.jsonl",
         purpose=purpose,
         content=content,
@@ -93,7 +93,7 @@ async def list_files(
     limit: Annotated[int, QueryParameter(name="limit", ge=1, le=10_000)] = 10_000,
 ) -> FileList:
     runtime: Runtime = state.runtime
-    store, owner = store_of(runtime), _owner(runtime) or ""
+    store, owner = store_of(runtime), owner_of(runtime) or ""
     ids, more = await store.listed("file", owner=owner, after=after, limit=limit)
     found = []
     for file_id in ids:
@@ -107,7 +107,7 @@ async def list_files(
 @get("/v1/files/{file_id:str}", summary="A file (OpenAI-compatible)")
 async def retrieve_file(file_id: FromPath[str], state: State) -> FileObject:
     runtime: Runtime = state.runtime
-    return file_object(await store_of(runtime).file(file_id, owner=_owner(runtime) or ""))
+    return file_object(await store_of(runtime).file(file_id, owner=owner_of(runtime) or ""))
 
 
 @get(
@@ -118,14 +118,14 @@ async def retrieve_file(file_id: FromPath[str], state: State) -> FileObject:
 async def file_content(file_id: FromPath[str], state: State) -> Response[bytes]:
     runtime: Runtime = state.runtime
     store = store_of(runtime)
-    await store.file(file_id, owner=_owner(runtime) or "")
+    await store.file(file_id, owner=owner_of(runtime) or "")
     return Response(await store.content(file_id), media_type="application/jsonl")
 
 
 @delete("/v1/files/{file_id:str}", summary="Delete a file (OpenAI-compatible)", status_code=200)
 async def delete_file(file_id: FromPath[str], state: State) -> FileDeleted:
     runtime: Runtime = state.runtime
-    await store_of(runtime).delete_file(file_id, owner=_owner(runtime) or "")
+    await store_of(runtime).delete_file(file_id, owner=owner_of(runtime) or "")
     return FileDeleted(id=file_id, deleted=True)
 
 
