@@ -56,10 +56,10 @@ ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
 # A lone row of every token count up to this one is run once at load in these dtypes on the
-# cpu: the first forward of a new shape builds its oneDNN primitives (about 2 ms for MiniLM in
-# bfloat16 and in int8), which a single caller would otherwise pay on the request. float32's
-# lone rows build nothing measurable (onnxruntime, or torch's GEMMs). Longer rows are rarer,
-# and their forward's own time dwarfs the build.
+# cpu: the first forward of a new shape builds its oneDNN primitives, which a single caller
+# would otherwise pay on the request (docs/performance.md has the cost). float32's lone rows
+# build nothing measurable (onnxruntime, or torch's GEMMs). Longer rows are rarer, and their
+# forward's own time dwarfs the build.
 WARM_MAX_TOKENS = 128
 WARM_DTYPES = ("bfloat16", "int8")
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
