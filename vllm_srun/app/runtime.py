@@ -73,7 +73,9 @@ class Runtime:
     async def start(cls, settings: ServerSettings) -> Runtime:
         plugins = load_plugins()
         stats = Stats(sinks(plugins))
-        serving = Serving.prepare(plugins, settings, with_device=settings.embedded)
+        serving = Serving.prepare(
+            plugins, settings, with_device=settings.embedded and not settings.device_process
+        )
         queue = QueueClient(
             settings.redis_url,
             result_ttl_s=settings.cache_ttl_s,

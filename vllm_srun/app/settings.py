@@ -31,6 +31,9 @@ class ServerSettings:
     models: tuple[ModelSettings, ...]
     redis_url: str
     embedded: bool
+    # Embedded, with its device worker in a child process (serve --device-process): this
+    # process loads no engine, as a replica's.
+    device_process: bool = False
     max_request_bytes: int = defaults.MAX_REQUEST_BYTES
     max_inputs: int = defaults.MAX_INPUTS
     max_bundle_tasks: int = defaults.MAX_BUNDLE_TASKS

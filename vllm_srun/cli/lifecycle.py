@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,13 +46,13 @@ def announce(args: argparse.Namespace, sockets: list[Any], models: dict[str, str
             log.info("listening", url=f"http://{args.host}:{sock.getsockname()[1]}", models=models)
 
 
-def stopped(embedded_redis: Any, uds: Path | None, code: int, signum: int, frame: Any) -> None:
+def stopped(private: Sequence[Any], uds: Path | None, code: int, signum: int, frame: Any) -> None:
     """SIGTERM (exit 0) or SIGINT (exit 130, as after Ctrl-C), raised again by uvicorn once its
-    graceful shutdown is done and the app's lifespan has closed: stop the embedded Redis and
-    exit now. Leaving through asyncio.run instead would first join every thread of its default
+    graceful shutdown is done and the app's lifespan has closed: stop the private services (a
+    device process, then the embedded Redis) and exit now. Leaving through asyncio.run instead would first join every thread of its default
     executor (a model still loading, a large request still tokenizing), for as long as they take."""
-    if embedded_redis is not None:
-        embedded_redis.stop()
+    for service in private:
+        service.stop()
     if uds is not None:
         remove_socket(uds)
     exit_now(code)

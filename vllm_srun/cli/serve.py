@@ -7,8 +7,10 @@ the embedded Redis and the --uds socket are gone once it has exited.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,9 @@ from vllm_srun.cli.options import (
 from vllm_srun.cli.parsing import reads, shows
 from vllm_srun.cli.secrets import API_KEY_ENV, API_KEY_FILE_ENV, REDIS_PASSWORD_ENV, REDIS_PASSWORD_FILE_ENV
 from vllm_srun.cli.startup import check_redis, shared_settings
+
+# How often the announcement of a server with --device-process asks whether its worker is up.
+ANNOUNCE_POLL_S = 0.1
 
 
 def add_parsers(sub: Any) -> None:
@@ -68,6 +73,12 @@ def add_parsers(sub: Any) -> None:
         f"{REDIS_PASSWORD_ENV} or {REDIS_PASSWORD_FILE_ENV} for its password",
     )
     add_redis_roles(redis)
+    groups["batching"].add_argument(
+        "--device-process",
+        action="store_true",
+        help="run the private device worker in a process of its own, as compose runs it, so "
+        "forwards and the HTTP event loop never share a GIL (without --redis only)",
+    )
     setting(
         redis,
         "--local-cache-mb",
@@ -183,10 +194,19 @@ def _server_settings(args: argparse.Namespace, shared: dict[str, Any], **given: 
 async def _announce(app: Any, args: argparse.Namespace, sockets: list[Any], server: Any) -> None:
     """Say where the server listens once its models are loaded (each ready or failed), unless
     it is stopping by then (a --config check refused a model)."""
-    serving = app.state.runtime.serving
-    await serving.loaded()
+    runtime = app.state.runtime
+    await runtime.serving.loaded()
+    states = {name: served.state for name, served in runtime.serving.models.items()}
+    if runtime.settings.device_process:  # ... and the device process serves them
+        from vllm_srun.app.service.health import model_states
+
+        while not server.should_exit:
+            states = {name: s.state for name, s in (await model_states(runtime)).items()}
+            if "no_worker" not in states.values():
+                break
+            await asyncio.sleep(ANNOUNCE_POLL_S)
     if not server.should_exit:
-        announce(args, sockets, {name: served.state for name, served in serving.models.items()})
+        announce(args, sockets, states)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -194,26 +214,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from vllm_srun.app.guard import BrowserGuard, default_hosts, parse_hosts
     from vllm_srun.app.main import create_app, stop_serving
+    from vllm_srun.cli.device_process import DeviceProcess, watch_device
     from vllm_srun.cli.embedded_redis import EmbeddedRedis
     from vllm_srun.errors import ConfigError
 
     shared = shared_settings(args)
-    stopped_by: list[str] = []
+    stopped_by: list[tuple[str, int]] = []
+    names: dict[str, Any] = {}
 
-    def stop_on(message: str) -> None:
-        # A loaded model that fails a --config check stops the start, as a bad flag does.
-        stopped_by.append(message)
-        server.should_exit = True
+    def stop_on(message: str, code: int = 2) -> None:
+        # A loaded model that fails a --config check stops the start, as a bad flag does; so
+        # does a device process that exits (code 1: a supervisor starts the server again).
+        stopped_by.append((message, code))
+        if "server" in names:  # else the server, once made, is told before it runs
+            names["server"].should_exit = True
 
+    if args.device_process and args.redis is not None:
+        raise ConfigError("--device-process runs the private device worker: it takes no --redis")
     embedded_redis = EmbeddedRedis() if args.redis is None else None
     url = embedded_redis.start() if embedded_redis else args.redis
+    private: list[Any] = [embedded_redis] if embedded_redis else []
     try:
         if embedded_redis is None:
             check_redis(url, strict=args.strict_redis)
         if args.cache_redis:
             check_redis(args.cache_redis, flag="--cache-redis")
+        if args.device_process:
+            device = DeviceProcess(args, url)
+            private.insert(0, device)  # stopped before the Redis it serves from
+            watch_device(device, lambda message: stop_on(message, code=1))
         settings = _server_settings(
-            args, shared, redis_url=url, embedded=embedded_redis is not None, on_config_error=stop_on
+            args,
+            shared,
+            redis_url=url,
+            embedded=embedded_redis is not None,
+            device_process=args.device_process,
+            on_config_error=stop_on,
         )
         app = create_app(settings)
         hosts = default_hosts(args.host, api_key=args.api_key or next(iter(settings.api_keys), None))
@@ -234,17 +270,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # found at start. The default SIGTERM one would end the process before Redis is stopped;
         # the default SIGINT one is asyncio's, which cancels a task, and a cancellation caught on
         # the way out left the process exiting 0 instead of 130.
-        signal.signal(signal.SIGTERM, partial(stopped, embedded_redis, args.uds, 0))
-        signal.signal(signal.SIGINT, partial(stopped, embedded_redis, args.uds, 130))
+        signal.signal(signal.SIGTERM, partial(stopped, private, args.uds, 0))
+        signal.signal(signal.SIGINT, partial(stopped, private, args.uds, 130))
         server = stopping_server(config, partial(stop_serving, app), partial(_announce, app, args, sockets))
+        names["server"] = server
+        server.should_exit = bool(stopped_by)
         server.run(sockets=sockets)
         if stopped_by:
-            raise ConfigError(stopped_by[0])
+            message, code = stopped_by[0]
+            if code == 2:
+                raise ConfigError(message)
+            print(f"error: {message}", file=sys.stderr)
+            return code
         return 0
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has shut down; no traceback
         return 130
     finally:
-        if embedded_redis is not None:
-            embedded_redis.stop()
+        for service in private:
+            service.stop()
         if args.uds is not None:
             remove_socket(args.uds)

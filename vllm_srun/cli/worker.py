@@ -60,11 +60,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:  # the event loop the server gets from uvicorn when uvloop is installed
         import uvloop
     except ImportError:
-        return asyncio.run(_run_worker(settings, args.metrics_port))
-    return uvloop.run(_run_worker(settings, args.metrics_port))
+        return asyncio.run(run_worker(settings, args.metrics_port))
+    return uvloop.run(run_worker(settings, args.metrics_port))
 
 
-async def _run_worker(settings: Any, metrics_port: int | None) -> int:
+async def run_worker(settings: Any, metrics_port: int | None) -> int:
     """Serve `settings.models` from this process's devices until SIGINT or SIGTERM."""
     from vllm_srun.app.loading import Serving
     from vllm_srun.plugins.discovery import load_plugins

@@ -88,7 +88,7 @@ async def model_states(runtime: Runtime) -> dict[str, ModelState]:
         why = None
         if state == "ready" and link_down is not None:
             state, why = "redis_unavailable", link_down
-        elif state == "ready" and not runtime.settings.embedded:
+        elif state == "ready" and (not runtime.settings.embedded or runtime.settings.device_process):
             try:
                 if await runtime.queue.workers.live(name) == 0:
                     state = "no_worker"
