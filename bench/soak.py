@@ -37,8 +37,11 @@ from vllm_srun.cli.embedded_redis import find_redis_server
 RSS_GROWTH_MAX_PCT = 5.0
 REDIS_GROWTH_MAX_PCT = 25.0
 # A job's data, results included, is kept an hour past its TTL (queue/jobs/store.py): over a
-# shorter run it accumulates, so a Redis may grow this much past the percentage bound.
+# run shorter than that it accumulates. So the state Redis is bounded per job whose data is still
+# kept (its used_memory above the start's, over those jobs), and either Redis may grow this much
+# past its percentage bound.
 REDIS_GROWTH_SLACK_BYTES = 4 << 20
+JOB_DATA_KEPT_PAST_TTL_S = 3600
 P99_DRIFT_MAX = 1.2
 # Requests in flight at most: past it the open loop skips a turn rather than queue without bound.
 MAX_IN_FLIGHT = 64
@@ -138,6 +141,8 @@ class Tally:
     items_lost: int = 0
     items_duplicated: int = 0
     memory: list[dict[str, Any]] = field(default_factory=list)
+    job_created_s: list[float] = field(default_factory=list)  # each accepted job, from t0
+    t0: float = 0.0  # time.monotonic() when the mix began
 
 
 def request(
@@ -258,6 +263,7 @@ async def job(url: str, index: int, lines: int, tally: Tally) -> None:
             tally.samples.append(f"job {r.status_code}: {r.text[:300]}")
             return
         tally.jobs, tally.items = tally.jobs + 1, tally.items + lines
+        tally.job_created_s.append(time.monotonic() - tally.t0)
         seen: list[int] = []
         status, last_id = None, None
         while status is None:
@@ -312,8 +318,25 @@ def growth_pct(first: float, last: float) -> float:
     return round(100 * (last - first) / first, 2) if first else 0.0
 
 
+def per_kept_job(tally: Tally, keep_s: float) -> Any:
+    """A sample row's state-Redis bytes above the first sample's, per job whose data is still
+    kept at that time (None before the first job)."""
+    base = tally.memory[0]["redis_state"]["used_memory"] if tally.memory else 0
+
+    def of(row: dict[str, Any]) -> float | None:
+        kept = sum(1 for made in tally.job_created_s if row["t_s"] - keep_s < made <= row["t_s"])
+        return (row["redis_state"]["used_memory"] - base) / kept if kept else None
+
+    return of
+
+
 def summarize(
-    tally: Tally, args: argparse.Namespace, warmup_s: float, rate: float, capacity_rps: float
+    tally: Tally,
+    args: argparse.Namespace,
+    warmup_s: float,
+    rate: float,
+    capacity_rps: float,
+    keep_s: float = JOB_DATA_KEPT_PAST_TTL_S,
 ) -> dict[str, Any]:
     windows = max(2, int((args.duration_s - warmup_s) // args.window_s))
     span = (args.duration_s - warmup_s) / windows
@@ -349,11 +372,26 @@ def summarize(
     failed += [
         f"rss_growth_pct[{n}]" for n, g in rss.items() if g > RSS_GROWTH_MAX_PCT and not n.startswith("redis")
     ]
+    # With bulk jobs in the mix, the state Redis is held to its bytes per kept job instead.
+    of = per_kept_job(tally, keep_s)
+    per_job = [[v for v in map(of, rows) if v is not None] for rows in (first, last)]
+    state_per_job = None
+    if all(per_job):
+        ends = [statistics.median(v) for v in per_job]
+        state_per_job = {"first": int(ends[0]), "last": int(ends[1]), "growth_pct": growth_pct(*ends)}
     failed += [
         f"used_memory_growth_pct[{n}]"
         for n, g in redis_growth.items()
-        if g > REDIS_GROWTH_MAX_PCT and redis_grown_bytes[n] > REDIS_GROWTH_SLACK_BYTES
+        if g > REDIS_GROWTH_MAX_PCT
+        and redis_grown_bytes[n] > REDIS_GROWTH_SLACK_BYTES
+        and not (n == "state" and state_per_job is not None)
     ]
+    if (
+        state_per_job is not None
+        and state_per_job["growth_pct"] > REDIS_GROWTH_MAX_PCT
+        and redis_grown_bytes["state"] > REDIS_GROWTH_SLACK_BYTES
+    ):
+        failed.append("used_memory_per_kept_job_growth_pct[state]")
     if p99[0] and p99[-1] and p99[-1] > P99_DRIFT_MAX * p99[0]:
         failed.append("p99_ms drift")
     return {
@@ -377,6 +415,7 @@ def summarize(
         "redis_used_memory_growth_pct": redis_growth,
         "redis_used_memory_growth_bytes": {n: int(b) for n, b in redis_grown_bytes.items()},
         "redis_keys_end": {n: last[-1][f"redis_{n}"]["keys"] for n in ("state", "cache")},
+        "redis_state_bytes_per_kept_job": state_per_job,
         "p99_ms": p99,
         "bounds": {
             "rss_growth_pct_max": RSS_GROWTH_MAX_PCT,
@@ -391,7 +430,7 @@ def summarize(
 async def run(soak: Soak, args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
     capacity_rps = await capacity(soak.urls, args.capacity_s)
     rate = max(1.0, args.load * capacity_rps)
-    t0 = time.monotonic()
+    t0 = tally.t0 = time.monotonic()
     until = t0 + args.duration_s
     warmup_s = args.warmup_frac * args.duration_s
     await asyncio.gather(
@@ -399,7 +438,13 @@ async def run(soak: Soak, args: argparse.Namespace, tally: Tally) -> dict[str, A
         jobs(soak.urls, tally, args.job_every_s, args.job_lines, until),
         sample(soak, tally, args.sample_s, until + 0.01, t0),
     )
-    return summarize(tally, args, warmup_s, rate, capacity_rps)
+    keep_s = job_ttl_s(args) + JOB_DATA_KEPT_PAST_TTL_S
+    return summarize(tally, args, warmup_s, rate, capacity_rps, keep_s)
+
+
+def job_ttl_s(args: argparse.Namespace) -> int:
+    """The result cache's and the jobs' TTL: the warm-up, so every bounded store fills in it."""
+    return max(5, int(args.warmup_frac * args.duration_s))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-every-s", type=float, default=10.0, help="seconds between bulk jobs")
     parser.add_argument("--job-lines", type=int, default=200, help="lines in each bulk job")
     args = parser.parse_args(argv)
-    ttl_s = max(5, int(args.warmup_frac * args.duration_s))
+    ttl_s = job_ttl_s(args)
     with tempfile.TemporaryDirectory(prefix="vllm-srun-soak-") as root:
         soak = Soak.start(Path(root), ttl_s)
         tally = Tally()

@@ -48,3 +48,29 @@ def test_each_bound_missed_is_named() -> None:
     lost = tally()
     lost.items_lost, lost.unexpected = 1, 2
     assert summarize(lost, ARGS, 25.0, 10.0, 12.0)["failed_bounds"] == ["lost", "unexpected_5xx"]
+
+
+def jobs_tally(leak_per_s: float = 0.0) -> Tally:
+    """A run with a job every 2 s whose data (300 kB each) is all still kept at the end, as in
+    any run shorter than the jobs' TTL plus the hour past it; `leak_per_s` bytes more per second
+    of the run, owed to no job."""
+    t = tally()
+    t.job_created_s = [float(s) for s in range(1, 101, 2)]
+    for row in t.memory:
+        kept = sum(1 for made in t.job_created_s if made <= row["t_s"])
+        row["redis_state"]["used_memory"] = 1e6 + 300e3 * kept + leak_per_s * row["t_s"] ** 2
+    return t
+
+
+def test_the_state_redis_is_bounded_per_kept_job() -> None:
+    # Its used memory triples over the measured span, all of it jobs' data still kept: a pass.
+    flat = summarize(jobs_tally(), ARGS, 25.0, 10.0, 12.0, keep_s=3640.0)
+    assert flat["redis_used_memory_growth_pct"]["state"] > 25
+    assert flat["redis_state_bytes_per_kept_job"]["growth_pct"] == 0.0
+    assert flat["failed_bounds"] == []
+    # Growing faster than the jobs it keeps: named.
+    leak = summarize(jobs_tally(leak_per_s=2e3), ARGS, 25.0, 10.0, 12.0, keep_s=3640.0)
+    assert leak["failed_bounds"] == ["used_memory_per_kept_job_growth_pct[state]"]
+    # Past its keep time a job's data counts no more: the same bytes over fewer jobs fail.
+    expired = summarize(jobs_tally(), ARGS, 25.0, 10.0, 12.0, keep_s=30.0)
+    assert expired["failed_bounds"] == ["used_memory_per_kept_job_growth_pct[state]"]
