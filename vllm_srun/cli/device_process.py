@@ -13,7 +13,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 # How long a stop waits for the child to finish its batch before it is killed.
 STOP_WAIT_S = 5.0
@@ -79,7 +78,7 @@ def _run(args: argparse.Namespace, redis_url: str, parent: int) -> None:
     exit_now(uvloop.run(run_worker(settings, None)))
 
 
-def _exit_with(parent: int) -> Any:
+def _exit_with(parent: int) -> None:
     """Exit once the server that started this process is gone (even SIGKILLed)."""
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)

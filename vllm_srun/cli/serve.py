@@ -220,14 +220,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     shared = shared_settings(args)
     stopped_by: list[tuple[str, int]] = []
-    names: dict[str, Any] = {}
+    server: Any = None
 
     def stop_on(message: str, code: int = 2) -> None:
         # A loaded model that fails a --config check stops the start, as a bad flag does; so
         # does a device process that exits (code 1: a supervisor starts the server again).
         stopped_by.append((message, code))
-        if "server" in names:  # else the server, once made, is told before it runs
-            names["server"].should_exit = True
+        if server is not None:  # else the server, once made, is told before it runs
+            server.should_exit = True
 
     if args.device_process and args.redis is not None:
         raise ConfigError("--device-process runs the private device worker: it takes no --redis")
@@ -273,7 +273,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, partial(stopped, private, args.uds, 0))
         signal.signal(signal.SIGINT, partial(stopped, private, args.uds, 130))
         server = stopping_server(config, partial(stop_serving, app), partial(_announce, app, args, sockets))
-        names["server"] = server
         server.should_exit = bool(stopped_by)
         server.run(sockets=sockets)
         if stopped_by:
