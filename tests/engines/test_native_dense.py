@@ -1,6 +1,8 @@
 """The native engine's small-batch paths (dense on torch, dense on onnxruntime): the same
-numbers as the packed path and the references (Transformers at 1e-4 on tiny fixtures; sentence-transformers on MiniLM, cosine
->= 0.99999), and the choice between the paths by batch shape."""
+numbers as the packed path and the references (Transformers at 1e-4 on tiny fixtures;
+sentence-transformers on MiniLM, cosine >= 0.99999), and the choice between the paths by batch
+shape. onnxruntime's path exists for float32 models whose linears are not on oneDNN: here
+float32 is kept off oneDNN (`float32_on_mkl`) except in the tests of float32 on oneDNN."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ transformers = pytest.importorskip("transformers")
 
 from helpers import minilm_dir  # noqa: E402
 
+from vllm_srun.engines.native import engine as native_engine  # noqa: E402
+from vllm_srun.engines.native import packed as packed_linears  # noqa: E402
 from vllm_srun.engines.native.engine import DENSE_MAX_ROWS, NativeModel  # noqa: E402
 from vllm_srun.plugins.base import Batch, WorkItem  # noqa: E402
 from vllm_srun.testing.task_heads_fixtures import write_fixture  # noqa: E402
@@ -23,6 +27,17 @@ from vllm_srun.testing.task_heads_fixtures import write_fixture  # noqa: E402
 VOCAB = 100
 # One row alone, rows of equal length (no mask), rows of unequal length (a padded block).
 SHAPES = {"one": (17,), "equal": (9, 9, 9), "unequal": (5, 23, 1, 12)}
+
+
+@pytest.fixture(autouse=True)
+def float32_on_mkl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 linears on torch's own (MKL's) GEMM, as on a CPU without oneDNN's linear, where
+    float32 small batches run on onnxruntime; a test marked `float32_on_onednn` keeps them."""
+    if request.node.get_closest_marker("float32_on_onednn") is None:
+        monkeypatch.setattr(native_engine, "PACKED_DTYPES", ("bfloat16",))
+
+
+on_onednn = pytest.mark.float32_on_onednn
 
 
 def run(
@@ -315,3 +330,41 @@ def test_load_runs_a_lone_row_of_every_token_count_on_the_torch_paths(
     lone.clear()
     nt.load_native(saved)
     assert lone == []
+
+
+@on_onednn
+@pytest.mark.skipif(not packed_linears.available(), reason="no oneDNN linear on this torch and CPU")
+def test_float32_on_onednn_runs_small_batches_on_torch_and_warms_its_lone_rows(
+    nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """float32's linears on oneDNN: small batches on torch (no graph exported), each path
+    within 1e-4 of Transformers and 1e-5 of the packed path, and its lone rows run at load
+    (oneDNN builds a primitive per token count in float32 too)."""
+    from vllm_srun.engines.native.engine import WARM_MAX_TOKENS
+
+    monkeypatch.setattr(NativeModel, "warm_max_tokens", WARM_MAX_TOKENS)
+    lone: list[int] = []
+    encode = NativeModel.encode
+
+    def recording(self: NativeModel, batch: Batch, *, path: str | None = None) -> list[np.ndarray]:
+        if path is None and len(batch) == 1:
+            lone.append(int(batch.offsets[-1]))
+        return encode(self, batch, path=path)
+
+    monkeypatch.setattr(NativeModel, "encode", recording)
+    hf = nt.randomize(tiny_bert(transformers.BertModel))
+    native = nt.load_native(nt.save(hf, tmp_path))
+    assert native.packed_linears and native._onnx is None
+    assert native.paths == ("packed", "dense")
+    assert native.describe()["engine_paths"] == ["native", "native-small-batch"]
+    assert lone == list(range(1, 63))
+    assert native.choose_path(np.array([40])) == "dense"
+    for lengths in SHAPES.values():
+        rows = nt.token_rows(VOCAB, lengths)
+        ref = nt.reference(hf, rows).last_hidden_state
+        dense = run(native, rows, "hidden", path="dense")
+        packed = run(native, rows, "hidden", path="packed")
+        for i, row in enumerate(rows):
+            nt.assert_close(dense[i], ref[i, : len(row)])
+            nt.assert_close(packed[i], ref[i, : len(row)])
+            np.testing.assert_allclose(dense[i], packed[i], atol=1e-5, rtol=0)

@@ -1,5 +1,6 @@
-"""bfloat16 linears on oneDNN's linear (packed.py): the product of the bfloat16 weight and bias,
-and every linear of a bfloat16 encoder layer on the CPU replaced by one."""
+"""Linears on oneDNN's linear (packed.py): the product of the bfloat16 weight and bias, float32's
+within float32 rounding of the float64 product, every linear of an encoder layer on the CPU
+replaced by one, and the plain linears a tracer gets back."""
 
 from __future__ import annotations
 
@@ -31,12 +32,46 @@ def test_packed_linear_is_the_bfloat16_linear(shape: tuple[int, ...]) -> None:
     with torch.no_grad():
         linear.bias.mul_(20)  # a bias left out, or added twice, shows
     x = torch.randn(*shape)
-    out = packed.PackedLinear(linear)(x.to(torch.bfloat16))
+    out = packed.PackedLinear(linear, torch.bfloat16)(x.to(torch.bfloat16))
     assert out.dtype == torch.bfloat16 and out.shape == (*shape[:-1], 80)
     assert close(out, expected(linear, x))
     # int8's kept linears: float32 in and out, the same product in between.
     kept = Bfloat16Linear(linear)(x)
     assert kept.dtype == torch.float32 and close(kept, expected(linear, x))
+
+
+@pytest.mark.parametrize("shape", [(1, 48), (37, 48), (2, 5, 48)])
+def test_packed_linear_in_float32_is_the_float32_linear(shape: tuple[int, ...]) -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80)
+    with torch.no_grad():
+        linear.bias.mul_(20)
+    x = torch.randn(*shape)
+    out = packed.PackedLinear(linear)(x)
+    assert out.dtype == torch.float32 and out.shape == (*shape[:-1], 80)
+    want = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+    # float32 accumulation over 48 products: far inside 1e-5 of the float64 product, and far
+    # outside it for a bfloat16 product (2^-8 relative).
+    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plain_linears_hand_a_tracer_the_weights_and_put_the_packed_ones_back(dtype: torch.dtype) -> None:
+    from vllm_srun.engines.native.bert import BertLayer
+
+    torch.manual_seed(0)
+    config = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
+    layer = BertLayer(config).to(dtype)
+    weights = {name: p.detach().clone() for name, p in layer.named_parameters() if name.endswith("weight")}
+    packed.pack_linears([layer])
+    with packed.plain_linears(layer):
+        plain = [m for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+        assert len(plain) == 4 and not any(isinstance(m, packed.PackedLinear) for m in layer.modules())
+        now = dict(layer.named_parameters())
+        assert set(now) >= set(weights)
+        for name, weight in weights.items():
+            assert now[name].dtype == dtype and torch.equal(now[name], weight), name
+    assert sum(isinstance(m, packed.PackedLinear) for m in layer.modules()) == 4
 
 
 def test_bfloat16_encoder_layers_run_packed_linears() -> None:
@@ -56,7 +91,7 @@ torch.set_grad_enabled(False)
 from vllm_srun.engines.native import packed, quantize
 linear = torch.nn.Linear(256, 256)
 quantize.Int8Linear(linear)(torch.randn(64, 256))
-packed.PackedLinear(linear)(torch.randn(64, 256).to(torch.bfloat16))
+packed.PackedLinear(linear, torch.bfloat16)(torch.randn(64, 256).to(torch.bfloat16))
 """
 
 

@@ -62,6 +62,12 @@ PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxru
 # forward's own time dwarfs the build.
 WARM_MAX_TOKENS = 128
 WARM_DTYPES = ("bfloat16", "int8")
+# The dtypes whose encoder-layer linears run on oneDNN's linear on the cpu, weights packed at
+# load (packed.py), where this torch and CPU have it. float32's is 2.3x MKL's GEMM (torch's
+# float32 linear) on an AVX-512 AMD EPYC, and there its small batches gain more from it than
+# from onnxruntime, so a float32 model so packed runs them on torch and exports no graph, and,
+# building oneDNN primitives per shape as bfloat16 does, warms its lone rows at load.
+PACKED_DTYPES = ("bfloat16", "float32")
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
 
@@ -105,6 +111,9 @@ class NativeEngine(Engine):
     tables are float32, and every result leaves as float32. Between layers the stream stays
     bfloat16: a float32 one would add a cast on each side of every linear, and with the sums
     into the LayerNorms kept float32 the measured models pass without it.
+
+    float32 on the cpu: the encoder layers' linears run on oneDNN's linear too where the CPU
+    has it (PACKED_DTYPES), in float32 throughout.
 
     int8 (quantize.py): inside the encoder layers, the attention output and FFN intermediate
     projections are int8 (per-channel weights, per-token activations, int32 accumulation);
@@ -191,7 +200,7 @@ class NativeEngine(Engine):
         module = materialize(module.to(torch_dtype(weights_dtype)), target)
         module.load_weights(tensors)
         module.eval()
-        if dtype == "bfloat16" and target.type == "cpu":
+        if dtype in PACKED_DTYPES and target.type == "cpu":
             from vllm_srun.engines.native.packed import pack_linears
 
             pack_linears(module.backbone.blocks)
@@ -249,6 +258,11 @@ class NativeModel(EngineModel):
         self._onnx: Any = None  # the small-batch onnxruntime session (prepare_small_batches)
         # Multiply-adds per token in the module's linears (nn.Linear and the packed and
         # quantized ones, which keep its in_features and out_features).
+        # Whether oneDNN runs the encoder layers' linears (packed.py), building a primitive per
+        # token count.
+        from vllm_srun.engines.native.packed import PackedLinear
+
+        self.packed_linears = any(isinstance(m, PackedLinear) for m in module.modules())
         self.linear_macs = sum(
             m.in_features * m.out_features
             for m in module.modules()
@@ -319,10 +333,10 @@ class NativeModel(EngineModel):
         return "dense" in self.fast_paths and self.dtype != "int8" and self._torch_device.type == "cpu"
 
     def prepare_small_batches(self) -> None:
-        """Export the dense forward to onnxruntime where it can run (done at load, so no request
-        waits for it), on the intra-op thread count the forward threads will have (the
-        configured one, else this thread's torch count), so it is the one session every forward
-        uses. It is kept only when it reproduces the torch forward on a probe batch within
+        """Export the dense forward to onnxruntime where it can run and its linears are not
+        packed (done at load, so no request waits for it), on the intra-op thread count the
+        forward threads will have (the configured one, else this thread's torch count), so it
+        is the one session every forward uses. It is kept only when it reproduces the torch forward on a probe batch within
         PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
         from vllm_srun.engines.native import onnx_path
 
@@ -331,6 +345,7 @@ class NativeModel(EngineModel):
             and "onnx" in self.fast_paths
             and self.small_batch_onnx
             and self.dtype == "float32"
+            and not self.packed_linears  # faster on torch then (PACKED_DTYPES)
             and self.attention is None
             and onnx_path.available()
         ):
@@ -372,7 +387,8 @@ class NativeModel(EngineModel):
         import torch
 
         limit = min(self.warm_max_tokens, positions) if positions > 0 else self.warm_max_tokens
-        if self._torch_device.type != "cpu" or self.dtype not in WARM_DTYPES or limit < 1:
+        per_shape = self.dtype in WARM_DTYPES or self.packed_linears
+        if self._torch_device.type != "cpu" or not per_shape or limit < 1:
             return 0
         vocab = self.module.vocab_size
         filler = [t % vocab for t in _PROBE[0]]

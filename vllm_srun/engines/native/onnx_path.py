@@ -121,6 +121,7 @@ def _export(model: EncoderModel, path: str) -> None:
     import torch
 
     from vllm_srun.engines.native.attention import Block
+    from vllm_srun.engines.native.packed import plain_linears
 
     class Graph(torch.nn.Module):
         def __init__(self) -> None:
@@ -136,7 +137,7 @@ def _export(model: EncoderModel, path: str) -> None:
     example = torch.ones(2, 8, dtype=torch.long)
     axes = {0: "rows", 1: "width"}
     # The legacy (TorchScript) exporter: one self-contained graph, no extra dependencies.
-    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
+    with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings(), plain_linears(model):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             Graph().eval(),

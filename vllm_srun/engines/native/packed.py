@@ -1,14 +1,16 @@
 """Linears on the CPU on oneDNN's own linear ops, with their weights laid out once at load.
 
-bfloat16: `PackedLinear` on `torch.ops.mkldnn._linear_pointwise` (weight reordered once, bias
-added to the float32 accumulator), for every linear inside bfloat16 encoder layers; a torch or
-CPU without the op keeps `nn.Linear`. int8: `int8_linear` on oneDNN's `qlinear_pointwise`, the
-per-channel scale applied inside, activations as uint8 (`ZERO_POINT`), float32 out.
+bfloat16 and float32: `PackedLinear` on `torch.ops.mkldnn._linear_pointwise` (weight reordered
+once, bias added to the float32 accumulator), for every linear inside the encoder layers; a
+torch or CPU without the op keeps `nn.Linear` (for float32 MKL's GEMM, 2.3x slower on an
+AVX-512 AMD EPYC). int8: `int8_linear` on oneDNN's `qlinear_pointwise`, the per-channel scale
+applied inside, activations as uint8 (`ZERO_POINT`), float32 out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -33,13 +35,14 @@ def available() -> bool:
     return _has(torch.ops.mkldnn, "_linear_pointwise", "_reorder_linear_weight") and _avx512()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """A bfloat16 [out, in] weight in the layout oneDNN's linear reads (same shape and values)."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous())
+def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """An [out, in] weight in `dtype` (bfloat16 or float32), in the layout oneDNN's linear reads
+    (same shape and values)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
 
 
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias for bfloat16 `x` [..., in] and a `pack_weight` weight."""
+    """x @ weight.T + bias for `x` [..., in] and a `pack_weight` weight of x's dtype."""
     shape = x.shape
     out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
     return out.view(*shape[:-1], out.shape[-1])
@@ -75,28 +78,31 @@ def int8_linear(
 
 
 class PackedLinear(nn.Module):
-    """A drop-in for a bfloat16 `nn.Linear` (bfloat16 in, bfloat16 out) on oneDNN's linear.
+    """A drop-in for a bfloat16 or float32 `nn.Linear` on oneDNN's linear, in `dtype` (the
+    linear's by default) in and out.
 
     `weight` (packed) and `bias` are buffers: the module has no parameters, so nothing
     reloads into it."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", pack_weight(linear.weight))
-        bias = linear.bias.detach().to(torch.bfloat16).clone() if linear.bias is not None else None
+        dtype = dtype or linear.weight.dtype
+        self.register_buffer("weight", pack_weight(linear.weight, dtype))
+        bias = linear.bias.detach().to(dtype).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, oneDNN bfloat16"
+        kind = "bfloat16" if self.weight.dtype == torch.bfloat16 else "float32"
+        return f"in={self.in_features}, out={self.out_features}, oneDNN {kind}"
 
 
 def pack_linears(blocks: Sequence[nn.Module]) -> int:
-    """Replace every `nn.Linear` inside the bfloat16 encoder layers `blocks` by a
-    `PackedLinear`, in place; returns how many (0 where this torch lacks the op)."""
+    """Replace every `nn.Linear` inside the encoder layers `blocks` (bfloat16 or float32) by a
+    `PackedLinear`, in place; returns how many (0 where this torch or CPU lacks the op)."""
     if not available():
         return 0
     count = 0
@@ -105,3 +111,29 @@ def pack_linears(blocks: Sequence[nn.Module]) -> int:
             replace(block, name, PackedLinear(linear))
             count += 1
     return count
+
+
+def plain(linear: PackedLinear) -> nn.Linear:
+    """The `nn.Linear` `linear` stands in for: its weight in the plain layout, its bias."""
+    out = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None)
+    weight = linear.weight.to_dense()
+    out.weight = nn.Parameter(weight, requires_grad=False)
+    if linear.bias is not None:
+        out.bias = nn.Parameter(linear.bias, requires_grad=False)
+    return out.to(weight.dtype)
+
+
+@contextmanager
+def plain_linears(module: nn.Module) -> Iterator[nn.Module]:
+    """`module` with every `PackedLinear` in it swapped for its `plain` linear until the block
+    ends: for a tracer (the ONNX exporter), which cannot read oneDNN's packed layout."""
+    swapped = [
+        (name, replace(module, name, plain(child)))
+        for name, child in list(module.named_modules())
+        if isinstance(child, PackedLinear)
+    ]
+    try:
+        yield module
+    finally:
+        for name, original in swapped:
+            replace(module, name, original)
