@@ -27,6 +27,12 @@ MAX_GROUP_ROWS = 32
 
 # Called as torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=...) is.
 AttentionKernel = Callable[..., Any]
+# float32 attention on the cpu whose scores ([rows, heads, width, width]) hold at most this many
+# cells runs as two matmuls around a softmax instead of torch's SDPA (its flash kernel for the
+# CPU): 1.2-3.3x faster on MiniLM's and MPNet's head sizes, up to 16 rows of 96 tokens, with
+# the same error against float64; beyond about this size the scores leave the cache and the
+# flash kernel wins (docs/performance.md, "float32 attention").
+PLAIN_MAX_CELLS = 1 << 21
 
 
 def partition(lengths: list[int]) -> list[tuple[int, int]]:
@@ -131,9 +137,38 @@ def _sdpa_call(
     if bias is not None:
         extra = bias(q, k, q.shape[2]).to(q.dtype)
         mask = extra if mask is None else extra + mask
+    if sdpa is _torch_sdpa() and _plain_fits(q, k):
+        return _plain_attention(q, k, v, mask, scale)
     if scale is None:
         return sdpa(q, k, v, attn_mask=mask)  # type: ignore[no-any-return]
     return sdpa(q, k, v, attn_mask=mask, scale=scale)  # type: ignore[no-any-return]
+
+
+def _torch_sdpa() -> AttentionKernel:
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention
+
+
+def _plain_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether attention of these blocks runs as `_plain_attention` (PLAIN_MAX_CELLS)."""
+    import torch
+
+    cells = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+    return q.dtype == torch.float32 and q.device.type == "cpu" and cells <= PLAIN_MAX_CELLS
+
+
+def _plain_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
+) -> torch.Tensor:
+    """softmax(q k^T * scale + mask) v, as SDPA computes it, in three ops on one scores tensor."""
+    import torch
+
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores.mul_(q.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores.add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 @dataclass
