@@ -19,14 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from vllm_srun.engines.native import engine as native_engine  # noqa: E402
 from vllm_srun.engines.native import graph_cache  # noqa: E402
 
-# float32's linears off oneDNN, as on a CPU without its linear: only there is a graph exported.
 LOAD = """
 import json, sys
-from vllm_srun.engines.native import engine
-engine.PACKED_DTYPES = ("bfloat16",)
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.registry.loader import ModelOptions, load_model
 from vllm_srun.plugins.base import Batch, WorkItem
@@ -69,7 +65,6 @@ def load_here(package: Path, cache: Path | str, monkeypatch: pytest.MonkeyPatch)
     from vllm_srun.registry.loader import ModelOptions, load_model
 
     monkeypatch.setenv(graph_cache.CACHE_ENV, str(cache))
-    monkeypatch.setattr(native_engine, "PACKED_DTYPES", ("bfloat16",))
     model, _ = load_model(load_plugins(), ModelOptions(ref=str(package)), with_engine=True)
     native = model.engine_model
     assert native.paths[-1] == "onnx", native.paths

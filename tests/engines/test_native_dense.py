@@ -1,8 +1,7 @@
 """The native engine's small-batch paths (dense on torch, dense on onnxruntime): the same
 numbers as the packed path and the references (Transformers at 1e-4 on tiny fixtures;
 sentence-transformers on MiniLM, cosine >= 0.99999), and the choice between the paths by batch
-shape. onnxruntime's path exists for float32 models whose linears are not on oneDNN: here
-float32 is kept off oneDNN (`float32_on_mkl`) except in the tests of float32 on oneDNN."""
+shape. float32's linears run on oneDNN where the CPU has it, packed after the export."""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ transformers = pytest.importorskip("transformers")
 
 from helpers import minilm_dir  # noqa: E402
 
-from vllm_srun.engines.native import engine as native_engine  # noqa: E402
 from vllm_srun.engines.native import packed as packed_linears  # noqa: E402
 from vllm_srun.engines.native.engine import DENSE_MAX_ROWS, NativeModel  # noqa: E402
 from vllm_srun.plugins.base import Batch, WorkItem  # noqa: E402
@@ -27,17 +25,6 @@ from vllm_srun.testing.task_heads_fixtures import write_fixture  # noqa: E402
 VOCAB = 100
 # One row alone, rows of equal length (no mask), rows of unequal length (a padded block).
 SHAPES = {"one": (17,), "equal": (9, 9, 9), "unequal": (5, 23, 1, 12)}
-
-
-@pytest.fixture(autouse=True)
-def float32_on_mkl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """float32 linears on torch's own (MKL's) GEMM, as on a CPU without oneDNN's linear, where
-    float32 small batches run on onnxruntime; a test marked `float32_on_onednn` keeps them."""
-    if request.node.get_closest_marker("float32_on_onednn") is None:
-        monkeypatch.setattr(native_engine, "PACKED_DTYPES", ("bfloat16",))
-
-
-on_onednn = pytest.mark.float32_on_onednn
 
 
 def run(
@@ -277,7 +264,8 @@ def test_the_engine_reports_the_paths_it_chooses_and_their_memory(
 def test_the_onnx_path_adds_at_most_one_copy_of_minilm_weights(nt: Any) -> None:
     path = minilm_dir()
     native = nt.load_native(path)
-    weights = sum(p.numel() * p.element_size() for p in native.module.parameters())
+    tensors = [*native.module.parameters(), *native.module.buffers()]  # packed linears are buffers
+    weights = sum(t.numel() * t.element_size() for t in tensors)
     added = native.describe()["memory_bytes"]["onnxruntime-small-batch"]
     assert 0 < added <= 1.25 * weights, (added, weights)
 
@@ -332,14 +320,13 @@ def test_load_runs_a_lone_row_of_every_token_count_on_the_torch_paths(
     assert lone == []
 
 
-@on_onednn
 @pytest.mark.skipif(not packed_linears.available(), reason="no oneDNN linear on this torch and CPU")
-def test_float32_on_onednn_runs_small_batches_on_torch_and_warms_its_lone_rows(
+def test_float32_on_onednn_keeps_onnxruntime_for_small_batches_and_warms_torchs_lone_rows(
     nt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """float32's linears on oneDNN: small batches on torch (no graph exported), each path
-    within 1e-4 of Transformers and 1e-5 of the packed path, and its lone rows run at load
-    (oneDNN builds a primitive per token count in float32 too)."""
+    """float32's encoder linears on oneDNN, packed after the small-batch graph was traced from
+    the plain ones: every path within 1e-4 of Transformers and 1e-5 of each other. Lone rows
+    run at load only where they run on torch (oneDNN builds a primitive per token count)."""
     from vllm_srun.engines.native.engine import WARM_MAX_TOKENS
 
     monkeypatch.setattr(NativeModel, "warm_max_tokens", WARM_MAX_TOKENS)
@@ -353,18 +340,20 @@ def test_float32_on_onednn_runs_small_batches_on_torch_and_warms_its_lone_rows(
 
     monkeypatch.setattr(NativeModel, "encode", recording)
     hf = nt.randomize(tiny_bert(transformers.BertModel))
-    native = nt.load_native(nt.save(hf, tmp_path))
-    assert native.packed_linears and native._onnx is None
-    assert native.paths == ("packed", "dense")
-    assert native.describe()["engine_paths"] == ["native", "native-small-batch"]
-    assert lone == list(range(1, 63))
-    assert native.choose_path(np.array([40])) == "dense"
+    saved = nt.save(hf, tmp_path)
+    native = nt.load_native(saved)
+    assert native.packed_linears and native.paths == ("packed", "dense", "onnx")
+    assert any(isinstance(m, packed_linears.PackedLinear) for m in native.module.modules())
+    assert lone == []  # lone rows run on onnxruntime: nothing of oneDNN's to build
     for lengths in SHAPES.values():
         rows = nt.token_rows(VOCAB, lengths)
         ref = nt.reference(hf, rows).last_hidden_state
-        dense = run(native, rows, "hidden", path="dense")
-        packed = run(native, rows, "hidden", path="packed")
+        outs = {path: run(native, rows, "hidden", path=path) for path in native.paths}
         for i, row in enumerate(rows):
-            nt.assert_close(dense[i], ref[i, : len(row)])
-            nt.assert_close(packed[i], ref[i, : len(row)])
-            np.testing.assert_allclose(dense[i], packed[i], atol=1e-5, rtol=0)
+            for path in native.paths:
+                nt.assert_close(outs[path][i], ref[i, : len(row)])
+                np.testing.assert_allclose(outs[path][i], outs["packed"][i], atol=1e-5, rtol=0)
+    monkeypatch.setattr(NativeModel, "small_batch_onnx", False)
+    torch_only = nt.load_native(saved)
+    assert torch_only.packed_linears and torch_only.paths == ("packed", "dense")
+    assert lone == list(range(1, 63))

@@ -123,10 +123,8 @@ def test_output_heads_agree_on_every_path(models: dict[str, TaskHeadsModel], var
     model = models[variant]
     engine = model.engine_model
     assert engine is not None
-    # BERT, DistilBERT and XLM-R rows all declare the small-batch paths (torch, and
-    # onnxruntime where float32's linears are not on oneDNN).
-    small = ("dense",) if engine.packed_linears else ("dense", "onnx")
-    assert engine.paths == ("packed", *small), engine.paths
+    # BERT, DistilBERT and XLM-R rows all declare the small-batch paths (torch and onnxruntime).
+    assert engine.paths == ("packed", "dense", "onnx"), engine.paths
     encoded = [model.encoder.tokenizer.encode(text).ids for text in TEXTS]
     for rows in ([encoded[0]], encoded):  # one row alone, and a mixed small batch
         batch = Batch.from_items([WorkItem(token_ids=r, output=output) for r in rows])

@@ -58,15 +58,16 @@ PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxru
 # A lone row of every token count up to this one is run once at load in these dtypes on the
 # cpu: the first forward of a new shape builds its oneDNN primitives, which a single caller
 # would otherwise pay on the request (docs/performance.md has the cost). float32's lone rows
-# build nothing measurable (onnxruntime, or torch's GEMMs). Longer rows are rarer, and their
-# forward's own time dwarfs the build.
+# build nothing measurable on onnxruntime or MKL's GEMMs; on oneDNN they are warmed too
+# (PACKED_DTYPES). Longer rows are rarer, and their forward's own time dwarfs the build.
 WARM_MAX_TOKENS = 128
 WARM_DTYPES = ("bfloat16", "int8")
 # The dtypes whose encoder-layer linears run on oneDNN's linear on the cpu, weights packed at
-# load (packed.py), where this torch and CPU have it. float32's is 2.3x MKL's GEMM (torch's
-# float32 linear) on an AVX-512 AMD EPYC, and there its small batches gain more from it than
-# from onnxruntime, so a float32 model so packed runs them on torch and exports no graph, and,
-# building oneDNN primitives per shape as bfloat16 does, warms its lone rows at load.
+# load (packed.py), where this torch and CPU have it: float32's is 2.3x MKL's GEMM (torch's
+# float32 linear) on an AVX-512 AMD EPYC. Packed after the small-batch export, which traces the
+# plain linears: a lone float32 text stays on onnxruntime, which served it faster than torch
+# (6.4 against 9.4 ms of forward, docs/performance.md). Without that graph, a float32 model
+# whose lone rows run on oneDNN warms them as bfloat16 does.
 PACKED_DTYPES = ("bfloat16", "float32")
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
@@ -200,10 +201,6 @@ class NativeEngine(Engine):
         module = materialize(module.to(torch_dtype(weights_dtype)), target)
         module.load_weights(tensors)
         module.eval()
-        if dtype in PACKED_DTYPES and target.type == "cpu":
-            from vllm_srun.engines.native.packed import pack_linears
-
-            pack_linears(module.backbone.blocks)
         if dtype == "int8":
             from vllm_srun.engines.native.quantize import int8_model
 
@@ -221,6 +218,8 @@ class NativeEngine(Engine):
             graph_identity=_graph_identity(spec, config, dtype),
         )
         model.prepare_small_batches()
+        if dtype in PACKED_DTYPES and target.type == "cpu":
+            model.pack_linears()  # after the export, which traces the plain linears
         # Two positions short of the table: RoBERTa's positions start after its padding index.
         model.warm_single_rows(int(config.get("max_position_embeddings") or 0) - 2)
         return model
@@ -328,15 +327,22 @@ class NativeModel(EngineModel):
             memory[PATH_NAMES["onnx"]] = self._onnx.memory_bytes
         return {"engine_paths": [PATH_NAMES[p] for p in chosen], "memory_bytes": memory}
 
+    def pack_linears(self) -> None:
+        """Put the encoder layers' linears on oneDNN's linear (packed.py), where this torch and
+        CPU have it."""
+        from vllm_srun.engines.native.packed import pack_linears
+
+        self.packed_linears = pack_linears(self.module.backbone.blocks) > 0 or self.packed_linears
+
     def _small_batches(self) -> bool:
         # Measured and parity-tested on the cpu only; int8's quantised linears were not measured.
         return "dense" in self.fast_paths and self.dtype != "int8" and self._torch_device.type == "cpu"
 
     def prepare_small_batches(self) -> None:
-        """Export the dense forward to onnxruntime where it can run and its linears are not
-        packed (done at load, so no request waits for it), on the intra-op thread count the
-        forward threads will have (the configured one, else this thread's torch count), so it
-        is the one session every forward uses. It is kept only when it reproduces the torch forward on a probe batch within
+        """Export the dense forward to onnxruntime where it can run (done at load, so no request
+        waits for it), on the intra-op thread count the forward threads will have (the
+        configured one, else this thread's torch count), so it is the one session every forward
+        uses. It is kept only when it reproduces the torch forward on a probe batch within
         PROBE_ATOL; otherwise, or when the export fails, small batches stay on torch."""
         from vllm_srun.engines.native import onnx_path
 
@@ -345,7 +351,6 @@ class NativeModel(EngineModel):
             and "onnx" in self.fast_paths
             and self.small_batch_onnx
             and self.dtype == "float32"
-            and not self.packed_linears  # faster on torch then (PACKED_DTYPES)
             and self.attention is None
             and onnx_path.available()
         ):
@@ -387,7 +392,7 @@ class NativeModel(EngineModel):
         import torch
 
         limit = min(self.warm_max_tokens, positions) if positions > 0 else self.warm_max_tokens
-        per_shape = self.dtype in WARM_DTYPES or self.packed_linears
+        per_shape = self.dtype in WARM_DTYPES or (self.packed_linears and self._onnx is None)
         if self._torch_device.type != "cpu" or not per_shape or limit < 1:
             return 0
         vocab = self.module.vocab_size
