@@ -91,3 +91,15 @@ def test_configure_cpu_threads_gives_every_core_by_default_and_idle_threads_slee
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the environment's own choice stands
     assert configure_cpu_threads(3) == 3 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_freed_memory_goes_back_at_most_once_per_interval() -> None:
+    import ctypes.util
+
+    from vllm_srun import tuning
+
+    if ctypes.util.find_library("c") is None:
+        pytest.skip("no libc to trim")
+    assert tuning.return_freed_memory(0.0)  # no interval: it runs
+    assert not tuning.return_freed_memory(3600.0)  # it just ran
+    assert tuning.return_freed_memory(0.0)

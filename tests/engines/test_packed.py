@@ -118,3 +118,17 @@ def test_linears_run_on_oneDNNs_fast_kernels_where_the_cpu_has_the_instructions(
     assert set(needs) <= set(ran), log
     for primitive in needs:
         assert not ran[primitive].startswith("ref"), f"{primitive} ran on {ran[primitive]}"
+
+
+@pytest.mark.parametrize("rows", [1, packed.EXACT_ROWS, packed.EXACT_ROWS + 1, 200])
+def test_row_counts_past_the_exact_ones_run_padded_to_a_bucket_with_the_same_rows(rows: int) -> None:
+    padded = packed.bucket_rows(rows)
+    assert padded == rows if rows <= packed.EXACT_ROWS else padded % packed.ROW_BUCKET == 0
+    assert rows <= padded < rows + packed.ROW_BUCKET
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(48, 80)
+    x = torch.randn(rows, 48)
+    out = packed.PackedLinear(linear)(x)
+    assert out.shape == (rows, 80) and out.is_contiguous()
+    want = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+    assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5)

@@ -69,6 +69,10 @@ WARM_DTYPES = ("bfloat16", "int8")
 # (6.4 against 9.4 ms of forward, docs/performance.md). Without that graph, a float32 model
 # whose lone rows run on oneDNN warms them as bfloat16 does.
 PACKED_DTYPES = ("bfloat16", "float32")
+# At most this often a forward on the cpu hands the heap's free pages back to the OS: more often
+# cost MiniLM's float32 forward up to 15% (every forward 18%), every second 5%, and kept a
+# worker's memory bounded under ever-new batch shapes (docs/performance.md).
+TRIM_EVERY_S = 1.0
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
 
@@ -435,7 +439,14 @@ class NativeModel(EngineModel):
 
     def encode(self, batch: Batch, *, path: str | None = None) -> list[np.ndarray]:
         """One forward. `path` forces one of `paths` (tools and tests compare them); None lets
-        `choose_path` pick by the batch's shape."""
+        `choose_path` pick by the batch's shape. On the cpu, the heap's free pages then go back
+        to the OS at most every TRIM_EVERY_S."""
+        outputs = self._encode(batch, path)
+        if self._torch_device.type == "cpu":
+            tuning.return_freed_memory(TRIM_EVERY_S)
+        return outputs
+
+    def _encode(self, batch: Batch, path: str | None) -> list[np.ndarray]:
         import torch
 
         from vllm_srun.engines.native.attention import Segments

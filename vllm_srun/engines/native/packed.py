@@ -41,11 +41,29 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> to
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype).contiguous())
 
 
+# Row counts above EXACT_ROWS are padded up to a multiple of ROW_BUCKET: oneDNN builds and caches
+# a primitive per row count, and a server sees a new count with nearly every batch; each kept
+# primitive and the allocator's heap, fragmented by every size, grew a worker's memory without
+# bound (docs/performance.md). Up to EXACT_ROWS, lone rows, whose primitives are built at load.
+EXACT_ROWS = 128
+ROW_BUCKET = 64
+
+
+def bucket_rows(rows: int) -> int:
+    """The row count oneDNN's linear runs `rows` rows at."""
+    return rows if rows <= EXACT_ROWS else -(-rows // ROW_BUCKET) * ROW_BUCKET
+
+
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x @ weight.T + bias for `x` [..., in] and a `pack_weight` weight of x's dtype."""
     shape = x.shape
-    out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]), weight, bias, "none", [], "")
-    return out.view(*shape[:-1], out.shape[-1])
+    flat = x.reshape(-1, shape[-1])
+    rows = flat.shape[0]
+    padded = bucket_rows(rows)
+    if padded != rows:
+        flat = torch.nn.functional.pad(flat, (0, 0, 0, padded - rows))
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+    return out[:rows].view(*shape[:-1], out.shape[-1])
 
 
 def int8_available() -> bool:
