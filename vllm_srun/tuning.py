@@ -9,11 +9,16 @@ gains a lot when it is idle.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from vllm_srun import defaults
 
@@ -117,26 +122,30 @@ def lower_forward_priority() -> None:
 _trimmed_at = 0.0
 
 
-def return_freed_memory(every_s: float = 0.0) -> bool:
-    """Hand the heap's free pages back to the OS (glibc's `malloc_trim(0)`), at most once per
-    `every_s` seconds in this process; whether it ran. Forwards of ever-new shapes free blocks
-    of ever-new sizes, which glibc keeps and fragments: a float32 worker's RSS grew 17% in two
-    minutes of the soak without it (docs/performance.md). Nothing where there is no glibc."""
-    global _trimmed_at
-    import ctypes
-    import ctypes.util
-    import time
-
-    now = time.monotonic()
-    if now - _trimmed_at < every_s:
-        return False
-    _trimmed_at = now
+@functools.cache
+def _libc() -> Any:
+    """glibc, where `malloc_trim` is there to call; None elsewhere. Looked up once: the lookup
+    runs a subprocess."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
     except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def return_freed_memory(every_s: float = 0.0) -> bool:
+    """Hand the heap's free pages back to the OS (glibc's `malloc_trim(0)`), at most once per
+    `every_s` seconds in this process; whether it ran. Forwards of ever-new shapes free blocks
+    of ever-new sizes, which glibc keeps, fragmented, and RSS counts (docs/performance.md,
+    "Memory under ever-new batch shapes"). Nothing where there is no glibc."""
+    global _trimmed_at
+    now = time.monotonic()
+    if now - _trimmed_at < every_s:
         return False
-    if libc is None or not hasattr(libc, "malloc_trim"):
+    _trimmed_at = now
+    libc = _libc()
+    if libc is None:
         return False
     libc.malloc_trim(0)
     return True

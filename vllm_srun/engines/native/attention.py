@@ -28,10 +28,9 @@ MAX_GROUP_ROWS = 32
 # Called as torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=...) is.
 AttentionKernel = Callable[..., Any]
 # float32 attention on the cpu whose scores ([rows, heads, width, width]) hold at most this many
-# cells runs as two matmuls around a softmax instead of torch's SDPA (its flash kernel for the
-# CPU): 1.2-3.3x faster on MiniLM's and MPNet's head sizes, up to 16 rows of 96 tokens, with
-# the same error against float64; beyond about this size the scores leave the cache and the
-# flash kernel wins (docs/performance.md, "float32 attention").
+# cells runs as two matmuls around a softmax instead of torch's SDPA, whose flash kernel for the
+# CPU is slower on short rows; beyond about this size the scores leave the cache and the flash
+# kernel wins (docs/performance.md, "float32 attention").
 PLAIN_MAX_CELLS = 1 << 21
 
 

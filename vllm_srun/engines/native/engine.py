@@ -63,15 +63,15 @@ PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxru
 WARM_MAX_TOKENS = 128
 WARM_DTYPES = ("bfloat16", "int8")
 # The dtypes whose encoder-layer linears run on oneDNN's linear on the cpu, weights packed at
-# load (packed.py), where this torch and CPU have it: float32's is 2.3x MKL's GEMM (torch's
-# float32 linear) on an AVX-512 AMD EPYC. Packed after the small-batch export, which traces the
-# plain linears: a lone float32 text stays on onnxruntime, which served it faster than torch
-# (6.4 against 9.4 ms of forward, docs/performance.md). Without that graph, a float32 model
-# whose lone rows run on oneDNN warms them as bfloat16 does.
+# load (packed.py), where this torch and CPU have it: for float32, faster than torch's own
+# linear (MKL's GEMM). Packed after the small-batch export, which traces the plain linears, so
+# a lone float32 text stays on onnxruntime, which serves it faster than torch does; without
+# that graph, a float32 model whose lone rows run on oneDNN warms them as bfloat16 does
+# (docs/performance.md, "float32 linears on oneDNN").
 PACKED_DTYPES = ("bfloat16", "float32")
-# At most this often a forward on the cpu hands the heap's free pages back to the OS: more often
-# cost MiniLM's float32 forward up to 15% (every forward 18%), every second 5%, and kept a
-# worker's memory bounded under ever-new batch shapes (docs/performance.md).
+# At most this often a forward on the cpu hands the heap's free pages back to the OS, which keeps
+# a worker's memory bounded under ever-new batch shapes; more often costs the forward more
+# (docs/performance.md, "Memory under ever-new batch shapes").
 TRIM_EVERY_S = 1.0
 _PROBE = ((101, 7592, 2088, 2003, 1037, 3231, 102), (101, 2023, 102), (101, 4248, 2829, 4419, 14523, 102))
 
@@ -259,13 +259,13 @@ class NativeModel(EngineModel):
         # Of the accelerator's kernels, those this engine has a use for; it ignores the rest.
         self.attention: AttentionKernel | None = (kernels or {}).get("scaled_dot_product_attention")
         self._onnx: Any = None  # the small-batch onnxruntime session (prepare_small_batches)
-        # Multiply-adds per token in the module's linears (nn.Linear and the packed and
-        # quantized ones, which keep its in_features and out_features).
-        # Whether oneDNN runs the encoder layers' linears (packed.py), building a primitive per
-        # token count.
         from vllm_srun.engines.native.packed import PackedLinear
 
+        # Whether oneDNN runs the encoder layers' linears (packed.py), building a primitive per
+        # token count.
         self.packed_linears = any(isinstance(m, PackedLinear) for m in module.modules())
+        # Multiply-adds per token in the module's linears (nn.Linear and the packed and
+        # quantized ones, which keep its in_features and out_features).
         self.linear_macs = sum(
             m.in_features * m.out_features
             for m in module.modules()

@@ -8,8 +8,6 @@ copy of the weights and reports it (`memory_bytes`).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import tempfile
 import threading
@@ -21,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vllm_srun.engines.native import graph_cache
+from vllm_srun.tuning import return_freed_memory
 
 if TYPE_CHECKING:
     from vllm_srun.engines.native.encoder import EncoderModel
@@ -43,7 +42,7 @@ class OnnxSmallBatch:
     """
 
     def __init__(self, model: EncoderModel, threads: int, key: str | None = None) -> None:
-        _return_freed_memory()
+        return_freed_memory()  # freed memory out of the RSS measured around the session
         before = _resident_bytes()
         self.threads = threads
         # Whether the graph came from the cache as it was (graph_cache), not from an export here.
@@ -54,7 +53,7 @@ class OnnxSmallBatch:
             self.session = _open(self._export(model, key), threads)
         # The exporter drops inputs the graph does not read (token types, for most models).
         self.inputs = {i.name for i in self.session.get_inputs()}
-        _return_freed_memory()
+        return_freed_memory()  # and the export's freed temporaries
         after = _resident_bytes()
         self.memory_bytes = None if before is None or after is None else max(0, after - before)
 
@@ -199,15 +198,3 @@ def _resident_bytes() -> int | None:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
-
-
-def _return_freed_memory() -> None:
-    """Hand the export's freed temporaries back to the OS (glibc keeps them in the heap
-    otherwise, and the process's RSS would count them); nothing where there is no glibc."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        if libc is not None and hasattr(libc, "malloc_trim"):
-            libc.malloc_trim(0)
-    except OSError:
-        pass

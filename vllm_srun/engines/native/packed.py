@@ -2,9 +2,9 @@
 
 bfloat16 and float32: `PackedLinear` on `torch.ops.mkldnn._linear_pointwise` (weight reordered
 once, bias added to the float32 accumulator), for every linear inside the encoder layers; a
-torch or CPU without the op keeps `nn.Linear` (for float32 MKL's GEMM, 2.3x slower on an
-AVX-512 AMD EPYC). int8: `int8_linear` on oneDNN's `qlinear_pointwise`, the per-channel scale
-applied inside, activations as uint8 (`ZERO_POINT`), float32 out.
+torch or CPU without the op keeps `nn.Linear` (for float32, MKL's slower GEMM). int8:
+`int8_linear` on oneDNN's `qlinear_pointwise`, the per-channel scale applied inside,
+activations as uint8 (`ZERO_POINT`), float32 out.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def pack_weight(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> to
 
 
 # Row counts above EXACT_ROWS are padded up to a multiple of ROW_BUCKET: oneDNN builds and caches
-# a primitive per row count, and a server sees a new count with nearly every batch; each kept
-# primitive and the allocator's heap, fragmented by every size, grew a worker's memory without
-# bound (docs/performance.md). Up to EXACT_ROWS, lone rows, whose primitives are built at load.
+# a primitive per row count, and a server sees a new count with nearly every batch; fewer counts
+# mean fewer primitives and fewer allocation sizes to fragment the heap (docs/performance.md).
+# Up to EXACT_ROWS, lone rows, whose primitives are built at load, run as they are.
 EXACT_ROWS = 128
 ROW_BUCKET = 64
 
