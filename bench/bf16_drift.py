@@ -54,7 +54,9 @@ def figures(ours: np.ndarray, theirs: np.ndarray) -> tuple[np.ndarray, str]:
 
 
 def per_layer(reference: Any, model: Any, text: str) -> None:
-    """Each block's output on `text` alone (no padding): relative error and worst token cosine."""
+    """Each block's output on `text` alone (no padding): relative error and worst token cosine.
+    Both sides run it through torch's layers: a lone float32 text would otherwise run on the
+    small-batch ONNX graph, which no hook sees."""
     outputs: dict[str, list[torch.Tensor]] = {}
     for name, who in (("float32", reference), ("bfloat16", model)):
         captured: list[torch.Tensor] = outputs.setdefault(name, [])
@@ -62,9 +64,13 @@ def per_layer(reference: Any, model: Any, text: str) -> None:
             block.register_forward_hook(lambda _m, _i, out, c=captured: c.append(out.detach().float()))
             for block in who.engine_model.module.backbone.blocks
         ]
-        answer(who, "embeddings", _request([text]))
-        for hook in hooks:
-            hook.remove()
+        session, who.engine_model._onnx = who.engine_model._onnx, None
+        try:
+            answer(who, "embeddings", _request([text]))
+        finally:
+            who.engine_model._onnx = session
+            for hook in hooks:
+                hook.remove()
     for i, (a, b) in enumerate(zip(outputs["float32"], outputs["bfloat16"], strict=True)):
         cosine = torch.nn.functional.cosine_similarity(a, b, dim=-1)
         error = float((a - b).norm() / a.norm())
