@@ -4,6 +4,7 @@ replaced by one, and the plain linears a tracer gets back."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -132,3 +133,44 @@ def test_row_counts_past_the_exact_ones_run_padded_to_a_bucket_with_the_same_row
     assert out.shape == (rows, 80) and out.is_contiguous()
     want = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
     assert torch.allclose(out.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "approximate"), [("gelu", "none"), ("gelu_new", "tanh"), ("relu", None)])
+def test_a_fused_activation_is_the_activation_of_the_linear(name: str, approximate: str | None) -> None:
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 80)
+    x = torch.randn(37, 48)
+    fused = packed.PackedLinear(linear)
+    fused.activation, fused.post = name, packed.POST_OPS[name]
+    want = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+    want = torch.relu(want) if approximate is None else torch.nn.functional.gelu(want, approximate=approximate)
+    # Applied at all, and the right one: gelu's erf and tanh forms differ by about 1e-3 here.
+    assert torch.allclose(fused(x).double(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packing_fuses_the_ffn_activation_and_a_tracer_still_sees_it(dtype: torch.dtype) -> None:
+    from vllm_srun.engines.native.attention import Segments
+    from vllm_srun.engines.native.bert import BertLayer
+    from vllm_srun.engines.native.distilbert import FFN
+
+    torch.manual_seed(0)
+    config = {"hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64}
+    layer, ffn = BertLayer(config).to(dtype).eval(), FFN(32, 64, "gelu").to(dtype).eval()
+    x = torch.randn(9, 32).to(dtype)
+    segments = Segments.from_offsets(np.asarray([0, 4, 9]), torch.device("cpu"))
+    with torch.inference_mode():
+        before = layer(x, segments), ffn(x)
+        packed.pack_linears([layer, ffn])
+        assert packed.applies_activation(layer.intermediate.dense) and packed.applies_activation(ffn.lin1)
+        assert not packed.applies_activation(layer.output.dense)
+        after = layer(x, segments), ffn(x)
+        with packed.plain_linears(layer), packed.plain_linears(ffn):
+            traced = layer(x, segments), ffn(x)
+    # float32: one rounding apart; bfloat16: the fused form rounds once where the plain rounds the
+    # linear's output and then gelu's, a few bfloat16 units at most. Without the activation the
+    # outputs differ by tenths.
+    tolerance = 1e-5 if dtype == torch.float32 else 2**-4
+    for got in (after, traced):
+        for a, b in zip(got, before, strict=True):
+            torch.testing.assert_close(a.float(), b.float(), atol=tolerance, rtol=tolerance)

@@ -17,6 +17,7 @@ from torch import nn
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 from vllm_srun.engines.native.layers import activation
+from vllm_srun.engines.native.packed import applies_activation
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
 
@@ -99,13 +100,18 @@ class BertAttention(nn.Module):
 
 
 class BertIntermediate(nn.Module):
+    # packed.fuse_activations may move the activation into `dense` (oneDNN's post-op).
+    activation_input = "dense"
+
     def __init__(self, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.dense = nn.Linear(hidden, intermediate)
+        self.activation_name = act
         self.act = activation(act, in_place=True)  # on the dense output, which nothing else holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.dense(x))
+        out = self.dense(x)
+        return out if applies_activation(self.dense) else self.act(out)
 
 
 class BertLayer(nn.Module):

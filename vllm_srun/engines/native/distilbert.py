@@ -18,6 +18,7 @@ from torch import nn
 from vllm_srun.engines.native.attention import Layout
 from vllm_srun.engines.native.encoder import Backbone, EncoderModel
 from vllm_srun.engines.native.layers import activation
+from vllm_srun.engines.native.packed import applies_activation
 from vllm_srun.engines.native.weights import Stacked
 from vllm_srun.errors import ConfigError
 
@@ -58,14 +59,19 @@ class DistilBertSelfAttention(nn.Module):
 
 
 class FFN(nn.Module):
+    # packed.fuse_activations may move the activation into `lin1` (oneDNN's post-op).
+    activation_input = "lin1"
+
     def __init__(self, dim: int, hidden: int, act: str) -> None:
         super().__init__()
         self.lin1 = nn.Linear(dim, hidden)
         self.lin2 = nn.Linear(hidden, dim)
+        self.activation_name = act
         self.act = activation(act, in_place=True)  # on lin1's output, which nothing else holds
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lin2(self.act(self.lin1(x)))  # type: ignore[no-any-return]
+        out = self.lin1(x)
+        return self.lin2(out if applies_activation(self.lin1) else self.act(out))  # type: ignore[no-any-return]
 
 
 class TransformerBlock(nn.Module):

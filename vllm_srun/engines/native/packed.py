@@ -54,15 +54,35 @@ def bucket_rows(rows: int) -> int:
     return rows if rows <= EXACT_ROWS else -(-rows // ROW_BUCKET) * ROW_BUCKET
 
 
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T + bias for `x` [..., in] and a `pack_weight` weight of x's dtype."""
+# Activations oneDNN's linear applies to its float32 accumulator before writing the output (a
+# post-op), by transformers' names: (the op's attribute, its algorithm).
+POST_OPS: dict[str, tuple[str, str]] = {
+    "gelu": ("gelu", "none"),
+    "gelu_new": ("gelu", "tanh"),
+    "gelu_fast": ("gelu", "tanh"),
+    "gelu_pytorch_tanh": ("gelu", "tanh"),
+    "relu": ("relu", ""),
+}
+NO_POST_OP = ("none", "")
+
+
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, post: tuple[str, str] = NO_POST_OP
+) -> torch.Tensor:
+    """post(x @ weight.T + bias) for `x` [..., in] and a `pack_weight` weight of x's dtype; `post`
+    is a POST_OPS value, or none."""
     shape = x.shape
     flat = x.reshape(-1, shape[-1])
     rows = flat.shape[0]
     padded = bucket_rows(rows)
     if padded != rows:
-        flat = torch.nn.functional.pad(flat, (0, 0, 0, padded - rows))
-    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")
+        # Only the added rows are zeroed (torch's pad would fill the whole tensor first).
+        grown = flat.new_empty(padded, shape[-1])
+        grown[:rows].copy_(flat)
+        grown[rows:].zero_()
+        flat = grown
+    attr, algorithm = post
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, attr, [], algorithm)
     return out[:rows].view(*shape[:-1], out.shape[-1])
 
 
@@ -109,18 +129,44 @@ class PackedLinear(nn.Module):
         self.register_buffer("weight", pack_weight(linear.weight, dtype))
         bias = linear.bias.detach().to(dtype).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
+        # The activation applied to the output (`fuse_activations`); the module that owns this
+        # linear then skips its own.
+        self.activation: str | None = None
+        self.post = NO_POST_OP
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.weight, self.bias)
+        return packed_linear(x, self.weight, self.bias, self.post)
 
     def extra_repr(self) -> str:
         kind = "bfloat16" if self.weight.dtype == torch.bfloat16 else "float32"
-        return f"in={self.in_features}, out={self.out_features}, oneDNN {kind}"
+        fused = f", then {self.activation}" if self.activation else ""
+        return f"in={self.in_features}, out={self.out_features}, oneDNN {kind}{fused}"
+
+
+def applies_activation(linear: nn.Module) -> bool:
+    """Whether `linear` applies its owner's activation itself (a fused `PackedLinear`)."""
+    return isinstance(linear, PackedLinear) and linear.activation is not None
+
+
+def fuse_activations(blocks: Sequence[nn.Module]) -> int:
+    """Have each packed linear whose owner applies an activation after it (a module with
+    `activation_name`, the name of its linear in `activation_input`) apply it as oneDNN's post-op
+    instead: one pass fewer over the widest tensor of a layer. Returns how many were fused."""
+    count = 0
+    for block in blocks:
+        for module in block.modules():
+            name = getattr(module, "activation_name", None)
+            linear = getattr(module, getattr(module, "activation_input", ""), None)
+            if isinstance(linear, PackedLinear) and name in POST_OPS:
+                linear.activation, linear.post = name, POST_OPS[name]
+                count += 1
+    return count
 
 
 def pack_linears(blocks: Sequence[nn.Module]) -> int:
     """Replace every `nn.Linear` inside the encoder layers `blocks` (bfloat16 or float32) by a
-    `PackedLinear`, in place; returns how many (0 where this torch or CPU lacks the op)."""
+    `PackedLinear`, in place, activations fused where they can be (`fuse_activations`); returns
+    how many linears (0 where this torch or CPU lacks the op)."""
     if not available():
         return 0
     count = 0
@@ -128,6 +174,7 @@ def pack_linears(blocks: Sequence[nn.Module]) -> int:
         for name, linear in list(linears(block)):
             replace(block, name, PackedLinear(linear))
             count += 1
+    fuse_activations(blocks)
     return count
 
 
