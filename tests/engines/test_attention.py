@@ -1,6 +1,7 @@
-"""float32 attention on the CPU as two matmuls around a softmax (attention.PLAIN_MAX_CELLS): the
-numbers of torch's SDPA, with masks, position biases, a given scale and grouped key/value heads,
-taken only within its size bound and only in float32 with torch's own kernel."""
+"""float32 and bfloat16 attention on the CPU as two matmuls around a softmax
+(attention.PLAIN_MAX_CELLS): the numbers of torch's SDPA, with masks, position biases, a given
+scale and grouped key/value heads, taken only within its size bound, only in those dtypes and
+only with torch's own kernel."""
 
 from __future__ import annotations
 
@@ -63,10 +64,27 @@ def test_plain_attention_is_sdpas(rows: int, width: int, kv_heads: int | None, s
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
-def test_plain_attention_only_for_small_float32_blocks_on_torchs_kernel() -> None:
+@pytest.mark.parametrize(("rows", "width"), [(1, 7), (4, 19), (6, 40)])
+def test_plain_attention_in_bfloat16_is_within_bfloat16_rounding_of_sdpas(rows: int, width: int) -> None:
+    q, k, v = (t.bfloat16() for t in blocks(rows, 4, width, 8))
+    mask = padded(rows, width)
+    got = attention._sdpa_call(F.scaled_dot_product_attention, q, k, v, mask.bfloat16(), None, None)
+    assert got.dtype == torch.bfloat16
+    want = reference(q, k, v, mask, None)
+    # The scores, the weights and the output each rounded once to bfloat16 (2^-9 relative): on
+    # these unit-variance blocks that stays within 2^-5 of the largest value (torch's bfloat16
+    # SDPA, which keeps its scores float32, within about 2^-8), where a lost mask or scale moves
+    # values by tenths.
+    error = float((got.double() - want).abs().max())
+    assert error <= 2**-5 * float(want.abs().max()), error
+    assert attention._plain_fits(q, k)
+
+
+def test_plain_attention_only_for_small_float32_and_bfloat16_blocks_on_torchs_kernel() -> None:
     q, k, _ = blocks(2, 4, 16, 8)
     assert attention._plain_fits(q, k)
-    assert not attention._plain_fits(q.bfloat16(), k.bfloat16())
+    assert attention._plain_fits(q.bfloat16(), k.bfloat16())
+    assert not attention._plain_fits(q.half(), k.half())
     side = int((attention.PLAIN_MAX_CELLS // 4) ** 0.5) + 1  # one row, 4 heads, past the bound
     big_q, big_k, _ = blocks(1, 4, side, 2)
     assert not attention._plain_fits(big_q, big_k)

@@ -27,11 +27,12 @@ MAX_GROUP_ROWS = 32
 
 # Called as torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=...) is.
 AttentionKernel = Callable[..., Any]
-# float32 attention on the cpu whose scores ([rows, heads, width, width]) hold at most this many
-# cells runs as two matmuls around a softmax instead of torch's SDPA, whose flash kernel for the
-# CPU is slower on short rows; beyond about this size the scores leave the cache and the flash
-# kernel wins (docs/performance.md, "float32 attention").
+# float32 and bfloat16 attention on the cpu whose scores ([rows, heads, width, width]) hold at
+# most this many cells runs as two matmuls around a softmax instead of torch's SDPA, whose flash
+# kernel for the CPU is slower on short rows; beyond about this size the scores leave the cache
+# and the flash kernel wins (docs/performance.md, "float32 attention", "bfloat16 attention").
 PLAIN_MAX_CELLS = 1 << 21
+PLAIN_DTYPES = ("torch.float32", "torch.bfloat16")
 
 
 def partition(lengths: list[int]) -> list[tuple[int, int]]:
@@ -150,24 +151,26 @@ def _torch_sdpa() -> AttentionKernel:
 
 
 def _plain_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether attention of these blocks runs as `_plain_attention` (PLAIN_MAX_CELLS)."""
-    import torch
-
+    """Whether attention of these blocks runs as `_plain_attention` (PLAIN_DTYPES, PLAIN_MAX_CELLS)."""
     cells = q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
-    return q.dtype == torch.float32 and q.device.type == "cpu" and cells <= PLAIN_MAX_CELLS
+    return str(q.dtype) in PLAIN_DTYPES and q.device.type == "cpu" and cells <= PLAIN_MAX_CELLS
 
 
 def _plain_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None
 ) -> torch.Tensor:
-    """softmax(q k^T * scale + mask) v, as SDPA computes it, in three ops on one scores tensor."""
+    """softmax(q k^T * scale + mask) v, as SDPA computes it, in three ops on one scores tensor.
+
+    In bfloat16 both products take bfloat16 operands and sum in float32, each rounding its
+    output to bfloat16; the scaling, the mask and the softmax run in float32.
+    """
     import torch
 
-    scores = torch.matmul(q, k.transpose(-1, -2))
+    scores = torch.matmul(q, k.transpose(-1, -2)).float()
     scores.mul_(q.shape[-1] ** -0.5 if scale is None else scale)
     if mask is not None:
         scores.add_(mask)
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 @dataclass
