@@ -1,8 +1,8 @@
 """Self-attention over packed rows: each row attends only to itself.
 
 Projections and the MLP run on the packed tokens; attention regroups rows by length into a few
-padded groups (`partition`), one SDPA call each, and scatters results back, so callers never
-see the grouping. The small-batch path (`Block`) uses one right-padded block. Both take fused or
+padded groups (`partition`), one attention call each, and scatters results back, so callers
+never see the grouping. The small-batch path (`Block`) uses one right-padded block. Both take fused or
 separate q/k/v, grouped key/value heads, causal and sliding-window masks, an additive
 `PositionBias`, query-only tokens (`key_lengths`) and an accelerator's own SDPA kernel.
 """
@@ -311,8 +311,8 @@ class Segments:
 
 class Block:
     """Rows laid out as one right-padded [rows, width] block, flattened to [rows * width]
-    tokens: the small-batch layout. Layers run on it exactly as on `Segments`; attention is one
-    SDPA call per layer on a view of the projections, masked only where rows are padded."""
+    tokens: the small-batch layout. Layers run on it exactly as on `Segments`; attention runs once
+    per layer on a view of the projections, masked only where rows are padded."""
 
     def __init__(
         self,

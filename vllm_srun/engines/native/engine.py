@@ -108,11 +108,12 @@ class NativeEngine(Engine):
 
     bfloat16: weights, GEMMs (float32 accumulation inside the kernel; on the cpu the encoder
     layers' linears run on oneDNN's linear with the bias added inside it, packed.py), the
-    residual stream, layer norms' outputs and attention (SDPA's bfloat16 kernel, whose softmax
-    statistics are float32) are bfloat16; layer norms compute their statistics in float32
-    (torch's kernel does), and in BERT-style post-LayerNorm layers the residual sum into each
-    LayerNorm is float32 too (bert.add_norm: rounded, it moved all-mpnet-base-v2 past the twin
-    check; bench/bf16_drift.py); mean pooling sums in float32 (layers.mean_rows), rotary
+    residual stream, layer norms' outputs and attention (bfloat16 products with a float32
+    softmax: on the cpu short blocks as attention._plain_attention, else SDPA's kernel) are
+    bfloat16; layer norms compute their statistics in float32 (torch's kernel does), and in
+    BERT-style post-LayerNorm layers the residual sum into each LayerNorm is float32 too
+    (bert.add_norm: rounded, it moved all-mpnet-base-v2 past the twin check;
+    bench/bf16_drift.py); mean pooling sums in float32 (layers.mean_rows), rotary
     tables are float32, and every result leaves as float32. Between layers the stream stays
     bfloat16: a float32 one would add a cast on each side of every linear, and with the sums
     into the LayerNorms kept float32 the measured models pass without it.

@@ -129,10 +129,14 @@ class PackedLinear(nn.Module):
         self.register_buffer("weight", pack_weight(linear.weight, dtype))
         bias = linear.bias.detach().to(dtype).clone() if linear.bias is not None else None
         self.register_buffer("bias", bias)
-        # The activation applied to the output (`fuse_activations`); the module that owns this
-        # linear then skips its own.
+        # The activation applied to the output (`fuse`); the module that owns this linear then
+        # skips its own.
         self.activation: str | None = None
         self.post = NO_POST_OP
+
+    def fuse(self, activation: str) -> None:
+        """Apply `activation` (a POST_OPS name) to the output, as oneDNN's post-op."""
+        self.activation, self.post = activation, POST_OPS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return packed_linear(x, self.weight, self.bias, self.post)
@@ -158,7 +162,7 @@ def fuse_activations(blocks: Sequence[nn.Module]) -> int:
             name = getattr(module, "activation_name", None)
             linear = getattr(module, getattr(module, "activation_input", ""), None)
             if isinstance(linear, PackedLinear) and name in POST_OPS:
-                linear.activation, linear.post = name, POST_OPS[name]
+                linear.fuse(name)
                 count += 1
     return count
 
