@@ -12,11 +12,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -167,18 +167,29 @@ def _dtype_of(prepared: Prepared) -> dict[str, str]:
     return {"dtype": prepared.placement.dtype, "dtype_reason": prepared.placement.reason}
 
 
-async def _load_checked(served: ServedModel, prepared: Prepared) -> str:
+T = TypeVar("T")
+# The executor a device's torch work runs on (Executors.for_device); None: the loop's default.
+ExecutorFor = Callable[[str], Executor]
+
+
+async def _on(executor: Executor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(executor, partial(fn, *args, **kwargs))
+
+
+async def _load_checked(served: ServedModel, prepared: Prepared, executor_for: ExecutorFor | None) -> str:
     """Load, warm on the golden check, and hold approximate numerics to their twin check
     (Refused where they miss a bound), each step logged as it starts and with its duration as
-    it ends. The golden check's status."""
+    it ends, on the device's forward thread where `executor_for` gives it. The golden check's
+    status."""
     step = partial(_step, served.name, prepared.placement.dtype)
+    executor = executor_for(prepared.placement.device) if executor_for else None
     async with step("loading"):
-        served.model = await asyncio.to_thread(load_prepared, prepared)
+        served.model = await _on(executor, load_prepared, prepared)
     served.state = "warming"
     device_class = device_class_of(prepared.placement.device)
     records = prepared.resolved.builtin.golden if prepared.resolved.builtin else None
     async with step("warming: golden answers" if records else "warming: determinism check"):
-        result = await asyncio.to_thread(run_golden, served.model, records, device_class=device_class)
+        result = await _on(executor, run_golden, served.model, records, device_class=device_class)
     served.golden, served.golden_reference = result.status, result.reason
     if result.status == "verified":  # every record ran and matched
         served.golden_checked = served.golden_matched = len((records or {}).get(device_class, ()))
@@ -186,21 +197,26 @@ async def _load_checked(served: ServedModel, prepared: Prepared) -> str:
         raise ConfigError(f"golden check failed: {result.reason}")
     if served.model.info.numerics != "float32" and served.model.engine_model is not None:
         async with step("warming: comparing with a float32 twin"):
-            check = await asyncio.to_thread(check_approximation, prepared, served.model)
+            check = await _on(executor, check_approximation, prepared, served.model)
         served.approximation = check.describe()
     return result.status
 
 
 async def bring_up(
-    served: ServedModel, prepared: Prepared, on_ready: Callable[[ServedModel], Awaitable[None]]
+    served: ServedModel,
+    prepared: Prepared,
+    on_ready: Callable[[ServedModel], Awaitable[None]],
+    executor_for: ExecutorFor | None = None,
 ) -> None:
     """loading -> warming -> ready (then `on_ready`), or failed with the reason. A --max-speed
-    model whose twin check refuses its dtype goes on to the next it may fall back to."""
+    model whose twin check refuses its dtype goes on to the next it may fall back to. With
+    `executor_for`, every step runs on the device's forward thread, which then is the only
+    thread of the process that runs torch's parallel regions (docs/performance.md, Tuning)."""
     started = time.perf_counter()
     try:
         while True:
             try:
-                golden = await _load_checked(served, prepared)
+                golden = await _load_checked(served, prepared, executor_for)
                 break
             except Refused as exc:
                 following = fall_back(prepared, exc.short)
@@ -252,16 +268,20 @@ class Executors:
         set_forward_threads(intra_op_threads)  # engines size pools of their own at load from it
         self._by_device: dict[str, ThreadPoolExecutor] = {}
 
-    def deployment(self, served: ServedModel) -> Deployment:
-        assert served.model is not None and served.placement is not None
-        device = served.placement.device
+    def for_device(self, device: str) -> ThreadPoolExecutor:
+        """The device's executor: its forwards, and the loading and warming of its models."""
         if device not in self._by_device:
             self._by_device[device] = ThreadPoolExecutor(
                 max_workers=1,
                 thread_name_prefix=f"forward-{device}",
                 initializer=partial(start_forward_thread, self.intra_op_threads),
             )
-        return Deployment(model=served.model, limits=served.limits, executor=self._by_device[device])
+        return self._by_device[device]
+
+    def deployment(self, served: ServedModel) -> Deployment:
+        assert served.model is not None and served.placement is not None
+        executor = self.for_device(served.placement.device)
+        return Deployment(model=served.model, limits=served.limits, executor=executor)
 
     def shutdown(self) -> None:
         for executor in self._by_device.values():
@@ -351,8 +371,9 @@ class Serving:
     async def _bring_up_all(self) -> None:
         # One at a time: models loading side by side would only split the same cores.
         serve = self._serve if self.worker else _nothing
+        executor_for = self.executors.for_device if self.with_device else None
         for p in self.prepared:
-            await bring_up(self.models[p.name], p, partial(self._checked, serve))
+            await bring_up(self.models[p.name], p, partial(self._checked, serve), executor_for)
             if self.config_error is not None:
                 return
 
