@@ -3,6 +3,7 @@ with the intra-op thread count the settings give, handed over as a setting."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 import threading
@@ -12,10 +13,13 @@ from pathlib import Path
 import pytest
 from helpers import write_keywords
 
+from vllm_srun import tuning
+from vllm_srun.app import loading
 from vllm_srun.app.loading import Executors, ServedModel
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.queue.worker.coalescer import BatchLimits
-from vllm_srun.registry.loader import ModelOptions, load_model
+from vllm_srun.registry.loader import ModelOptions, load_model, prepare
+from vllm_srun.registry.tables import load_tables
 from vllm_srun.tuning import FORWARD_NICE_ENV, configure_cpu_threads, lower_forward_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
@@ -83,14 +87,59 @@ def test_without_the_setting_the_thread_count_is_left_alone(tmp_path: Path) -> N
     assert forward_threads(tmp_path, None) == torch.get_num_threads()
 
 
-def test_configure_cpu_threads_gives_every_core_by_default_and_idle_threads_sleep(
+def test_a_model_loads_and_warms_on_its_devices_forward_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the device's forwards run, so that one thread per device runs torch's parallel
+    regions (GNU OpenMP stops spinning once it manages more threads than there are cores)."""
+    seen: list[tuple[str, str]] = []
+    for name in ("load_prepared", "run_golden"):
+        real = getattr(loading, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kwargs: object) -> object:
+            seen.append((_name, threading.current_thread().name))
+            return _real(*args, **kwargs)  # type: ignore[operator]
+
+        monkeypatch.setattr(loading, name, spy)
+    plugins = load_plugins()
+    tables = load_tables(e.plugin for e in plugins.of("families").values())
+    options = ModelOptions(ref=str(write_keywords(tmp_path / "kw")), engine="example_counts")
+    p = prepare(plugins, tables, options, with_engine=True)
+    served = ServedModel(p.name, BatchLimits(), placement=p.placement)
+    executors = Executors()
+
+    async def ready(_: ServedModel) -> None:
+        return None
+
+    try:
+        asyncio.run(loading.bring_up(served, p, ready, executors.for_device))
+        assert served.state == "ready", served.reason
+        forward = executors.for_device(p.placement.device).submit(lambda: threading.current_thread().name)
+        thread = forward.result()
+    finally:
+        executors.shutdown()
+    assert thread.startswith("forward-")
+    assert seen == [("load_prepared", thread), ("run_golden", thread)]
+
+
+def test_configure_cpu_threads_gives_every_core_by_default_and_idle_threads_spin_briefly_then_sleep(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     assert configure_cpu_threads(None) == (os.cpu_count() or 1)
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the environment's own choice stands
+    assert os.environ["GOMP_SPINCOUNT"] == str(tuning.OMP_SPIN_COUNT)
+    # A spin count of the environment's own stands.
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    configure_cpu_threads(None)
+    assert (os.environ["OMP_WAIT_POLICY"], os.environ["GOMP_SPINCOUNT"]) == ("PASSIVE", "0")
+    # So does a wait policy, and no spin count then overrides what it means.
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
     assert configure_cpu_threads(3) == 3 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "GOMP_SPINCOUNT" not in os.environ
 
 
 def test_freed_memory_goes_back_at_most_once_per_interval() -> None:

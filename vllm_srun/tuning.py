@@ -1,10 +1,9 @@
 """Process and thread settings for CPU forwards.
 
-Two choices, measured in `bench/` (docs/performance.md: Tuning): idle OpenMP threads sleep instead of
-spinning, because a spinning pool starves everything else on a busy machine (the event loop,
-Redis, other forwards) while gaining nothing once the work is in flight; and CPU forwards use
-every core by default, because a sleeping pool costs little when another core is busy and
-gains a lot when it is idle.
+Two choices, measured in `bench/` (docs/performance.md: Tuning): idle OpenMP threads spin briefly
+(OMP_SPIN_COUNT), then sleep, so a forward's parallel regions do not each wake a sleeping pool
+while a pool idle between forwards soon gives its core away; and CPU forwards use every core
+by default.
 """
 
 from __future__ import annotations
@@ -24,6 +23,11 @@ from vllm_srun import defaults
 
 # How much lower than the event loop the forward threads run (a nice increment; 0: the same).
 FORWARD_NICE_ENV = "VLLM_SRUN_FORWARD_NICE"
+# Spins an idle OpenMP thread makes before it sleeps (GNU OpenMP's GOMP_SPINCOUNT; by its own
+# estimate about 0.3 ms): longer than the gaps between one forward's parallel regions, far
+# shorter than those between forwards. GNU OpenMP spins only while it manages no more threads
+# than there are cores, hence one thread per device for all torch work (app.loading.Executors).
+OMP_SPIN_COUNT = 30_000
 
 
 def default_threads() -> int:
@@ -33,12 +37,15 @@ def default_threads() -> int:
 def configure_cpu_threads(threads: int | None = defaults.INTRA_OP_THREADS) -> int:
     """The intra-op thread count for this process's CPU forwards (`threads`, or every core).
 
-    Call it before any engine imports torch: it makes idle OpenMP threads sleep
-    (`OMP_WAIT_POLICY=PASSIVE`, unless the environment says otherwise), which the OpenMP
-    runtime reads once, when it starts. The count it returns is a setting to hand on
-    (`ServerSettings.intra_op_threads`); `start_forward_thread` applies it.
+    Call it before any engine imports torch: unless the environment sets OMP_WAIT_POLICY, idle
+    OpenMP threads spin OMP_SPIN_COUNT times and then sleep (`OMP_WAIT_POLICY=PASSIVE` with
+    `GOMP_SPINCOUNT`, unless that is set too), which the OpenMP runtime reads once, when it
+    starts. The count it returns is a setting to hand on (`ServerSettings.intra_op_threads`);
+    `start_forward_thread` applies it.
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        os.environ.setdefault("GOMP_SPINCOUNT", str(OMP_SPIN_COUNT))
     return threads or default_threads()
 
 

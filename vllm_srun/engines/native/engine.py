@@ -47,9 +47,9 @@ DENSE_MAX_PADDING = 0.25
 # on a probe batch (one row alone, and rows of unequal length: the masked block).
 PROBE_ATOL = 1e-5
 # A bfloat16 or int8 forward on the CPU of at most this many multiply-adds in its linears (its
-# tokens times the model's linear weights) runs on one thread. With idle OpenMP threads asleep
-# (tuning.configure_cpu_threads) every parallel region pays for waking them: below these sizes
-# that costs more than a second thread saves, and made a lone text slower than float32's. The
+# tokens times the model's linear weights) runs on one thread. Measured when idle OpenMP threads
+# slept at once (before tuning.OMP_SPIN_COUNT), so every parallel region paid for waking them: below
+# these sizes that cost more than a second thread saves, and made a lone text slower than float32's. The
 # bounds are where a lone text gained from a second thread (docs/performance.md: bfloat16 and
 # int8); int8's is higher, as oneDNN's int8 linear gains less from one. float32 keeps its count.
 ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
