@@ -3,7 +3,6 @@ with the intra-op thread count the settings give, handed over as a setting."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 import threading
@@ -14,12 +13,10 @@ import pytest
 from helpers import write_keywords
 
 from vllm_srun import tuning
-from vllm_srun.app import loading
 from vllm_srun.app.loading import Executors, ServedModel
 from vllm_srun.plugins.discovery import load_plugins
 from vllm_srun.queue.worker.coalescer import BatchLimits
-from vllm_srun.registry.loader import ModelOptions, load_model, prepare
-from vllm_srun.registry.tables import load_tables
+from vllm_srun.registry.loader import ModelOptions, load_model
 from vllm_srun.tuning import FORWARD_NICE_ENV, configure_cpu_threads, lower_forward_priority
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
@@ -85,41 +82,6 @@ def test_forwards_run_with_the_intra_op_threads_setting(tmp_path: Path) -> None:
 def test_without_the_setting_the_thread_count_is_left_alone(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     assert forward_threads(tmp_path, None) == torch.get_num_threads()
-
-
-def test_a_model_loads_and_warms_on_its_devices_forward_thread(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Where the device's forwards run, so that one thread per device runs torch's parallel
-    regions (GNU OpenMP stops spinning once it manages more threads than there are cores)."""
-    seen: list[tuple[str, str]] = []
-    for name in ("load_prepared", "run_golden"):
-        real = getattr(loading, name)
-
-        def spy(*args: object, _real: object = real, _name: str = name, **kwargs: object) -> object:
-            seen.append((_name, threading.current_thread().name))
-            return _real(*args, **kwargs)  # type: ignore[operator]
-
-        monkeypatch.setattr(loading, name, spy)
-    plugins = load_plugins()
-    tables = load_tables(e.plugin for e in plugins.of("families").values())
-    options = ModelOptions(ref=str(write_keywords(tmp_path / "kw")), engine="example_counts")
-    p = prepare(plugins, tables, options, with_engine=True)
-    served = ServedModel(p.name, BatchLimits(), placement=p.placement)
-    executors = Executors()
-
-    async def ready(_: ServedModel) -> None:
-        return None
-
-    try:
-        asyncio.run(loading.bring_up(served, p, ready, executors.for_device))
-        assert served.state == "ready", served.reason
-        forward = executors.for_device(p.placement.device).submit(lambda: threading.current_thread().name)
-        thread = forward.result()
-    finally:
-        executors.shutdown()
-    assert thread.startswith("forward-")
-    assert seen == [("load_prepared", thread), ("run_golden", thread)]
 
 
 def test_configure_cpu_threads_gives_every_core_by_default_and_idle_threads_spin_briefly_then_sleep(

@@ -96,8 +96,9 @@ def forward_threads() -> int | None:
 def start_forward_thread(intra_op_threads: int | None = None) -> None:
     """The initializer of a forward executor: a lower priority, and the thread count when given.
 
-    The executor's thread starts on its first forward, after the engine has loaded the model,
-    so torch is there to be told.
+    The executor's thread starts on the first step of bringing a model up (its load), after
+    `prepare` has imported torch for the engine (`torch_device_of`), so torch is there to be
+    told; an engine that first imports torch inside its load would not be.
     """
     lower_forward_priority()
     if intra_op_threads is not None:
