@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -173,7 +174,10 @@ ExecutorFor = Callable[[str], Executor]
 
 
 async def _on(executor: Executor | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    return await asyncio.get_running_loop().run_in_executor(executor, partial(fn, *args, **kwargs))
+    """`fn` on `executor` (None: the loop's default) in a copy of this context, as
+    asyncio.to_thread runs it, so its log lines keep what the caller bound."""
+    call = partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await asyncio.get_running_loop().run_in_executor(executor, call)
 
 
 async def _load_checked(served: ServedModel, prepared: Prepared, executor_for: ExecutorFor | None) -> str:

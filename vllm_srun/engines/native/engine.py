@@ -47,11 +47,11 @@ DENSE_MAX_PADDING = 0.25
 # on a probe batch (one row alone, and rows of unequal length: the masked block).
 PROBE_ATOL = 1e-5
 # A bfloat16 or int8 forward on the CPU of at most this many multiply-adds in its linears (its
-# tokens times the model's linear weights) runs on one thread. Measured when idle OpenMP threads
-# slept at once (before tuning.OMP_SPIN_COUNT), so every parallel region paid for waking them: below
-# these sizes that cost more than a second thread saves, and made a lone text slower than float32's. The
-# bounds are where a lone text gained from a second thread (docs/performance.md: bfloat16 and
-# int8); int8's is higher, as oneDNN's int8 linear gains less from one. float32 keeps its count.
+# tokens times the model's linear weights) runs on one thread: below these sizes waking a second
+# thread for each parallel region cost more than the thread saved. The bounds are where a lone
+# text gained from a second thread, measured before tuning.OMP_SPIN_COUNT (docs/performance.md:
+# bfloat16 and int8); int8's is higher, as oneDNN's int8 linear gains less from one. float32
+# keeps its count.
 ONE_THREAD_MACS = {"bfloat16": 1e9, "int8": 8e9}
 # The paths under the names /v1/models and `meta` give them.
 PATH_NAMES = {"packed": "native", "dense": "native-small-batch", "onnx": "onnxruntime-small-batch"}
