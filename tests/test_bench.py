@@ -141,3 +141,33 @@ def test_the_ceiling_loads_the_dtype_the_server_is_given() -> None:
     assert served_dtype([]) == "auto"
     assert served_dtype(["--max-num-seqs", "16", "--dtype", "bfloat16"]) == "bfloat16"
     assert served_dtype(["--dtype=int8", "--dtype", "bfloat16"]) == "bfloat16"  # the last one wins
+
+
+def test_linear_bound_counts_the_linears_and_measures_both_sides(tmp_path: Path) -> None:
+    """`python -m bench.linear_bound` on the packaged MiniLM, tiny: its multiply-adds per token
+    are MiniLM's six layers of q/k/v, output and MLP (384 wide, 1,536 inside), and the bound is
+    the measured linear rate over them."""
+    from helpers import minilm_dir
+
+    from bench.corpus import corpus
+    from bench.native_forward import tokenize
+
+    out = tmp_path / "bound.json"
+    args = ["--texts", "16", "--batch", "8", "--rounds", "1", "--dtypes", "float32", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.linear_bound", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["linear_macs_per_token"] == 6 * (384 * 3 * 384 + 384 * 384 + 2 * 384 * 1536)
+    rows = tokenize(minilm_dir(), corpus(16))
+    assert result["tokens_per_text"] == sum(map(len, rows)) / 16
+    row = result["dtypes"]["float32"]
+    per_text = result["linear_macs_per_token"] * result["tokens_per_text"]
+    assert row["bound_texts_per_s"] == row["linear_gmacs"] * 1e9 / per_text
+    assert row["forward_texts_per_s"] > 0
+    assert "| float32 |" in done.stdout
