@@ -8,7 +8,8 @@ packed linear (`PackedLinear`, what the native engine runs) at the model's own s
 many rows as one batch of `--batch` corpus texts has tokens, and divides: `bound_texts_per_s` is
 the throughput a forward would reach if everything but its linears took no time, on these
 threads. Beside it, the native engine's own forward on the same texts in batches of `--batch`
-(tokenizing outside the timed region) and the share of the bound it reaches. A served figure
+(tokenizing outside the timed region) and the share of the bound it reaches. Both sides keep
+their fastest round. A served figure
 above the bound is out of reach on this machine for any server that does the same arithmetic.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from functools import partial
 from pathlib import Path
@@ -42,14 +42,16 @@ def linear_macs_per_token(config: dict[str, Any]) -> int:
     return int(config["num_hidden_layers"]) * sum(i * o for i, o in linear_shapes(config))
 
 
-def _median_s(call: Any, rounds: int) -> float:
+def _fastest_s(call: Any, rounds: int) -> float:
+    """The fastest of `rounds` timed calls after one untimed: what the machine can do, which a
+    neighbour's load on shared cores only ever slows."""
     call()
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         call()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def linear_gmacs(config: dict[str, Any], rows: int, dtype: torch.dtype, rounds: int = ROUNDS) -> float:
@@ -63,7 +65,7 @@ def linear_gmacs(config: dict[str, Any], rows: int, dtype: torch.dtype, rounds: 
         for width_in, width_out in linear_shapes(config):
             linear = PackedLinear(torch.nn.Linear(width_in, width_out).to(dtype))
             x = torch.randn(rows, width_in, dtype=dtype)
-            seconds += _median_s(partial(linear, x), rounds)
+            seconds += _fastest_s(partial(linear, x), rounds)
             macs += rows * width_in * width_out
     return macs / seconds / 1e9
 
@@ -76,7 +78,7 @@ def forward_texts_per_s(path: Path, rows: list[list[int]], batch: int, dtype: st
     model = load_native(path, dtype)
     batches = native_batches(rows, batch)
     with torch.inference_mode():
-        seconds = _median_s(lambda: [model.encode(b) for b in batches], rounds)
+        seconds = _fastest_s(lambda: [model.encode(b) for b in batches], rounds)
     return len(rows) / seconds
 
 
