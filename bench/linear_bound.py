@@ -9,8 +9,8 @@ many rows as one batch of `--batch` corpus texts has tokens, and divides: `bound
 the throughput a forward would reach if everything but its linears took no time, on these
 threads. Beside it, the native engine's own forward on the same texts in batches of `--batch`
 (tokenizing outside the timed region) and the share of the bound it reaches. Both sides keep
-their fastest round. A served figure
-above the bound is out of reach on this machine for any server that does the same arithmetic.
+their fastest round. A served figure above the bound is out of reach on this machine for any
+server that does the same arithmetic on linears no faster than oneDNN's.
 """
 
 from __future__ import annotations
