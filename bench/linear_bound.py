@@ -1,16 +1,16 @@
-"""The bound the CPU's linears put on a BERT-like encoder's throughput, per dtype.
+"""The bound the CPU's linears put on an encoder's throughput, per dtype.
 
     python -m bench.linear_bound [--model-dir DIR] [--texts 512] [--batch 64] [--dtypes float32,bfloat16]
 
-A forward's linears (q/k/v, attention output, the two MLP matrices of every layer) cost
-`linear_macs_per_token` multiply-adds per token, whatever the engine. This measures oneDNN's
-packed linear (`PackedLinear`, what the native engine runs) at the model's own shapes, with as
-many rows as one batch of `--batch` corpus texts has tokens, and divides: `bound_texts_per_s` is
-the throughput a forward would reach if everything but its linears took no time, on these
-threads. Beside it, the native engine's own forward on the same texts in batches of `--batch`
-(tokenizing outside the timed region) and the share of the bound it reaches. Both sides keep
-their fastest round. A served figure above the bound is out of reach on this machine for any
-server that does the same arithmetic on linears no faster than oneDNN's.
+A forward's linears cost the same multiply-adds per token whatever the engine
+(`NativeModel.linear_macs`, over the loaded model's `linear_shapes`). This measures oneDNN's
+packed linear (`PackedLinear`, what the native engine runs) at each of those shapes, with as many
+rows as one batch of `--batch` corpus texts has tokens, and divides: `bound_texts_per_s` is the
+throughput a forward would reach if everything but its linears took no time, on these threads.
+Beside it, the native engine's own forward on the same texts in batches of `--batch` (tokenizing
+outside the timed region) and the share of the bound it reaches. Both sides keep their fastest
+round. A served figure above the bound is out of reach on this machine for any server that does
+the same arithmetic on linears no faster than oneDNN's.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,19 +28,11 @@ from bench.corpus import corpus
 if TYPE_CHECKING:
     import torch
 
+    from vllm_srun.engines.native.engine import NativeModel
+
 # torch and the engine are imported inside the functions: `main` sets the OpenMP policy first,
 # as `vllm-srun serve` does, which the runtime reads only when torch loads it.
 ROUNDS = 7
-
-
-def linear_shapes(config: dict[str, Any]) -> list[tuple[int, int]]:
-    """(in, out) of each linear of one layer: fused q/k/v, attention output, MLP in and out."""
-    hidden, inner = int(config["hidden_size"]), int(config["intermediate_size"])
-    return [(hidden, 3 * hidden), (hidden, hidden), (hidden, inner), (inner, hidden)]
-
-
-def linear_macs_per_token(config: dict[str, Any]) -> int:
-    return int(config["num_hidden_layers"]) * sum(i * o for i, o in linear_shapes(config))
 
 
 def _fastest_s(call: Any, rounds: int) -> float:
@@ -54,28 +47,28 @@ def _fastest_s(call: Any, rounds: int) -> float:
     return min(times)
 
 
-def linear_gmacs(config: dict[str, Any], rows: int, dtype: torch.dtype, rounds: int = ROUNDS) -> float:
-    """oneDNN's packed linear rate over one layer's shapes at `rows` tokens, in GMAC/s."""
+def linear_gmacs(shapes: list[tuple[int, int]], rows: int, dtype: torch.dtype, rounds: int = ROUNDS) -> float:
+    """oneDNN's packed linear rate over `shapes` ((in, out), each as often as it is listed) at
+    `rows` tokens, in GMAC/s."""
     import torch
 
     from vllm_srun.engines.native.packed import PackedLinear
 
     seconds = macs = 0.0
     with torch.inference_mode():
-        for width_in, width_out in linear_shapes(config):
+        for (width_in, width_out), count in Counter(shapes).items():
             linear = PackedLinear(torch.nn.Linear(width_in, width_out).to(dtype))
             x = torch.randn(rows, width_in, dtype=dtype)
-            seconds += _fastest_s(partial(linear, x), rounds)
-            macs += rows * width_in * width_out
+            seconds += count * _fastest_s(partial(linear, x), rounds)
+            macs += count * rows * width_in * width_out
     return macs / seconds / 1e9
 
 
-def forward_texts_per_s(path: Path, rows: list[list[int]], batch: int, dtype: str, rounds: int) -> float:
+def forward_texts_per_s(model: NativeModel, rows: list[list[int]], batch: int, rounds: int) -> float:
     import torch
 
-    from bench.native_forward import load_native, native_batches
+    from bench.native_forward import native_batches
 
-    model = load_native(path, dtype)
     batches = native_batches(rows, batch)
     with torch.inference_mode():
         seconds = _fastest_s(lambda: [model.encode(b) for b in batches], rounds)
@@ -85,25 +78,26 @@ def forward_texts_per_s(path: Path, rows: list[list[int]], batch: int, dtype: st
 def measure(path: Path, texts: int, batch: int, dtypes: list[str], rounds: int = ROUNDS) -> dict[str, Any]:
     import torch
 
-    from bench.native_forward import tokenize
+    from bench.native_forward import load_native, tokenize
 
-    config = json.loads((path / "config.json").read_text())
     rows = tokenize(path, corpus(texts))
     tokens_per_text = sum(map(len, rows)) / len(rows)
-    per_text = linear_macs_per_token(config) * tokens_per_text
     result: dict[str, Any] = {
         "model": str(path),
         "threads": torch.get_num_threads(),
         "texts": texts,
         "batch": batch,
         "tokens_per_text": tokens_per_text,
-        "linear_macs_per_token": linear_macs_per_token(config),
         "dtypes": {},
     }
     for dtype in dtypes:
-        gmacs = linear_gmacs(config, round(batch * tokens_per_text), getattr(torch, dtype), rounds)
-        bound = gmacs * 1e9 / per_text
-        forward = forward_texts_per_s(path, rows, batch, dtype, max(1, rounds // 2))
+        model = load_native(path, dtype)
+        result["linear_macs_per_token"] = model.linear_macs
+        gmacs = linear_gmacs(
+            model.linear_shapes, round(batch * tokens_per_text), getattr(torch, dtype), rounds
+        )
+        bound = gmacs * 1e9 / (model.linear_macs * tokens_per_text)
+        forward = forward_texts_per_s(model, rows, batch, max(1, rounds // 2))
         result["dtypes"][dtype] = {
             "linear_gmacs": gmacs,
             "bound_texts_per_s": bound,

@@ -265,14 +265,14 @@ class NativeModel(EngineModel):
         # Whether oneDNN runs the encoder layers' linears (packed.py), building a primitive per
         # token count.
         self.packed_linears = any(isinstance(m, PackedLinear) for m in module.modules())
-        # Multiply-adds per token in the module's linears (nn.Linear and the packed and
-        # quantized ones, which keep its in_features and out_features).
-        self.linear_macs = sum(
-            m.in_features * m.out_features
-            for m in module.modules()
-            if isinstance(getattr(m, "in_features", None), int)
-            and isinstance(getattr(m, "out_features", None), int)
-        )
+        # (in, out) of each of the module's linears (nn.Linear and the packed and quantized ones,
+        # which keep its in_features and out_features), and their multiply-adds per token.
+        self.linear_shapes: list[tuple[int, int]] = []
+        for m in module.modules():
+            width_in, width_out = getattr(m, "in_features", None), getattr(m, "out_features", None)
+            if isinstance(width_in, int) and isinstance(width_out, int):
+                self.linear_shapes.append((width_in, width_out))
+        self.linear_macs = sum(i * o for i, o in self.linear_shapes)
 
     @property
     def exit_layers(self) -> tuple[int, ...]:
